@@ -1,0 +1,301 @@
+"""Architecture description of the decoder family (Llama-3, Qwen2, Qwen2.5, Qwen3).
+
+One frozen, hashable dataclass describes every supported checkpoint; the variants differ by flags
+(qkv bias, q/k norm, rope scaling, tied embeddings), never by copies of the code. Being hashable, a
+`ModelConfig` can be a static argument of `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """RoPE frequency rescaling; `rope_type` is 'linear' or 'llama3' (Llama-3.1/3.2)."""
+
+  rope_type: str
+  factor: float = 1.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape and variant flags of one decoder. Letters in comments follow the project alphabet."""
+
+  model_type: str  # 'llama' | 'qwen2' | 'qwen3'
+  vocab_size: int  # V
+  hidden_size: int  # D
+  intermediate_size: int  # F
+  num_layers: int  # L
+  num_heads: int  # N
+  num_kv_heads: int  # K (N % K == 0; K == N is MHA, K == 1 is MQA)
+  head_dim: int  # H (Qwen3 sets it explicitly, != D / N)
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 10000.0
+  rope_scaling: RopeScaling | None = None
+  qkv_bias: bool = False  # Qwen2 / Qwen2.5
+  qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+  tie_embeddings: bool = False
+  max_position_embeddings: int = 32768
+  bos_token_id: int | None = None
+  eos_token_id: int | tuple[int, ...] | None = None
+  pad_token_id: int | None = None
+
+  def __post_init__(self):
+    if self.model_type not in SUPPORTED_MODEL_TYPES:
+      raise ValueError(
+          f"Unsupported model_type {self.model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}.")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}.")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")
+    if self.rope_scaling is not None and self.rope_scaling.rope_type not in SUPPORTED_ROPE_TYPES:
+      raise ValueError(f"Unsupported rope_type {self.rope_scaling.rope_type!r}; supported: "
+                       f"{', '.join(SUPPORTED_ROPE_TYPES)}.")
+
+  @property
+  def num_groups(self) -> int:
+    """G = N / K query heads per kv head."""
+    return self.num_heads // self.num_kv_heads
+
+  @property
+  def eos_ids(self) -> tuple[int, ...]:
+    if self.eos_token_id is None:
+      return ()
+    if isinstance(self.eos_token_id, int):
+      return (self.eos_token_id,)
+    return tuple(self.eos_token_id)
+
+  def replace(self, **changes) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+  def num_params(self) -> int:
+    """Parameter count (embedding counted once when tied)."""
+    d, f, n, k, h = (self.hidden_size, self.intermediate_size, self.num_heads, self.num_kv_heads,
+                     self.head_dim)
+    attn = d * n * h + 2 * d * k * h + n * h * d
+    if self.qkv_bias:
+      attn += n * h + 2 * k * h
+    if self.qk_norm:
+      attn += 2 * h
+    layer = attn + 3 * d * f + 2 * d
+    emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+    return self.num_layers * layer + emb + d
+
+  # ---------------------------------------------------------------- HF config.json ⇄ ModelConfig
+
+  @classmethod
+  def from_hf_config(cls, hf: Mapping[str, Any]) -> "ModelConfig":
+    """Reads a Hugging Face `config.json` dict (classic or transformers-5 `rope_parameters` form)."""
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+      raise ValueError(f"Unsupported model_type {model_type!r} in config.json; supported: "
+                       f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads"):
+      if key not in hf:
+        raise ValueError(f"config.json for model_type {model_type!r} is missing {key!r}.")
+    n = int(hf["num_attention_heads"])
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // n
+    rope_theta, rope_scaling = _read_rope(hf)
+    if model_type == "qwen2":
+      qkv_bias = True
+    else:
+      qkv_bias = bool(hf.get("attention_bias", False))
+    if hf.get("use_sliding_window"):
+      raise ValueError("use_sliding_window=true is not supported; full attention only.")
+    return cls(
+        model_type=model_type,
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        intermediate_size=int(hf["intermediate_size"]),
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=n,
+        num_kv_heads=int(hf.get("num_key_value_heads") or n),
+        head_dim=int(head_dim),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        qkv_bias=qkv_bias,
+        qk_norm=model_type == "qwen3",
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=_as_id(hf.get("eos_token_id")),
+        pad_token_id=hf.get("pad_token_id"),
+    )
+
+  def to_hf_config(self, torch_dtype: str = "float32") -> dict[str, Any]:
+    """A `config.json` dict that `transformers.AutoConfig` reads back into the same model."""
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+    out: dict[str, Any] = {
+        "architectures": [arch],
+        "model_type": self.model_type,
+        "vocab_size": self.vocab_size,
+        "hidden_size": self.hidden_size,
+        "intermediate_size": self.intermediate_size,
+        "num_hidden_layers": self.num_layers,
+        "num_attention_heads": self.num_heads,
+        "num_key_value_heads": self.num_kv_heads,
+        "head_dim": self.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": self.rms_norm_eps,
+        "rope_theta": self.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": self.tie_embeddings,
+        "max_position_embeddings": self.max_position_embeddings,
+        "attention_dropout": 0.0,
+        "use_cache": True,
+        "torch_dtype": torch_dtype,
+    }
+    if self.rope_scaling is not None:
+      out["rope_scaling"] = {"rope_type": self.rope_scaling.rope_type,
+                             "factor": self.rope_scaling.factor}
+      if self.rope_scaling.rope_type == "llama3":
+        out["rope_scaling"].update(
+            low_freq_factor=self.rope_scaling.low_freq_factor,
+            high_freq_factor=self.rope_scaling.high_freq_factor,
+            original_max_position_embeddings=self.rope_scaling.original_max_position_embeddings)
+    if self.model_type == "llama":
+      out.update(attention_bias=self.qkv_bias, mlp_bias=False)
+    elif self.model_type == "qwen3":
+      out.update(attention_bias=self.qkv_bias)
+    if self.model_type in ("qwen2", "qwen3"):
+      out.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_layers)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+      value = getattr(self, key)
+      if value is not None:
+        out[key] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _as_id(value):
+  if isinstance(value, list):
+    return tuple(int(v) for v in value)
+  return value
+
+
+def _read_rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+  """Returns (theta, scaling) from either `rope_theta`/`rope_scaling` or `rope_parameters`."""
+  params = hf.get("rope_parameters")
+  scaling = hf.get("rope_scaling")
+  theta = hf.get("rope_theta")
+  if isinstance(params, Mapping):
+    # transformers 5 folds theta and the scaling into one dict (possibly per attention type).
+    if "rope_type" not in params and "rope_theta" not in params and len(params) == 1:
+      params = next(iter(params.values()))
+    theta = params.get("rope_theta", theta)
+    scaling = params
+  theta = float(theta if theta is not None else 10000.0)
+  if not scaling:
+    return theta, None
+  rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+  if rope_type == "default":
+    return theta, None
+  if rope_type not in SUPPORTED_ROPE_TYPES:
+    raise ValueError(f"Unsupported rope scaling type {rope_type!r}; supported: "
+                     f"{', '.join(SUPPORTED_ROPE_TYPES)}.")
+  return theta, RopeScaling(
+      rope_type=rope_type,
+      factor=float(scaling.get("factor", 1.0)),
+      low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+      high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
+      original_max_position_embeddings=int(scaling.get("original_max_position_embeddings", 8192)))
+
+
+# -------------------------------------------------------------------------------------- presets
+
+def _qwen25(d, f, layers, n, k, tie, vocab=151936, eps=1e-6, max_pos=32768):
+  return ModelConfig("qwen2", vocab, d, f, layers, n, k, d // n, rms_norm_eps=eps,
+                     rope_theta=1e6, qkv_bias=True, tie_embeddings=tie, max_position_embeddings=max_pos,
+                     bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
+
+
+def _qwen3(d, f, layers, n, tie):
+  return ModelConfig("qwen3", 151936, d, f, layers, n, 8, 128, rms_norm_eps=1e-6, rope_theta=1e6,
+                     qk_norm=True, tie_embeddings=tie, max_position_embeddings=40960,
+                     bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
+
+
+def _llama3(d, f, layers, n, head_dim, tie, factor):
+  return ModelConfig("llama", 128256, d, f, layers, n, 8, head_dim, rms_norm_eps=1e-5,
+                     rope_theta=500000.0, rope_scaling=RopeScaling("llama3", factor, 1.0, 4.0, 8192),
+                     tie_embeddings=tie, max_position_embeddings=131072, bos_token_id=128000,
+                     eos_token_id=(128001, 128008, 128009))
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "qwen2.5-0.5b": _qwen25(896, 4864, 24, 14, 2, tie=True),
+    "qwen2.5-1.5b": _qwen25(1536, 8960, 28, 12, 2, tie=True, max_pos=131072),
+    "qwen2.5-3b": _qwen25(2048, 11008, 36, 16, 2, tie=True),
+    "qwen2.5-7b": _qwen25(3584, 18944, 28, 28, 4, tie=False, vocab=152064, max_pos=131072),
+    "qwen2.5-14b": _qwen25(5120, 13824, 48, 40, 8, tie=False, vocab=152064, eps=1e-5,
+                           max_pos=131072),
+    "qwen2.5-32b": _qwen25(5120, 27648, 64, 40, 8, tie=False, vocab=152064, eps=1e-5,
+                           max_pos=131072),
+    "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, tie=True),
+    "qwen3-1.7b": _qwen3(2048, 6144, 28, 16, tie=True),
+    "qwen3-4b": _qwen3(2560, 9728, 36, 32, tie=True),
+    "qwen3-8b": _qwen3(4096, 12288, 36, 32, tie=False),
+    "qwen3-14b": _qwen3(5120, 17408, 40, 40, tie=False),
+    "qwen3-32b": _qwen3(5120, 25600, 64, 64, tie=False),
+    "llama3.1-8b": _llama3(4096, 14336, 32, 32, 128, tie=False, factor=8.0),
+    "llama3.1-70b": _llama3(8192, 28672, 80, 64, 128, tie=False, factor=8.0),
+    "llama3.2-1b": _llama3(2048, 8192, 16, 32, 64, tie=True, factor=32.0),
+    "llama3.2-3b": _llama3(3072, 8192, 28, 24, 128, tie=True, factor=32.0),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+  """A named preset, e.g. 'qwen2.5-7b'; unknown names list the valid ones."""
+  try:
+    return PRESETS[name.lower()]
+  except KeyError:
+    raise ValueError(f"Unknown model preset {name!r}; valid: {', '.join(sorted(PRESETS))}.") from None
+
+
+def tiny_config(model_type: str = "qwen2", **overrides) -> ModelConfig:
+  """A small random-init config of one family for tests and CPU demos."""
+  base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+              num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
+              max_position_embeddings=512)
+  if model_type == "qwen2":
+    base.update(qkv_bias=True)
+  elif model_type == "qwen3":
+    base.update(qk_norm=True, head_dim=24)
+  elif model_type == "llama":
+    base.update(rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64))
+  base.update(overrides)
+  return ModelConfig(model_type=model_type, **base)
+
+
+def rope_inv_freq(config: ModelConfig):
+  """Per-pair inverse frequencies [H/2] (numpy float64 → float32), with Llama-3 scaling applied."""
+  import numpy as np
+  h = config.head_dim
+  inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, h, 2, dtype=np.int64).astype(np.float32) / h))
+  scaling = config.rope_scaling
+  if scaling is None:
+    return inv_freq.astype(np.float32)
+  if scaling.rope_type == "linear":
+    return (inv_freq / scaling.factor).astype(np.float32)
+  # llama3: long wavelengths are divided by `factor`, short ones kept, the band between blended.
+  low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+  high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+  wavelen = 2 * math.pi / inv_freq
+  scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+  smooth = ((scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor)
+            / (scaling.high_freq_factor - scaling.low_freq_factor))
+  blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+  medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+  return np.where(medium, blended, scaled).astype(np.float32)

@@ -1,0 +1,122 @@
+"""Real-weights import from llama.cpp GGUF files (qwen2 and llama architectures).
+
+Tensors are dequantised to float32 with the `gguf` package and renamed to Hugging Face names, so
+the same loader (`hf_io.params_from_source`) that reads safetensors builds the params. llama.cpp's
+llama converter permutes the Q/K rows for its interleaved RoPE; that permutation is undone here
+(qwen2 is stored unpermuted, with NEOX-style RoPE, which is Hugging Face's rotate-half).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scope_jax.models import hf_io
+from scope_jax.models.config import ModelConfig, RopeScaling, rope_inv_freq
+
+SUPPORTED_ARCHS = ("qwen2", "llama")
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight":
+              "model.norm.weight", "output.weight": "lm_head.weight"}
+
+
+def _field(reader, key, default=None):
+  field = reader.get_field(key)
+  if field is None:
+    return default
+  value = field.contents()
+  # Floats are stored as float32: 1e-06 reads back as 9.99999997e-07; keep the decimal value.
+  return float(f"{value:.7g}") if isinstance(value, float) else value
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+  """Inverse of llama.cpp's `permute` (interleaved → half-split rotary rows)."""
+  rows = w.shape[0]
+  return (w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2)
+          .reshape(w.shape))
+
+
+def config_from_gguf(reader) -> ModelConfig:
+  arch = _field(reader, "general.architecture")
+  if arch not in SUPPORTED_ARCHS:
+    raise ValueError(f"Unsupported GGUF architecture {arch!r}; supported: {SUPPORTED_ARCHS}.")
+  get = lambda k, d=None: _field(reader, f"{arch}.{k}", d)
+  n = int(get("attention.head_count"))
+  d = int(get("embedding_length"))
+  names = {t.name for t in reader.tensors}
+  tokens = _field(reader, "tokenizer.ggml.tokens")
+  embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+  vocab = int(embd.shape[-1]) if len(embd.shape) > 1 else len(tokens)
+  scaling = None
+  if "rope_freqs.weight" in names:
+    scaling = RopeScaling(
+        "llama3", float(get("rope.scaling.factor", 8.0)), 1.0, 4.0,
+        int(get("rope.scaling.original_context_length", 8192)))
+  return ModelConfig(
+      model_type="qwen2" if arch == "qwen2" else "llama",
+      vocab_size=vocab, hidden_size=d, intermediate_size=int(get("feed_forward_length")),
+      num_layers=int(get("block_count")), num_heads=n,
+      num_kv_heads=int(get("attention.head_count_kv", n)),
+      head_dim=int(get("attention.key_length", d // n)),
+      rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+      rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=scaling,
+      qkv_bias=arch == "qwen2", tie_embeddings="output.weight" not in names,
+      max_position_embeddings=int(get("context_length", 32768)),
+      bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+      eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+      pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"))
+
+
+def read_gguf(path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+  """Returns (config, HF-named float32 tensors) dequantised from a GGUF file."""
+  import gguf  # optional dependency (the `test` extra), used only here
+
+  reader = gguf.GGUFReader(str(path))
+  config = config_from_gguf(reader)
+  tensors: dict[str, np.ndarray] = {}
+  for t in reader.tensors:
+    shape = tuple(int(x) for x in reversed(list(t.shape)))
+    arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
+    if t.name == "rope_freqs.weight":
+      _check_rope_freqs(config, arr)
+      continue
+    if t.name in _TOP_NAMES:
+      tensors[_TOP_NAMES[t.name]] = arr
+      continue
+    parts = t.name.split(".", 2)
+    if parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
+      raise ValueError(f"Unexpected GGUF tensor {t.name!r} for architecture {config.model_type}.")
+    if config.model_type == "llama" and parts[2] == "attn_q.weight":
+      arr = _unpermute(arr, config.num_heads)
+    elif config.model_type == "llama" and parts[2] == "attn_k.weight":
+      arr = _unpermute(arr, config.num_kv_heads)
+    tensors[f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"] = arr
+  return config, tensors
+
+
+def _check_rope_freqs(config: ModelConfig, factors: np.ndarray) -> None:
+  """llama.cpp stores Llama-3 scaling as per-frequency divisors; they must match our config."""
+  base = rope_inv_freq(config.replace(rope_scaling=None))
+  ours = base / rope_inv_freq(config)
+  if not np.allclose(ours, factors, rtol=1e-4):
+    raise ValueError("GGUF rope_freqs do not match Llama-3 scaling with factor "
+                     f"{config.rope_scaling.factor}; cannot import this rope variant.")
+
+
+def load_gguf(path, mesh=None, dtype=None, rules=None):
+  """Loads a GGUF file into (config, params) through the Hugging Face tensor mapping."""
+  import jax.numpy as jnp
+  from scope_jax import sharding as shd
+  config, tensors = read_gguf(path)
+  params = hf_io.params_from_source(config, hf_io.DictSource(tensors), mesh,
+                                    rules or shd.TRAIN_RULES, dtype or jnp.float32)
+  return config, params

@@ -1,0 +1,81 @@
+"""Sharded forward on the 8-device CPU mesh equals the unsharded forward; specs follow the rules."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from scope_jax import sharding as shd
+from scope_jax.models import forward, init_params, tiny_config
+from tests.hf_reference import padded_batch
+
+
+def test_eight_devices():
+  assert jax.device_count() == 8
+
+
+def test_make_mesh_fills_minus_one_and_rejects_bad_shapes():
+  mesh = shd.make_mesh((2, -1, 2))
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert dict(shd.make_mesh({"tensor": 8}).shape) == {"data": 1, "fsdp": 1, "tensor": 8}
+  with pytest.raises(ValueError, match="needs 6 devices"):
+    shd.make_mesh((1, 2, 3))
+  with pytest.raises(ValueError, match="Unknown mesh axes"):
+    shd.make_mesh({"model": 8})
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 2, 4), (2, 4, 1)])
+def test_sharded_forward_equals_unsharded(mesh_shape):
+  cfg = tiny_config("qwen3", num_heads=8, num_kv_heads=4, head_dim=8, intermediate_size=128)
+  params = init_params(cfg, jax.random.key(0))
+  tokens, mask = padded_batch(cfg.vocab_size, [8, 5, 3, 8, 1, 6, 7, 2], 8)
+  ref, _ = forward(cfg, params, jnp.asarray(tokens), attention_mask=jnp.asarray(mask))
+
+  mesh = shd.make_mesh(mesh_shape)
+  sharded = shd.shard_params(params, cfg, mesh)
+  batch = shd.shard_batch({"tokens": tokens, "mask": mask}, mesh)
+  fwd = jax.jit(lambda p, t, m: forward(cfg, p, t, attention_mask=m)[0])
+  out = fwd(sharded, batch["tokens"], batch["mask"])
+  np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=1e-5)
+
+
+def test_param_specs_follow_rules_table():
+  cfg = tiny_config("qwen2", num_heads=8, num_kv_heads=2, head_dim=8)
+  mesh = shd.make_mesh((1, 2, 4))
+  params = shd.init_sharded_params(cfg, jax.random.key(0), mesh)
+  layers = params["layers"]
+  assert params["embed"].sharding.spec == P("tensor", "fsdp")  # (vocab, embed)
+  assert layers["q"].sharding.spec == P(None, "fsdp", "tensor", None)  # (layers, embed, heads, hd)
+  assert layers["o"].sharding.spec == P(None, "tensor", None, "fsdp")
+  assert layers["gate"].sharding.spec == P(None, "fsdp", "tensor")
+  assert layers["down"].sharding.spec == P(None, "tensor", "fsdp")
+  assert layers["q_bias"].sharding.spec == P(None, "tensor", None)
+  # 2 kv heads cannot be split 4 ways: replicated along that dim, still fsdp on embed.
+  assert layers["k"].sharding.spec == P(None, "fsdp", None, None)
+  assert layers["attn_norm"].sharding.spec == P(None, None)
+  # Each device holds exactly its shard.
+  shard = layers["gate"].addressable_shards[0].data
+  assert shard.shape == (cfg.num_layers, cfg.hidden_size // 2, cfg.intermediate_size // 4)
+
+
+def test_sampling_rules_drop_fsdp():
+  cfg = tiny_config("llama", num_heads=8, num_kv_heads=4, head_dim=8)
+  mesh = shd.make_mesh((1, 2, 4))
+  specs = shd.param_shardings(cfg, mesh, shd.SAMPLING_RULES)
+  assert specs["layers"]["q"].spec == P(None, None, "tensor", None)
+  assert specs["layers"]["k"].spec == P(None, None, "tensor", None)
+  assert specs["embed"].spec == P("tensor", None)
+
+
+def test_load_hf_into_mesh_places_shards(tmp_path):
+  from scope_jax.models import load_hf, save_hf
+  cfg = tiny_config("qwen2", num_heads=8, num_kv_heads=4, head_dim=8)
+  params = init_params(cfg, jax.random.key(5))
+  save_hf(cfg, params, tmp_path)
+  mesh = shd.make_mesh((2, 2, 2))
+  _, loaded = load_hf(tmp_path, mesh=mesh)
+  expected = shd.param_shardings(cfg, mesh)
+  for a, b, s in zip(jax.tree.leaves(params), jax.tree.leaves(loaded), jax.tree.leaves(expected)):
+    assert b.sharding.is_equivalent_to(s, b.ndim)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
