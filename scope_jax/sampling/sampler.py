@@ -1,0 +1,312 @@
+"""Batched sampler over the functional decoder: bucketed prefill, fork, while-loop decode.
+
+Flow for a batch of prompts (each sampled G times):
+  1. left-pad the prompts to a length bucket and prefill them once (jitted per bucket);
+  2. fork the KV cache and the last logits G times (rows prompt-major: p0 ×G, p1 ×G, ...);
+  3. decode in a `lax.while_loop` with the state donated, stopping rows on EOS or their budget;
+  4. between decode chunks, check stop strings on the host (exact truncation after the tag).
+
+Log-prob convention: each sampled token's log-prob is log softmax(logits / T) over the full
+vocabulary (T = 1 for greedy) — the same temperature-scaled policy the trainer differentiates;
+top-k and top-p only restrict which tokens may be drawn, they do not renormalise the log-prob.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from scope_jax import sharding as shd
+from scope_jax.models import kv_cache as kvc
+from scope_jax.models import transformer
+from scope_jax.models.config import ModelConfig
+from scope_jax.sampling import stops as stops_lib
+
+FINISH_REASONS = ("running", "eos", "stop", "length")
+_RUNNING, _EOS, _STOP, _LENGTH = range(4)
+NEG = transformer.K_MASK
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSpec:
+  """Static sampling settings (part of the compiled decode's identity)."""
+
+  temperature: float = 0.0  # 0 = greedy
+  top_k: int = 0  # 0 = off
+  top_p: float = 1.0  # 1 = off
+  eos_ids: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+      raise ValueError(f"Invalid sampling settings {self}: need temperature >= 0, "
+                       "0 < top_p <= 1, top_k >= 0.")
+
+
+@dataclasses.dataclass
+class SampleResult:
+  tokens: np.ndarray  # [n] int32, exactly as sampled (including EOS / the stop tag's tokens)
+  logprobs: np.ndarray  # [n] float32, see the module docstring for the convention
+  finish_reason: str  # 'eos' | 'stop' | 'length'
+  prompt_index: int
+  text: str | None = None
+  stop: str | None = None  # the stop string that ended the row
+
+
+@flax.struct.dataclass
+class DecodeState:
+  cache: kvc.KVCache
+  logits: jax.Array  # [B, V] float32: logits for each row's next token
+  tokens: jax.Array  # [B, N] int32 generated so far
+  logprobs: jax.Array  # [B, N] float32
+  length: jax.Array  # [B] int32 tokens generated per row
+  budget: jax.Array  # [B] int32 max new tokens per row
+  done: jax.Array  # [B] bool
+  finish: jax.Array  # [B] int32 index into FINISH_REASONS
+  step: jax.Array  # [] int32 decode steps taken
+  rng: jax.Array
+
+
+# --------------------------------------------------------------------------- token selection
+
+def truncate_logits(scaled_BV: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """Masks tokens outside the top-k and outside the smallest set with probability >= top_p."""
+  if top_k > 0:
+    kth_B1 = jax.lax.top_k(scaled_BV, top_k)[0][:, -1:]
+    scaled_BV = jnp.where(scaled_BV < kth_B1, NEG, scaled_BV)
+  if top_p < 1.0:
+    sorted_BV = -jnp.sort(-scaled_BV, axis=-1)
+    probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
+    keep_BV = (jnp.cumsum(probs_BV, axis=-1) - probs_BV) < top_p  # mass before this token
+    threshold_B1 = jnp.min(jnp.where(keep_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
+    scaled_BV = jnp.where(scaled_BV < threshold_B1, NEG, scaled_BV)
+  return scaled_BV
+
+
+def select_tokens(logits_BV: jax.Array, key: jax.Array, spec: SamplingSpec):
+  """Returns (token [B], log-prob [B]) under the temperature-scaled full distribution."""
+  logits_BV = logits_BV.astype(jnp.float32)
+  if spec.temperature == 0.0:
+    token_B = jnp.argmax(logits_BV, axis=-1)
+    logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
+  else:
+    scaled_BV = logits_BV / spec.temperature
+    logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
+    token_B = jax.random.categorical(key, truncate_logits(scaled_BV, spec.top_k, spec.top_p))
+  logp_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
+  return token_B.astype(jnp.int32), logp_B
+
+
+# ------------------------------------------------------------------------- jitted functions
+
+_TRACES = {"prefill": 0, "decode": 0}
+
+
+@functools.partial(jax.jit, static_argnames=("config", "capacity", "dtype", "cache_dtype"))
+def _prefill(config: ModelConfig, params, tokens_BT, mask_BT, *, capacity: int, dtype,
+             cache_dtype):
+  """Prefills left-padded prompts; returns (last-position logits [B, V], cache)."""
+  _TRACES["prefill"] += 1
+  logging.info("Compiling prefill for batch %d × length %d (cache %d).", *tokens_BT.shape, capacity)
+  cache = kvc.init_cache(config, tokens_BT.shape[0], capacity, cache_dtype)
+  hidden_BTD, cache = transformer.forward(config, params, tokens_BT, attention_mask=mask_BT,
+                                          cache=cache, return_hidden=True, dtype=dtype)
+  last_B1D = hidden_BTD[:, -1:]
+  logits_BV = transformer.logits_from_hidden(last_B1D, transformer.unembedding(config, params))
+  return logits_BV[:, 0], cache
+
+
+@functools.partial(jax.jit, static_argnames=("config", "spec", "dtype"), donate_argnames=("state",))
+def _decode(config: ModelConfig, spec: SamplingSpec, params, state: DecodeState, limit, *, dtype):
+  """Runs decode steps until `limit` steps were taken or every row is done."""
+  _TRACES["decode"] += 1
+  logging.info("Compiling decode for batch %d, %d new tokens, cache %d.", *state.tokens.shape,
+               state.cache.capacity)
+  eos = jnp.asarray(spec.eos_ids or (-1,), jnp.int32)
+  rows = jnp.arange(state.tokens.shape[0])
+  n = state.tokens.shape[1]
+
+  def cond(s: DecodeState):
+    return (s.step < limit) & ~jnp.all(s.done)
+
+  def body(s: DecodeState):
+    rng, key = jax.random.split(s.rng)
+    token_B, logp_B = select_tokens(s.logits, key, spec)
+    active_B = ~s.done
+    token_B = jnp.where(active_B, token_B, 0)
+    slot_B = jnp.where(active_B, s.length, n)  # out of range → dropped
+    tokens = s.tokens.at[rows, slot_B].set(token_B, mode="drop")
+    logprobs = s.logprobs.at[rows, slot_B].set(logp_B, mode="drop")
+    length_B = s.length + active_B.astype(jnp.int32)
+    hit_eos_B = active_B & jnp.isin(token_B, eos)
+    spent_B = active_B & ~hit_eos_B & (length_B >= s.budget)
+    finish_B = jnp.where(hit_eos_B, _EOS, jnp.where(spent_B, _LENGTH, s.finish))
+    logits_B1V, cache = transformer.forward(config, params, token_B[:, None],
+                                            attention_mask=active_B[:, None], cache=s.cache,
+                                            dtype=dtype)
+    return DecodeState(cache=cache, logits=logits_B1V[:, 0], tokens=tokens, logprobs=logprobs,
+                       length=length_B, budget=s.budget, done=s.done | hit_eos_B | spent_B,
+                       finish=finish_B, step=s.step + 1, rng=rng)
+
+  return jax.lax.while_loop(cond, body, state)
+
+
+def compile_counts() -> dict[str, int]:
+  """How many times prefill and decode were traced (= compiled) in this process."""
+  return dict(_TRACES)
+
+
+# ----------------------------------------------------------------------------- host driver
+
+def length_bucket(n: int, minimum: int = 16) -> int:
+  """Power-of-two buckets up to 2048, then multiples of 1024: bounded recompilation."""
+  n = max(n, minimum)
+  if n <= 2048:
+    return 1 << (n - 1).bit_length()
+  return -(-n // 1024) * 1024
+
+
+class Sampler:
+  """Samples from one params pytree; reuse it across calls (compiled shapes are cached)."""
+
+  def __init__(self, config: ModelConfig, params, *, dtype=jnp.float32, cache_dtype=None,
+               mesh=None, decode: Callable[[Sequence[int]], str] | None = None,
+               stop_check_interval: int = 16, max_context: int | None = None,
+               pad_id: int | None = None):
+    self.config = config
+    self.dtype = dtype
+    self.cache_dtype = cache_dtype or dtype
+    self.mesh = mesh
+    self.decode_text = decode
+    self.stop_check_interval = stop_check_interval
+    self.max_context = max_context or config.max_position_embeddings
+    self.pad_id = pad_id if pad_id is not None else (config.pad_token_id or 0)
+    self.stats = {"prefill_calls": 0, "prefill_rows": 0, "decode_calls": 0, "generated_tokens": 0}
+    self.update_params(params)
+
+  def update_params(self, params) -> None:
+    """Points the sampler at new weights (resharded for sampling when a mesh is set)."""
+    if self.mesh is not None:
+      params = shd.shard_params(params, self.config, self.mesh, shd.SAMPLING_RULES)
+    self.params = params
+
+  def _batch_multiple(self) -> int:
+    if self.mesh is None:
+      return 1
+    return int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")]))
+
+  def _put(self, x):
+    if self.mesh is None:
+      return jnp.asarray(x)
+    return jax.device_put(x, shd.batch_sharding(self.mesh, np.shape(x), shd.SAMPLING_RULES))
+
+  def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+               stop: Sequence[str] = (), num_samples: int = 1, seed: int = 0,
+               eos_ids: Sequence[int] | None = None) -> list[SampleResult]:
+    """Samples `num_samples` completions per prompt; results are prompt-major."""
+    prompts = [list(p) for p in prompts]
+    _validate(prompts, self.config.vocab_size, max_new_tokens, num_samples)
+    if stop and self.decode_text is None:
+      raise ValueError("Stop strings need a tokenizer (or decode function) to read the text.")
+    eos = tuple(self.config.eos_ids if eos_ids is None else eos_ids)
+    spec = SamplingSpec(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+                        eos_ids=eos)
+    n, g = len(prompts), num_samples
+    width = length_bucket(max(len(p) for p in prompts))
+    new_bucket = length_bucket(max_new_tokens, minimum=8)
+    rows_p = -(-length_bucket(n, minimum=1) // self._batch_multiple()) * self._batch_multiple()
+    tokens = np.full((rows_p, width), self.pad_id, np.int32)
+    mask = np.zeros((rows_p, width), np.int32)
+    for i, p in enumerate(prompts):
+      tokens[i, width - len(p):], mask[i, width - len(p):] = p, 1
+
+    logits, cache = _prefill(self.config, self.params, self._put(tokens), self._put(mask),
+                             capacity=width + new_bucket, dtype=self.dtype,
+                             cache_dtype=self.cache_dtype)
+    self.stats["prefill_calls"] += 1
+    self.stats["prefill_rows"] += n
+    if g > 1:
+      cache, logits = kvc.fork(cache, g), jnp.repeat(logits, g, axis=0)
+
+    budget = np.zeros((rows_p * g,), np.int32)
+    for i, p in enumerate(prompts):
+      budget[i * g:(i + 1) * g] = max(0, min(max_new_tokens, self.max_context - len(p)))
+    done = budget == 0
+    b = rows_p * g
+    state = DecodeState(
+        cache=cache, logits=logits, tokens=self._put(np.zeros((b, new_bucket), np.int32)),
+        logprobs=self._put(np.zeros((b, new_bucket), np.float32)),
+        length=self._put(np.zeros((b,), np.int32)), budget=self._put(budget),
+        done=self._put(done), finish=self._put(np.where(done, _LENGTH, _RUNNING).astype(np.int32)),
+        step=jnp.zeros((), jnp.int32), rng=jax.random.key(seed))
+
+    interval = self.stop_check_interval if stop else max_new_tokens
+    checked = np.zeros((b,), np.int64)
+    stop_hits: dict[int, stops_lib.StopMatch] = {}
+    while True:
+      limit = min(int(state.step) + interval, max_new_tokens)
+      state = _decode(self.config, spec, self.params, state, jnp.asarray(limit, jnp.int32),
+                      dtype=self.dtype)
+      self.stats["decode_calls"] += 1
+      if stop:
+        state = self._apply_stops(state, stop, checked, stop_hits, n * g)
+      if bool(jnp.all(state.done)) or int(state.step) >= max_new_tokens:
+        break
+    return self._results(state, prompts, g, stop_hits)
+
+  def _apply_stops(self, state: DecodeState, stop, checked, hits, real_rows) -> DecodeState:
+    length = np.array(state.length)
+    tokens = np.asarray(state.tokens)
+    done, finish = np.array(state.done), np.array(state.finish)
+    changed = False
+    for r in range(real_rows):
+      if r in hits or length[r] <= checked[r]:
+        continue
+      match = stops_lib.find_stop(tokens[r, :length[r]].tolist(), stop, self.decode_text,
+                                  start=int(checked[r]))
+      checked[r] = length[r]
+      if match is not None:
+        hits[r] = match
+        length[r], done[r], finish[r] = match.num_tokens, True, _STOP
+        changed = True
+    if not changed:
+      return state
+    return state.replace(length=self._put(length), done=self._put(done), finish=self._put(finish))
+
+  def _results(self, state: DecodeState, prompts, g: int, hits) -> list[SampleResult]:
+    tokens, logprobs = np.asarray(state.tokens), np.asarray(state.logprobs)
+    length, finish = np.asarray(state.length), np.asarray(state.finish)
+    out = []
+    for r in range(len(prompts) * g):
+      reason = FINISH_REASONS[finish[r]] if finish[r] != _RUNNING else "length"
+      res = SampleResult(tokens=tokens[r, :length[r]].copy(),
+                         logprobs=logprobs[r, :length[r]].copy(), finish_reason=reason,
+                         prompt_index=r // g)
+      if r in hits:
+        res.text, res.stop = hits[r].text, hits[r].stop
+      elif self.decode_text is not None:
+        res.text = self.decode_text(res.tokens.tolist())
+      self.stats["generated_tokens"] += int(length[r])
+      out.append(res)
+    return out
+
+
+def _validate(prompts, vocab_size, max_new_tokens, num_samples):
+  if not prompts:
+    raise ValueError("generate() needs at least one prompt.")
+  if max_new_tokens < 1 or num_samples < 1:
+    raise ValueError(f"max_new_tokens ({max_new_tokens}) and num_samples ({num_samples}) must "
+                     "be >= 1.")
+  for i, p in enumerate(prompts):
+    if not p:
+      raise ValueError(f"Prompt {i} is empty; every prompt needs at least one token.")
+    bad = [t for t in p if not 0 <= int(t) < vocab_size]
+    if bad:
+      raise ValueError(f"Prompt {i} has token ids outside [0, {vocab_size}): {bad[:5]}.")
