@@ -1,0 +1,188 @@
+"""The multi-turn agent loop: generate a turn → parse the action → one batched tool call → append.
+
+Every row keeps its token ids exactly as sampled; observations (retrieved documents, corrective
+messages) are appended as tokens with loss mask 0. Each row gets at most `max_turns` searches
+(Search-R1: one generation per turn, an invalid action also uses a turn), then one final turn
+with search disabled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+from absl import logging
+
+from scope_jax.rollout import parsers
+from scope_jax.rollout.types import SearchTool, Span, ToolCall, Trajectory
+
+INVALID_ACTION_XML = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between "
+    "<search> and </search>. If I want to give the final answer, I should put the answer between "
+    "<answer> and </answer>. Let me try again.\n")
+INVALID_ACTION_QWEN = (
+    "\nMy previous action is invalid. If I want to search, I should call the search tool inside "
+    "<tool_call> and </tool_call> as {\"name\": \"search\", \"arguments\": {\"query\": ...}}. If I "
+    "want to give the final answer, I should put it between <answer> and </answer>. Let me try "
+    "again.\n")
+TOOL_ERROR = "The search tool failed for this query ({}). Try a different query or answer."
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  syntax: str = "xml"  # 'xml' (<search>) or 'qwen' (<tool_call>)
+  final_tags: tuple[str, ...] = ("answer",)  # elements that end a trajectory
+  max_turns: int = 4  # searches allowed before the final, search-free turn
+  max_turn_tokens: int = 512  # new tokens per generated turn
+  max_obs_tokens: int = 500  # observation budget (documents are cut to this many tokens)
+  max_total_tokens: int = 4096  # prompt + response
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  # Observation wrappers; the qwen form closes the assistant turn and opens it again.
+  obs_prefix_xml: str = "\n\n<information>"
+  obs_suffix_xml: str = "</information>\n\n"
+  obs_prefix_qwen: str = "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+  obs_suffix_qwen: str = "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+  def observation_wrappers(self) -> tuple[str, str]:
+    if self.syntax == "xml":
+      return self.obs_prefix_xml, self.obs_suffix_xml
+    return self.obs_prefix_qwen, self.obs_suffix_qwen
+
+  def invalid_message(self) -> str:
+    return INVALID_ACTION_XML if self.syntax == "xml" else INVALID_ACTION_QWEN
+
+
+@dataclasses.dataclass
+class _Row:
+  tokens: list[int]
+  mask: list[int]
+  logprobs: list[float]
+  spans: list[Span]
+  calls: list[ToolCall] = dataclasses.field(default_factory=list)
+  searches: int = 0
+  invalid: int = 0
+  done: bool = False
+  finish: str = ""
+  final_tag: str | None = None
+  answer: str | None = None
+
+  def append(self, ids: Sequence[int], kind: str, text: str, logprobs=None) -> None:
+    start = len(self.tokens)
+    self.tokens += [int(t) for t in ids]
+    generated = kind == "generated"
+    self.mask += [1 if generated else 0] * len(ids)
+    self.logprobs += (list(map(float, logprobs)) if generated else [0.0] * len(ids))
+    self.spans.append(Span(start, len(self.tokens), kind, text))
+
+
+def encode(tokenizer, text: str) -> list[int]:
+  return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_chat(tokenizer, messages: Sequence[dict], **template_kwargs) -> list[int]:
+  """Chat-template a conversation (ending with a generation prompt) into token ids."""
+  text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False,
+                                       **template_kwargs)
+  return encode(tokenizer, text)
+
+
+def run_rollout(sampler, tokenizer, prompts: Sequence[Sequence[int]], tool: SearchTool | None,
+                config: RolloutConfig, *, num_samples: int = 1, seed: int = 0) -> list[Trajectory]:
+  """Rolls out `num_samples` multi-turn trajectories per prompt (results prompt-major)."""
+  rows = []
+  for p in prompts:
+    for _ in range(num_samples):
+      row = _Row([], [], [], [])
+      row.append(p, "prompt", "")
+      rows.append(row)
+  prefix, suffix = config.observation_wrappers()
+  prefix_ids, suffix_ids = encode(tokenizer, prefix), encode(tokenizer, suffix)
+  search_stop = parsers.search_stop(config.syntax)
+  for turn in range(config.max_turns + 1):
+    active = [i for i, r in enumerate(rows) if not r.done]
+    if not active:
+      break
+    search_allowed = turn < config.max_turns and tool is not None
+    stop = [f"</{t}>" for t in config.final_tags] + ([search_stop] if search_allowed else [])
+    budget = min(config.max_turn_tokens,
+                 max(config.max_total_tokens - max(len(rows[i].tokens) for i in active), 1))
+    if turn == 0:  # identical prompts: prefill once, fork num_samples ways
+      results = sampler.generate(prompts, max_new_tokens=budget, stop=stop,
+                                 num_samples=num_samples, seed=seed, **_sampling(config))
+      results = [results[i] for i in active]
+    else:
+      results = sampler.generate([rows[i].tokens for i in active], max_new_tokens=budget,
+                                 stop=stop, seed=seed + 7919 * turn, **_sampling(config))
+    pending: list[tuple[int, parsers.Action]] = []
+    for i, res in zip(active, results):
+      row = rows[i]
+      row.append(res.tokens, "generated", res.text or "", res.logprobs)
+      action = parsers.parse_action(res.text or "", syntax=config.syntax,
+                                    final_tags=config.final_tags, search_allowed=search_allowed)
+      if res.finish_reason != "stop":
+        row.done, row.finish = True, ("eos" if res.finish_reason == "eos" else "length")
+        if row.finish == "eos" and turn == config.max_turns and tool is not None:
+          row.finish = "max_turns"  # the search-free final turn ended without an answer
+        if action.kind == "final":
+          row.final_tag, row.answer, row.finish = action.tag, action.content, "final"
+      elif action.kind == "final":
+        row.done, row.finish, row.final_tag, row.answer = True, "final", action.tag, action.content
+      elif action.kind == "search":
+        pending.append((i, action))
+      else:
+        row.invalid += 1
+        if turn == config.max_turns:
+          row.done, row.finish = True, "max_turns"
+        else:
+          msg = config.invalid_message()
+          row.append(encode(tokenizer, msg), "observation", msg)
+    _call_tool(tool, pending, rows, turn, tokenizer, config, prefix_ids, suffix_ids)
+    for i in active:
+      if not rows[i].done and len(rows[i].tokens) >= config.max_total_tokens:
+        rows[i].done, rows[i].finish = True, "context"
+  for r in rows:
+    if not r.done:
+      r.done, r.finish = True, "max_turns"
+  return [_trajectory(r, i // num_samples, i % num_samples, len(prompts[i // num_samples]))
+          for i, r in enumerate(rows)]
+
+
+def _sampling(config: RolloutConfig) -> dict:
+  return dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+
+
+def _call_tool(tool, pending, rows, turn, tokenizer, config, prefix_ids, suffix_ids) -> None:
+  """One batched tool call for every row that searched; failures become observations."""
+  if not pending:
+    return
+  flat = [q for _, a in pending for q in a.queries]
+  try:
+    answers = list(tool(flat))
+    if len(answers) != len(flat):
+      raise RuntimeError(f"tool returned {len(answers)} results for {len(flat)} queries")
+    error = None
+  except Exception as e:  # a tool failure must never end the rollout
+    logging.warning("Search tool failed on %d queries: %s", len(flat), e)
+    answers, error = [""] * len(flat), f"{type(e).__name__}: {e}"[:200]
+  pos = 0
+  for i, action in pending:
+    row = rows[i]
+    parts = answers[pos:pos + len(action.queries)]
+    pos += len(action.queries)
+    body = TOOL_ERROR.format(error) if error else "\n".join(p.strip() for p in parts)
+    row.calls.append(ToolCall(turn, list(action.queries), body, error))
+    row.searches += error is None
+    body_ids = encode(tokenizer, body)[:config.max_obs_tokens]
+    ids = prefix_ids + body_ids + suffix_ids
+    row.append(ids, "observation", tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def _trajectory(row: _Row, prompt_index: int, sample_index: int, prompt_len: int) -> Trajectory:
+  return Trajectory(
+      tokens=np.asarray(row.tokens, np.int32), loss_mask=np.asarray(row.mask, np.int32),
+      logprobs=np.asarray(row.logprobs, np.float32), prompt_len=prompt_len, spans=row.spans,
+      tool_calls=row.calls, final_tag=row.final_tag, answer=row.answer, finish_reason=row.finish,
+      num_invalid=row.invalid, prompt_index=prompt_index, sample_index=sample_index)

@@ -1,0 +1,58 @@
+"""Deterministic stand-ins: a character tokenizer, a scripted sampler and an in-memory tool."""
+
+import numpy as np
+
+from scope_jax.sampling import SampleResult
+from scope_jax.sampling.stops import find_stop
+
+
+class CharTokenizer:
+  """One token per character (ids = code points < 256)."""
+
+  def encode(self, text, add_special_tokens=False):
+    return [min(ord(c), 255) for c in text]
+
+  def decode(self, ids, skip_special_tokens=False):
+    return "".join(chr(i) for i in ids)
+
+
+class ScriptedSampler:
+  """Returns the next scripted text of each row, cut at the first stop string like the sampler."""
+
+  def __init__(self, scripts, tokenizer):
+    self.scripts = [list(s) for s in scripts]  # per row: list of turn texts
+    self.tok = tokenizer
+    self.calls = []
+
+  def generate(self, prompts, *, max_new_tokens, stop=(), num_samples=1, seed=0, **_):
+    self.calls.append({"n": len(prompts) * num_samples, "stop": list(stop)})
+    rows = self._active_rows(len(prompts) * num_samples)
+    out = []
+    for k, r in enumerate(rows):
+      text = self.scripts[r].pop(0)
+      ids = self.tok.encode(text)[:max_new_tokens]
+      match = find_stop(ids, stop, self.tok.decode)
+      if match:
+        ids, reason = ids[:match.num_tokens], "stop"
+      else:
+        reason = "length" if len(ids) == max_new_tokens else "eos"
+      lp = -0.01 * (1 + np.arange(len(ids), dtype=np.float32))
+      out.append(SampleResult(np.asarray(ids, np.int32), lp, reason, k // num_samples,
+                              text=self.tok.decode(ids)))
+    return out
+
+  def _active_rows(self, n):
+    rows = [i for i, s in enumerate(self.scripts) if s]
+    assert len(rows) == n, (rows, n)
+    return rows
+
+
+class DictTool:
+  def __init__(self, docs, fail=False):
+    self.docs, self.fail, self.calls = docs, fail, []
+
+  def __call__(self, queries):
+    self.calls.append(list(queries))
+    if self.fail:
+      raise ConnectionError("index offline")
+    return [self.docs.get(q, "Doc 1(Title: None) nothing found") for q in queries]
