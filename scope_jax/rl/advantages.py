@@ -1,0 +1,63 @@
+"""Advantage estimators over host rewards (numpy): group, batch and keyed z-scores, DAPO filtering.
+
+All are one function, `zscore_by_key`: rewards are normalised within each key — the GRPO group
+(G rollouts of one prompt), the whole batch (REINFORCE++ baseline), a task type (SPELL's
+questioner) or a hop count (π-Play's examiner).
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+
+STD_KINDS = ("population", "unbiased")
+
+
+def zscore_by_key(rewards: Sequence[float], keys: Sequence[Hashable] | None = None, *,
+                  std: str = "population", eps: float = 1e-6) -> np.ndarray:
+  """A_i = (r_i − mean_k) / (std_k + eps) over the rewards sharing key k (one key if None).
+
+  std='population' divides by n (SCOPE App. D relies on Σ A² = G); 'unbiased' by n − 1 (verl,
+  OpenSIR). A key with a single reward gets advantage 0.
+  """
+  r = np.asarray(rewards, np.float64)
+  if std not in STD_KINDS:
+    raise ValueError(f"Unknown std kind {std!r}; valid: {STD_KINDS}.")
+  keys = [0] * len(r) if keys is None else list(keys)
+  if len(keys) != len(r):
+    raise ValueError(f"{len(r)} rewards but {len(keys)} keys.")
+  out = np.zeros_like(r)
+  groups: dict[Hashable, list[int]] = {}
+  for i, k in enumerate(keys):
+    groups.setdefault(k, []).append(i)
+  for idx in groups.values():
+    vals = r[idx]
+    if len(vals) < 2:
+      continue
+    sd = vals.std(ddof=1 if std == "unbiased" else 0)
+    out[idx] = (vals - vals.mean()) / (sd + eps)
+  return out.astype(np.float32)
+
+
+def group_zscore(rewards_NG, *, std: str = "population", eps: float = 1e-6) -> np.ndarray:
+  """GRPO advantages for rewards shaped [num_prompts, G]: z-score within each row."""
+  r = np.asarray(rewards_NG, np.float64)
+  keys = np.repeat(np.arange(r.shape[0]), r.shape[1])
+  return zscore_by_key(r.reshape(-1), keys, std=std, eps=eps).reshape(r.shape)
+
+
+def batch_zscore(rewards, keys=None, *, std: str = "population", eps: float = 1e-6) -> np.ndarray:
+  """REINFORCE++-style baseline: z-score across the batch, optionally within each key."""
+  return zscore_by_key(rewards, keys, std=std, eps=eps)
+
+
+def keyed_zscore(rewards, keys, *, delta: float = 1e-6) -> np.ndarray:
+  """π-Play / Dr.Zero: A = (r − mean_h) / (sqrt(var_h) + δ) within each key h (hop count)."""
+  return zscore_by_key(rewards, keys, std="population", eps=delta)
+
+
+def nonzero_variance_groups(rewards_NG, *, atol: float = 0.0) -> np.ndarray:
+  """DAPO dynamic sampling: a bool per group, False where all G rewards are equal."""
+  r = np.asarray(rewards_NG, np.float64)
+  return (r.max(axis=1) - r.min(axis=1)) > atol

@@ -1,0 +1,177 @@
+"""RL losses as small pure functions (float32), chosen by name from config.
+
+Per-token functions take [B, T] arrays; `aggregate` turns a per-token loss into (sum, count) so
+micro-batches and hosts combine exactly: loss = Σ sums / Σ counts. Log-probs, entropy and top-K
+distillation are computed from hidden states in chunks over T (`token_stats`), so [B, T, V]
+logits never exist at once.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_KINDS = ("k1", "k2", "k3", "k3+")
+LOG_RATIO_CLAMP = 20.0
+KL_CLAMP = 10.0
+
+
+# --------------------------------------------------------------------------- policy gradient
+
+def policy_loss(logp, old_logp, advantages, *, eps_low: float = 0.2, eps_high: float = 0.2,
+                dual_clip: float | None = None):
+  """PPO/GRPO clipped surrogate per token.
+
+  ρ = exp(clip(logp − logp_old, −20, 20));  L = −min(ρ·A, clip(ρ, 1 − ε_low, 1 + ε_high)·A);
+  with dual clip c (for A < 0): L = min(L, −c·A).
+  Returns (loss [B, T], clipped [B, T] float: 1 where the clipped branch was taken).
+  """
+  log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  ratio = jnp.exp(log_ratio)
+  unclipped = -ratio * advantages
+  clipped = -jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
+  loss = jnp.maximum(unclipped, clipped)
+  was_clipped = (clipped > unclipped).astype(jnp.float32)
+  if dual_clip is not None:
+    bound = -dual_clip * advantages
+    loss = jnp.where(advantages < 0, jnp.minimum(loss, bound), loss)
+  return loss, was_clipped
+
+
+def aggregate(per_token, mask, mode: str, norm_length: int | None = None):
+  """Reduces a [B, T] per-token value to (sum, count); the loss is Σ sum / Σ count.
+
+  token-mean:              Σ_bt L·m                     / Σ_bt m
+  seq-mean-token-mean:     Σ_b [n_b>0] Σ_t L·m / n_b    / #{b: n_b > 0}
+  seq-mean-token-sum:      Σ_b Σ_t L·m                  / #{b: n_b > 0}
+  seq-mean-token-sum-norm: Σ_bt L·m                     / (B · norm_length)   (Dr.GRPO; norm_length
+                                                                               defaults to T)
+  """
+  mask = mask.astype(jnp.float32)
+  per_token = per_token.astype(jnp.float32)
+  tokens_B = mask.sum(-1)
+  sums_B = (per_token * mask).sum(-1)
+  nonempty = (tokens_B > 0).astype(jnp.float32)
+  if mode == "token-mean":
+    return sums_B.sum(), tokens_B.sum()
+  if mode == "seq-mean-token-mean":
+    return (sums_B / jnp.maximum(tokens_B, 1.0)).sum(), nonempty.sum()
+  if mode == "seq-mean-token-sum":
+    return sums_B.sum(), nonempty.sum()
+  if mode == "seq-mean-token-sum-norm":
+    length = per_token.shape[-1] if norm_length is None else norm_length
+    return sums_B.sum(), jnp.asarray(per_token.shape[0] * length, jnp.float32)
+  raise ValueError(f"Unknown aggregation mode {mode!r}; valid: {AGG_MODES}.")
+
+
+# ----------------------------------------------------------------------------------------- KL
+
+def kl_penalty(logp, ref_logp, kind: str):
+  """Per-token KL estimate of π vs π_ref from sampled-token log-probs.
+
+  k1 = logp − logp_ref;  k2 = ½(logp − logp_ref)²;
+  k3 = exp(d) − d − 1 with d = clip(logp_ref − logp, ±20), clipped to [−10, 10] (low variance);
+  k3+ = k3's value with k2's gradient (straight-through: unbiased gradient of the KL).
+  """
+  diff = logp - ref_logp
+  if kind == "k1":
+    return diff
+  if kind == "k2":
+    return 0.5 * jnp.square(diff)
+  d = jnp.clip(-diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  k3 = jnp.clip(jnp.exp(d) - d - 1.0, -KL_CLAMP, KL_CLAMP)
+  if kind == "k3":
+    return k3
+  if kind == "k3+":
+    k2 = 0.5 * jnp.square(diff)
+    return k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(k3)
+  raise ValueError(f"Unknown KL estimator {kind!r}; valid: {KL_KINDS}.")
+
+
+# ------------------------------------------------------------------------- distillation
+
+def _log_one_minus_exp(log_mass):
+  """log(1 − exp(x)) for x ≤ 0, stable (the log of a tail mass)."""
+  x = jnp.minimum(log_mass, -1e-7)
+  return jnp.where(x > -0.693, jnp.log(-jnp.expm1(x)), jnp.log1p(-jnp.exp(x)))
+
+
+def topk_reverse_kl(student_logp_NV, teacher_logp_NV, k: int, *, tail: bool = True):
+  """Top-K reverse KL(π_S ‖ π_T) per row, with K taken from the student's distribution.
+
+  tail=True (π-Play App. C): Σ_{i∈topK} p_S,i (log p_S,i − log p_T,i)
+                             + m_S (log m_S − log m_T),  m_X = 1 − Σ_{i∈topK} p_X,i.
+  tail=False: both distributions renormalised over the top-K ids (Tunix/MaxText semantics).
+  K = V gives the exact full reverse KL. The teacher should arrive under stop_gradient.
+  """
+  k = min(k, student_logp_NV.shape[-1])
+  s_top, idx = jax.lax.top_k(jax.lax.stop_gradient(student_logp_NV), k)
+  s_top = jnp.take_along_axis(student_logp_NV, idx, axis=-1)
+  t_top = jnp.take_along_axis(teacher_logp_NV, idx, axis=-1)
+  if not tail:
+    s_norm = jax.nn.log_softmax(s_top, axis=-1)
+    t_norm = jax.nn.log_softmax(t_top, axis=-1)
+    return jnp.sum(jnp.exp(s_norm) * (s_norm - t_norm), axis=-1)
+  head = jnp.sum(jnp.exp(s_top) * (s_top - t_top), axis=-1)
+  if k == student_logp_NV.shape[-1]:
+    return head
+  log_ms = _log_one_minus_exp(jax.nn.logsumexp(s_top, axis=-1))
+  log_mt = _log_one_minus_exp(jax.nn.logsumexp(t_top, axis=-1))
+  return head + jnp.exp(log_ms) * (log_ms - log_mt)
+
+
+def full_reverse_kl(student_logp_NV, teacher_logp_NV):
+  """Σ_v p_S,v (log p_S,v − log p_T,v) per row (the naive reference)."""
+  return jnp.sum(jnp.exp(student_logp_NV) * (student_logp_NV - teacher_logp_NV), axis=-1)
+
+
+def entropy(logp_NV):
+  """−Σ_v p_v log p_v per row."""
+  return -jnp.sum(jnp.exp(logp_NV) * logp_NV, axis=-1)
+
+
+# ---------------------------------------------------------------- chunked per-token statistics
+
+def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
+                chunk: int = 256, teacher_hidden_BTD=None, teacher_unembed_VD=None,
+                distill_topk: int = 0, distill_tail: bool = True, with_entropy: bool = True):
+  """Per-token log-prob of `targets`, entropy and (optionally) top-K reverse KL to a teacher.
+
+  Logits are formed one chunk of T at a time inside a rematerialised scan, so neither the forward
+  nor the backward pass holds [B, T, V]. Log-probs use logits / temperature (the sampler's
+  convention). Returns a dict of [B, T] float32 arrays: 'logp', 'entropy', 'distill'.
+  """
+  b, t, _ = hidden_BTD.shape
+  chunk = min(chunk, t)
+  pad = -t % chunk
+  n = (t + pad) // chunk
+
+  def split(x):  # [B, T, ...] → [n, B, chunk, ...]
+    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    return jnp.moveaxis(x.reshape((b, n, chunk) + x.shape[2:]), 1, 0)
+
+  with_teacher = teacher_hidden_BTD is not None
+
+  @jax.checkpoint
+  def one_chunk(h_BCD, y_BC, th_BCD):
+    logits = jnp.einsum("BCD,VD->BCV", h_BCD, unembed_VD.astype(h_BCD.dtype),
+                        preferred_element_type=jnp.float32) / temperature
+    logp_BCV = jax.nn.log_softmax(logits, axis=-1)
+    out = {"logp": jnp.take_along_axis(logp_BCV, y_BC[..., None], axis=-1)[..., 0]}
+    out["entropy"] = entropy(logp_BCV) if with_entropy else jnp.zeros_like(out["logp"])
+    if with_teacher:
+      t_logits = jnp.einsum("BCD,VD->BCV", th_BCD, teacher_unembed_VD.astype(th_BCD.dtype),
+                            preferred_element_type=jnp.float32) / temperature
+      t_logp = jax.lax.stop_gradient(jax.nn.log_softmax(t_logits, axis=-1))
+      v = logp_BCV.shape[-1]
+      out["distill"] = topk_reverse_kl(logp_BCV.reshape(-1, v), t_logp.reshape(-1, v),
+                                       distill_topk or v, tail=distill_tail).reshape(y_BC.shape)
+    else:
+      out["distill"] = jnp.zeros_like(out["logp"])
+    return out
+
+  th = split(teacher_hidden_BTD) if with_teacher else jnp.zeros((n, b, chunk, 1), hidden_BTD.dtype)
+  outs = jax.lax.map(lambda xs: one_chunk(*xs), (split(hidden_BTD), split(targets_BT), th))
+  return {k: jnp.moveaxis(v, 0, 1).reshape(b, n * chunk)[:, :t] for k, v in outs.items()}
+

@@ -1,0 +1,193 @@
+"""One jitted, sharded train step: policy loss + β·KL + λ·distillation, accumulated over
+micro-batches, AdamW, and a non-finite guard.
+
+The loss normalisers (token or sequence counts) are computed once from the whole batch's masks, so
+each micro-batch contributes sum/count and the gradients simply add: 1 or M micro-batches give the
+same update. The reference forward runs only when β > 0, the teacher forward only when λ > 0,
+both under stop_gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from scope_jax import sharding as shd
+from scope_jax.models import transformer
+from scope_jax.models.config import ModelConfig
+from scope_jax.rl import losses
+from scope_jax.rl.batch import TrainBatch
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  agg_mode: str = "token-mean"  # see losses.AGG_MODES
+  eps_low: float = 0.2
+  eps_high: float = 0.2
+  dual_clip: float | None = None  # c for the dual clip on A < 0 (e.g. 3.0)
+  kl_beta: float = 0.0  # β; 0 skips the reference forward entirely
+  kl_kind: str = "k3"  # k1 | k2 | k3 | k3+
+  distill_coef: float = 0.0  # λ; 0 skips the teacher forward entirely
+  distill_topk: int = 100  # K (≥ V means the exact full reverse KL)
+  distill_tail: bool = True  # π-Play tail term; False renormalises over the top-K
+  distill_agg_mode: str = "seq-mean-token-mean"  # (1/|y|) Σ_t KL_t, averaged over sequences
+  temperature: float = 1.0  # logits / T, as in the sampler
+  chunk: int = 256  # sequence chunk for log-probs / distillation
+  norm_length: int | None = None  # Dr.GRPO normaliser (default: the batch's T)
+
+  def __post_init__(self):
+    for mode in (self.agg_mode, self.distill_agg_mode):
+      if mode not in losses.AGG_MODES:
+        raise ValueError(f"Unknown aggregation mode {mode!r}; valid: {losses.AGG_MODES}.")
+    if self.kl_kind not in losses.KL_KINDS:
+      raise ValueError(f"Unknown KL estimator {self.kl_kind!r}; valid: {losses.KL_KINDS}.")
+
+
+@flax.struct.dataclass
+class TrainState:
+  params: transformer.Params
+  opt_state: optax.OptState
+  step: jax.Array
+  skipped: jax.Array  # steps not applied because the loss or gradient was not finite
+
+
+def init_train_state(params, optimizer) -> TrainState:
+  opt_state = jax.jit(optimizer.init)(params)
+  return TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32),
+                    skipped=jnp.zeros((), jnp.int32))
+
+
+def _targets(tokens_BT):
+  """Token t is predicted from hidden t − 1: targets are tokens shifted left by one."""
+  return jnp.concatenate([tokens_BT[:, 1:], jnp.zeros_like(tokens_BT[:, :1])], axis=1)
+
+
+def _shift_right(x_BT):
+  """Aligns per-position statistics (about token t + 1) back to the token's own column."""
+  return jnp.concatenate([jnp.zeros_like(x_BT[:, :1]), x_BT[:, :-1]], axis=1)
+
+
+def sequence_stats(config: ModelConfig, params, tokens, mask, *, lc: LossConfig, dtype,
+                   remat: str = "none", teacher=None):
+  """Per-token log-probs / entropy / distillation, aligned so column t describes token t."""
+  hidden, _ = transformer.forward(config, params, tokens, attention_mask=mask, return_hidden=True,
+                                  dtype=dtype, remat=remat)
+  kwargs = {}
+  if teacher is not None:
+    t_params, t_tokens, t_mask = teacher
+    t_hidden, _ = transformer.forward(config, t_params, t_tokens, attention_mask=t_mask,
+                                      return_hidden=True, dtype=dtype)
+    kwargs = dict(teacher_hidden_BTD=jax.lax.stop_gradient(t_hidden),
+                  teacher_unembed_VD=jax.lax.stop_gradient(transformer.unembedding(config, t_params)),
+                  distill_topk=lc.distill_topk, distill_tail=lc.distill_tail)
+  stats = losses.token_stats(hidden, transformer.unembedding(config, params), _targets(tokens),
+                             temperature=lc.temperature, chunk=lc.chunk, **kwargs)
+  return {k: _shift_right(v) for k, v in stats.items()}
+
+
+def compute_logprobs(config: ModelConfig, params, batch: TrainBatch, *, temperature: float = 1.0,
+                     chunk: int = 256, dtype=jnp.float32):
+  """Per-token log-probs of a batch under `params` (e.g. a frozen reference), [B, T]."""
+  lc = LossConfig(temperature=temperature, chunk=chunk)
+  return sequence_stats(config, params, batch.tokens, batch.mask, lc=lc, dtype=dtype)["logp"]
+
+
+def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, config, lc, dtype,
+                remat):
+  teacher = None
+  if lc.distill_coef > 0:
+    teacher = (teacher_params, mb.teacher_tokens, mb.teacher_mask)
+  stats = sequence_stats(config, params, mb.tokens, mb.mask, lc=lc, dtype=dtype, remat=remat,
+                         teacher=teacher)
+  logp, m = stats["logp"], mb.loss_mask
+  pg, clipped = losses.policy_loss(logp, mb.old_logp, mb.advantages, eps_low=lc.eps_low,
+                                   eps_high=lc.eps_high, dual_clip=lc.dual_clip)
+  pg_sum, _ = losses.aggregate(pg, m, lc.agg_mode, lc.norm_length)
+  parts = {"pg_loss": pg_sum / counts["agg"]}
+  if lc.kl_beta > 0:
+    if mb.ref_logp is not None:
+      ref_logp = mb.ref_logp
+    else:
+      ref_logp = sequence_stats(config, ref_params, mb.tokens, mb.mask, lc=lc, dtype=dtype)["logp"]
+    kl = losses.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), lc.kl_kind)
+    parts["kl_loss"] = losses.aggregate(kl, m, lc.agg_mode, lc.norm_length)[0] / counts["agg"]
+  if lc.distill_coef > 0:
+    d_sum, _ = losses.aggregate(stats["distill"], m, lc.distill_agg_mode, lc.norm_length)
+    parts["distill_loss"] = d_sum / counts["distill"]
+  total = (parts["pg_loss"] + lc.kl_beta * parts.get("kl_loss", 0.0)
+           + lc.distill_coef * parts.get("distill_loss", 0.0))
+  sums = {"entropy": (stats["entropy"] * m).sum(), "clip_frac": (clipped * m).sum(),
+          "logprob_gap": (jnp.abs(logp - mb.old_logp) * m).sum()}
+  gap_max = jnp.max(jnp.where(m > 0, jnp.abs(logp - mb.old_logp), 0.0))
+  return total, (parts, sums, gap_max)
+
+
+def _split(batch: TrainBatch, micro: int) -> TrainBatch:
+  """[B, ...] → [M, B/M, ...] taking every M-th row, so each device keeps its local rows."""
+  def f(x):
+    if x is None:
+      return None
+    b = x.shape[0]
+    return jnp.swapaxes(x.reshape((b // micro, micro) + x.shape[1:]), 0, 1)
+  return jax.tree.map(f, batch)
+
+
+def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp.float32,
+                    remat: str = "none", micro_batches: int = 1):
+  """Returns step(state, batch, ref_params=None, teacher_params=None) → (state, metrics), jitted."""
+  loss = functools.partial(_micro_loss, config=config, lc=lc, dtype=dtype, remat=remat)
+  grad_fn = jax.value_and_grad(loss, has_aux=True)
+
+  def step(state: TrainState, batch: TrainBatch, ref_params=None, teacher_params=None):
+    if batch.num_rows % micro_batches:
+      raise ValueError(f"Batch of {batch.num_rows} rows does not split into {micro_batches} "
+                       "micro-batches; pad rows with make_batch(row_multiple=...).")
+    m = batch.loss_mask
+    counts = {"agg": losses.aggregate(m, m, lc.agg_mode, lc.norm_length)[1],
+              "distill": losses.aggregate(m, m, lc.distill_agg_mode, lc.norm_length)[1]}
+    counts = jax.tree.map(lambda c: jnp.maximum(c, 1.0), counts)
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+
+    def accumulate(carry, mb):
+      grads, total, parts, sums, gap = carry
+      (l, (p, s, g)), gr = grad_fn(state.params, mb, ref_params, teacher_params, counts)
+      add = lambda a, b: jax.tree.map(jnp.add, a, b)
+      grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, gr)
+      return (grads, total + l, add(parts, p), add(sums, s), jnp.maximum(gap, g)), None
+
+    mbs = _split(batch, micro_batches)
+    first = jax.tree.map(lambda x: x[0], mbs)
+    _, (p0, s0, _) = jax.eval_shape(loss, state.params, first, ref_params, teacher_params, counts)
+    init = (zeros, jnp.zeros(()), jax.tree.map(jnp.zeros_like, p0),
+            jax.tree.map(jnp.zeros_like, s0), jnp.zeros(()))
+    (grads, total, parts, sums, gap_max), _ = jax.lax.scan(accumulate, init, mbs)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
+    updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    new_state = TrainState(params=keep(new_params, state.params),
+                           opt_state=keep(new_opt, state.opt_state), step=state.step + 1,
+                           skipped=state.skipped + (~finite).astype(jnp.int32))
+    tokens = jnp.maximum(m.sum(), 1.0)
+    metrics = {"loss": total, **parts, "grad_norm": grad_norm, "num_tokens": m.sum(),
+               "entropy": sums["entropy"] / tokens, "clip_frac": sums["clip_frac"] / tokens,
+               "logprob_gap_mean": sums["logprob_gap"] / tokens, "logprob_gap_max": gap_max,
+               "skipped": new_state.skipped, "finite": finite}
+    if "kl_loss" in parts:
+      metrics["kl"] = parts["kl_loss"]
+    return new_state, metrics
+
+  return jax.jit(step, donate_argnames=("state",))
+
+
+def place_batch(batch: TrainBatch, mesh) -> TrainBatch:
+  """Puts a host TrainBatch on the mesh with rows split over ('data', 'fsdp')."""
+  if mesh is None:
+    return jax.tree.map(jnp.asarray, batch)
+  return shd.shard_batch(batch, mesh)

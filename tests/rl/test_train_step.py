@@ -1,0 +1,117 @@
+"""The train step: micro-batch invariance, sharded equality, the non-finite guard, KL and teacher."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from scope_jax import sharding as shd
+from scope_jax.models import init_params, tiny_config
+from scope_jax.rl.batch import make_batch
+from scope_jax.rl.train_step import (LossConfig, compute_logprobs, init_train_state,
+                                     make_train_step, place_batch)
+from scope_jax.rollout.types import Span, Trajectory
+
+CFG = tiny_config("qwen2", num_heads=8, num_kv_heads=4, head_dim=8)
+
+
+def _trajectories(n=8, seed=0):
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    p, r = int(rng.integers(3, 9)), int(rng.integers(4, 12))
+    toks = rng.integers(0, CFG.vocab_size, p + r).astype(np.int32)
+    lm = np.concatenate([np.zeros(p), (rng.random(r) < 0.8)]).astype(np.int32)
+    lp = np.where(lm > 0, rng.normal(-5.5, 0.3, p + r), 0).astype(np.float32)
+    out.append(Trajectory(toks, lm, lp, p, [Span(0, p, "prompt")], [], None, None, "eos"))
+  return out
+
+
+def _batch(n=8, teacher=False):
+  trajs = _trajectories(n)
+  advs = np.random.default_rng(1).normal(size=n).astype(np.float32)
+  tp = [list(range(1, 3 + i)) for i in range(n)] if teacher else None
+  return make_batch(trajs, advs, teacher_prompts=tp)
+
+
+def capture_grads():
+  """An optimizer whose state is the last raw gradient (updates are zero): exact gradients."""
+  return optax.GradientTransformation(
+      lambda params: jax.tree.map(jnp.zeros_like, params),
+      lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads))
+
+
+def _grads(lc, micro, batch, params, ref=None, teacher=None, mesh=None):
+  step = make_train_step(CFG, lc, capture_grads(), micro_batches=micro)
+  params = jax.tree.map(jnp.copy, params)
+  if mesh is not None:
+    params = shd.shard_params(params, CFG, mesh)
+  new, metrics = step(init_train_state(params, capture_grads()), place_batch(batch, mesh), ref,
+                      teacher)
+  return jax.tree.map(np.asarray, new.opt_state), metrics
+
+
+def _updates(lc, micro, batch, params, ref=None, teacher=None, mesh=None):
+  step = make_train_step(CFG, lc, optax.sgd(1.0), micro_batches=micro)
+  before = jax.tree.map(np.asarray, params)
+  params = jax.tree.map(jnp.copy, params)  # the step donates its state
+  if mesh is not None:
+    params = shd.shard_params(params, CFG, mesh)
+  state = init_train_state(params, optax.sgd(1.0))
+  new, metrics = step(state, place_batch(batch, mesh), ref, teacher)
+  return jax.tree.map(lambda a, b: np.asarray(a) - b, new.params, before), metrics
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batches_give_same_gradients(mode):
+  params = init_params(CFG, jax.random.key(0))
+  ref = init_params(CFG, jax.random.key(1))
+  lc = LossConfig(agg_mode=mode, kl_beta=0.1, kl_kind="k3", distill_coef=0.5, distill_topk=16,
+                  chunk=8)
+  batch = _batch(teacher=True)
+  one, m1 = _grads(lc, 1, batch, params, ref, ref)
+  four, m4 = _grads(lc, 4, batch, params, ref, ref)
+  for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four)):
+    assert np.abs(a - b).max() <= 1e-6 * np.abs(a).max(), np.abs(a - b).max() / np.abs(a).max()
+  np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-6)
+  assert float(m1["kl_loss"]) > 0 and float(m1["distill_loss"]) > 0
+
+
+def test_sharded_step_equals_single_device():
+  params = init_params(CFG, jax.random.key(0))
+  lc = LossConfig(kl_beta=0.0, chunk=8)
+  batch = _batch()
+  single, ms = _grads(lc, 2, batch, params)
+  sharded, mm = _grads(lc, 2, batch, params, mesh=shd.make_mesh((1, 2, 4)))
+  for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
+    np.testing.assert_allclose(a, b, atol=1e-6 * np.abs(a).max())
+  np.testing.assert_allclose(ms["grad_norm"], mm["grad_norm"], rtol=1e-5)
+
+
+def test_non_finite_step_is_skipped_and_counted():
+  params = init_params(CFG, jax.random.key(0))
+  batch = _batch()
+  batch = batch.replace(advantages=batch.advantages.copy())
+  batch.advantages[0, -1] = np.nan
+  batch.loss_mask[0, -1] = 1.0
+  delta, metrics = _updates(LossConfig(chunk=8), 1, batch, params)
+  assert int(metrics["skipped"]) == 1 and not bool(metrics["finite"])
+  assert all(np.all(d == 0) for d in jax.tree.leaves(delta))
+
+
+def test_on_policy_ratio_is_one_and_gap_is_reported():
+  """With old log-probs from the trainer itself, the gap is ~0 and nothing is clipped."""
+  params = init_params(CFG, jax.random.key(0))
+  batch = place_batch(_batch(), None)
+  logp = compute_logprobs(CFG, params, batch)
+  batch = batch.replace(old_logp=logp * batch.loss_mask)
+  _, metrics = _updates(LossConfig(chunk=8), 1, batch, params)
+  assert float(metrics["logprob_gap_max"]) < 1e-5 and float(metrics["clip_frac"]) == 0.0
+  assert float(metrics["entropy"]) > 0
+
+
+def test_bad_micro_batch_count():
+  params = init_params(CFG, jax.random.key(0))
+  with pytest.raises(ValueError, match="does not split into 3 micro-batches"):
+    _updates(LossConfig(chunk=8), 3, _batch(), params)
