@@ -1,0 +1,114 @@
+"""Train-step throughput: our jitted GRPO step (forward + backward + AdamW) vs the same model in
+PyTorch (transformers) doing forward + backward + AdamW on the same tokens, in one process.
+
+    python bench/train_step.py --configs tiny,100m --batch 4 --seq 256
+
+Tokens/s counts every position of the [batch, seq] block per step. With --flops it also prints
+model FLOPs utilisation against a peak given in TFLOP/s (6·N·tokens + attention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.sampler import CONFIGS, load  # noqa: E402
+from scope_jax.models import save_hf  # noqa: E402
+from scope_jax.rl.batch import TrainBatch  # noqa: E402
+from scope_jax.rl.optim import make_optimizer  # noqa: E402
+from scope_jax.rl.train_step import LossConfig, init_train_state, make_train_step  # noqa: E402
+
+
+def make_batch(cfg, batch, seq, seed=0):
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, cfg.vocab_size, (batch, seq)).astype(np.int32)
+  mask = np.ones((batch, seq), np.int32)
+  loss_mask = np.ones((batch, seq), np.float32)
+  loss_mask[:, :seq // 4] = 0  # a prompt quarter
+  return TrainBatch(tokens=jnp.asarray(tokens), mask=jnp.asarray(mask),
+                    loss_mask=jnp.asarray(loss_mask),
+                    advantages=jnp.asarray(rng.normal(size=(batch, seq)).astype(np.float32)),
+                    old_logp=jnp.full((batch, seq), -8.0, jnp.float32))
+
+
+def time_ours(cfg, params, batch, steps, dtype, remat):
+  opt = make_optimizer(1e-5)
+  step = make_train_step(cfg, LossConfig(chunk=128), opt, dtype=dtype, remat=remat)
+  state = init_train_state(jax.tree.map(jnp.copy, params), opt)
+  state, m = step(state, batch)
+  jax.block_until_ready(m["loss"])
+  start = time.perf_counter()
+  for _ in range(steps):
+    state, m = step(state, batch)
+  jax.block_until_ready(m["loss"])
+  return (time.perf_counter() - start) / steps
+
+
+def time_torch(model, batch, steps):
+  import torch
+  tokens = torch.tensor(np.asarray(batch.tokens), dtype=torch.long)
+  loss_mask = torch.tensor(np.asarray(batch.loss_mask))
+  adv = torch.tensor(np.asarray(batch.advantages))
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+  model.train()
+
+  def one():
+    logits = model(input_ids=tokens).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None])[..., 0]
+    m = loss_mask[:, 1:]
+    loss = -(torch.exp(logp - logp.detach()) * adv[:, 1:] * m).sum() / m.sum()
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+  one()
+  start = time.perf_counter()
+  for _ in range(steps):
+    one()
+  return (time.perf_counter() - start) / steps
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--configs", default="tiny,100m")
+  ap.add_argument("--batch", type=int, default=4)
+  ap.add_argument("--seq", type=int, default=256)
+  ap.add_argument("--steps", type=int, default=3)
+  ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  ap.add_argument("--remat", default="none")
+  ap.add_argument("--peak_tflops", type=float, default=0.0, help="for MFU (e.g. 989 on H100 bf16)")
+  args = ap.parse_args()
+  from tests.hf_reference import hf_model
+  print(f"backend: {jax.default_backend()}; batch {args.batch} × seq {args.seq}")
+  print(f"{'config':10s} {'params':>8s} {'ours tok/s':>11s} {'torch tok/s':>12s} {'ratio':>6s} "
+        f"{'MFU':>6s}")
+  for name in args.configs.split(","):
+    cfg, params = load(name)
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    batch = make_batch(cfg, args.batch, args.seq)
+    with tempfile.TemporaryDirectory() as d:
+      save_hf(cfg, params, d)
+      model = hf_model(d)
+    ours = time_ours(cfg, params, batch, args.steps, jnp.dtype(args.dtype), args.remat)
+    theirs = time_torch(model, batch, args.steps)
+    tokens = args.batch * args.seq
+    mfu = ""
+    if args.peak_tflops:
+      attn = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * args.seq
+      mfu = f"{(6 * n + attn) * tokens / ours / (args.peak_tflops * 1e12):.1%}"
+    print(f"{name:10s} {n / 1e6:7.1f}M {tokens / ours:11.1f} {tokens / theirs:12.1f} "
+          f"{theirs / ours:5.2f}x {mfu:>6s}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
