@@ -1,0 +1,60 @@
+"""orbax checkpoints of a self-play run: device state (params of every trained role, optimizer
+states, counters, RNG) plus the method's host state (JSON: history memories, pools, counters).
+
+Saves are asynchronous and keep the newest N; a restart resumes from the newest complete step.
+orbax only lists steps whose save committed, so an interrupted save is never picked; a committed
+step that fails to restore (corrupt or partial files) is skipped in favour of the previous one,
+with a log line saying so. Paths may be local or gs:// (etils.epath).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+
+
+class Checkpointer:
+  def __init__(self, directory, *, keep: int = 3, async_save: bool = True):
+    self.directory = epath.Path(directory)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep,
+                                           enable_async_checkpointing=async_save, create=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def save(self, step: int, state: Any, host_state: dict, *, force: bool = False) -> None:
+    """Starts an (async) save of `state` (a pytree of arrays) and `host_state` (JSON-able)."""
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                              host=ocp.args.JsonSave(host_state))
+    self._manager.save(step, args=args, force=force)
+
+  def steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
+    """(step, state, host_state) of the newest step that restores, or None for a fresh run.
+
+    `abstract_state` is a pytree of jax.ShapeDtypeStruct (with shardings) or arrays of the same
+    structure; restored arrays take those shardings.
+    """
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    for step in reversed(self.steps()):
+      try:
+        out = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
+        logging.info("Resuming from checkpoint step %d in %s", step, self.directory)
+        return step, out["state"], dict(out["host"])
+      except Exception as e:  # noqa: BLE001 — any unreadable checkpoint falls back
+        logging.warning("Checkpoint step %d in %s could not be restored (%s: %s); falling back "
+                        "to the previous checkpoint.", step, self.directory, type(e).__name__,
+                        str(e)[:300])
+    return None
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()

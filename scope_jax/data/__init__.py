@@ -1,0 +1,1 @@
+"""Data: the bundled demo corpus, document clusters, and per-method stores."""

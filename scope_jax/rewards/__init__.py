@@ -1,0 +1,1 @@
+"""Rewards: plain Python on host data, robust to malformed model output."""
