@@ -1,8 +1,9 @@
-"""Tokenizers: the checkpoint's own Hugging Face tokenizer, or a dependency-free byte tokenizer.
+"""Tokenizers: the checkpoint's own Hugging Face tokenizer, or small ChatML tokenizers for demos.
 
-`ByteTokenizer` (UTF-8 bytes + ChatML special tokens) lets the CPU demo run offline with a small
-random model; it speaks the subset of the HF tokenizer API the project uses (`encode`, `decode`,
-`apply_chat_template`, `eos_token_id`, `pad_token_id`).
+`DemoTokenizer` (a byte-level BPE trained on the bundled corpus, shipped with the package) and
+`ByteTokenizer` (raw UTF-8 bytes) let the CPU demo run offline with a small random model; both
+speak the subset of the HF tokenizer API the project uses (`encode`, `decode`,
+`apply_chat_template`, `eos_token_id`, `pad_token_id`, `len`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,40 @@ from typing import Sequence
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
-class ByteTokenizer:
-  """ids 0..255 are bytes; 256.. are ChatML specials. Vocabulary size 259 (pad to 320 in configs)."""
+class ChatML:
+  """Qwen-style chat template shared by the demo tokenizers."""
+
+  def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False,
+                          **_):
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    if add_generation_prompt:
+      text += "<|im_start|>assistant\n"
+    return self.encode(text) if tokenize else text
+
+  def __len__(self) -> int:
+    return self.vocab_size
+
+
+class DemoTokenizer(ChatML):
+  """The bundled byte-level BPE (2,048 ids; lossless)."""
+
+  def __init__(self, path=None):
+    import tokenizers
+    from scope_jax.data import demo
+    self._tok = tokenizers.Tokenizer.from_file(str(path or demo.BUNDLED / "demo_tokenizer.json"))
+    self.vocab_size = self._tok.get_vocab_size()
+    self.pad_token_id = self._tok.token_to_id("<|endoftext|>")
+    self.eos_token_id = self._tok.token_to_id("<|im_end|>")
+
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+    return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+
+class ByteTokenizer(ChatML):
+  """ids 0..255 are bytes; 256.. are ChatML specials (vocabulary 259)."""
 
   def __init__(self):
     self.special_ids = {s: 256 + i for i, s in enumerate(SPECIALS)}
@@ -47,16 +80,10 @@ class ByteTokenizer:
     out.append(buf.decode("utf-8", errors="replace"))
     return "".join(out)
 
-  def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False,
-                          **_):
-    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-    if add_generation_prompt:
-      text += "<|im_start|>assistant\n"
-    return self.encode(text) if tokenize else text
-
-
 def load_tokenizer(spec: str):
-  """'byte', a HF tokenizer directory, or 'gguf:<path-or-asset>' (tokenizer read from a GGUF)."""
+  """'demo', 'byte', a HF tokenizer directory, or 'gguf:<path-or-asset>' (read from a GGUF)."""
+  if spec == "demo":
+    return DemoTokenizer()
   if spec == "byte":
     return ByteTokenizer()
   import transformers

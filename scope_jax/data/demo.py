@@ -54,10 +54,10 @@ def demo_index_dir() -> pathlib.Path:
   return assets.cache_dir() / "demo_index"
 
 
-def bundled_index(encoder):
-  """The demo index from the bundled vectors, if they were made by this encoder (else None)."""
+def bundled_vectors(encoder) -> np.ndarray | None:
+  """The bundled passage vectors [2000, D] if this encoder made them (else None)."""
   import json
-  from scope_jax.retrieval.index import DenseIndex, check_identity, make_faiss_index
+  from scope_jax.retrieval.index import check_identity
   if not EMBEDDINGS.exists():
     return None
   try:
@@ -65,9 +65,15 @@ def bundled_index(encoder):
   except ValueError:
     return None
   vecs = np.load(EMBEDDINGS, allow_pickle=False).astype(np.float32)
-  vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+  return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+def bundled_index(encoder):
+  """The demo index from the bundled vectors, if they were made by this encoder (else None)."""
+  from scope_jax.retrieval.index import DenseIndex, make_faiss_index
+  vecs = bundled_vectors(encoder)
   passages = demo_passages()
-  if len(vecs) != len(passages):
+  if vecs is None or len(vecs) != len(passages):
     return None
   index = make_faiss_index(vecs.shape[1])
   index.add(vecs)

@@ -60,14 +60,10 @@ def write_layer(k_all: jax.Array, layer: jax.Array, slots_BT: jax.Array,
   return k_all.at[layer, rows_BT, slots_BT].set(new_BTKH.astype(k_all.dtype), mode="drop")
 
 
-def attention_mask(cache: KVCache, slots_BT: jax.Array, mask_BT: jax.Array) -> tuple[jax.Array,
-                                                                                        jax.Array]:
-  """Returns (valid [B, C] after this block, query→slot mask [B, T, C])."""
+def written_valid(cache: KVCache, slots_BT: jax.Array, mask_BT: jax.Array) -> jax.Array:
+  """Slot validity [B, C] after writing a block whose real tokens are `mask_BT`."""
   rows_BT = jnp.broadcast_to(jnp.arange(slots_BT.shape[0])[:, None], slots_BT.shape)
-  valid_BC = cache.valid.at[rows_BT, slots_BT].set(mask_BT.astype(bool), mode="drop")
-  slot_ids_C = jnp.arange(cache.capacity, dtype=jnp.int32)
-  causal_BTC = slot_ids_C[None, None, :] <= slots_BT[:, :, None]
-  return valid_BC, causal_BTC & valid_BC[:, None, :]
+  return cache.valid.at[rows_BT, slots_BT].set(mask_BT.astype(bool), mode="drop")
 
 
 def advance(cache: KVCache, k: jax.Array, v: jax.Array, valid_BC: jax.Array,

@@ -116,18 +116,41 @@ def apply_rope(x_BTNH: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array) -> jax
   return x_BTNH * cos + rotated * sin
 
 
-def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
-           mask_BTS: jax.Array) -> jax.Array:
-  """Grouped-query attention; scores and softmax in float32."""
+def _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS):
+  """Grouped-query attention for one query block; the causal mask comes from slot indices."""
   b, t, n, h = q_BTNH.shape
-  kv = k_BSKH.shape[2]
+  s, kv = k_BSKH.shape[1], k_BSKH.shape[2]
   q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
   scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
                             preferred_element_type=jnp.float32) * (h ** -0.5)
+  k_slot_S = jnp.arange(s, dtype=jnp.int32)
+  mask_BTS = (k_slot_S[None, None, :] <= q_slot_BT[:, :, None]) & k_valid_BS[:, None, :]
   scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, K_MASK)
   probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
   out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
   return out_BTKGH.reshape(b, t, n, h)
+
+
+def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, q_slot_BT: jax.Array,
+           k_valid_BS: jax.Array, *, q_chunk: int = 512) -> jax.Array:
+  """Causal grouped-query attention; scores and softmax in float32.
+
+  Query t (at key slot q_slot[t]) attends to valid key slots s <= q_slot[t]. Long query blocks
+  are processed `q_chunk` rows at a time under rematerialisation, so memory is O(q_chunk · S),
+  not O(T · S), in the forward and the backward pass.
+  """
+  b, t, n, h = q_BTNH.shape
+  if t <= q_chunk:
+    return _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS)
+  pad = -t % q_chunk
+  q = jnp.pad(q_BTNH, ((0, 0), (0, pad), (0, 0), (0, 0)))
+  slots = jnp.pad(q_slot_BT, ((0, 0), (0, pad)))
+  n_chunks = (t + pad) // q_chunk
+  q_cBcNH = jnp.moveaxis(q.reshape(b, n_chunks, q_chunk, n, h), 1, 0)
+  slots_cBc = jnp.moveaxis(slots.reshape(b, n_chunks, q_chunk), 1, 0)
+  block = jax.checkpoint(lambda xs: _attend_block(xs[0], k_BSKH, v_BSKH, xs[1], k_valid_BS))
+  out = jax.lax.map(block, (q_cBcNH, slots_cBc))
+  return jnp.moveaxis(out, 0, 1).reshape(b, t + pad, n, h)[:, :t]
 
 
 def _project_qkv(config: ModelConfig, lp: Params, h_BTD: jax.Array, cos, sin):
@@ -193,12 +216,11 @@ def forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: j
   x_BTD = jnp.take(params["embed"], tokens, axis=0).astype(dtype)
 
   if cache is None:
-    causal_TT = jnp.tril(jnp.ones((t, t), bool))
-    mask_BTS = causal_TT[None] & mask_BT[:, None, :]
-    slots_BT = valid_BC = None
+    slots_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
+    valid_BC = mask_BT  # keys are the block itself
   else:
     slots_BT = kvc.block_slots(cache, t)
-    valid_BC, mask_BTS = kvc.attention_mask(cache, slots_BT, mask_BT)
+    valid_BC = kvc.written_valid(cache, slots_BT, mask_BT)
 
   def layer(carry, xs):
     x, k_all, v_all = carry
@@ -209,7 +231,7 @@ def forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: j
       k_all = kvc.write_layer(k_all, i, slots_BT, k)
       v_all = kvc.write_layer(v_all, i, slots_BT, v)
       k, v = k_all[i].astype(dtype), v_all[i].astype(dtype)
-    x = x + _attention_out(lp, attend(q, k, v, mask_BTS))
+    x = x + _attention_out(lp, attend(q, k, v, slots_BT, valid_BC))
     x = x + _mlp(config, lp, x)
     return (x, k_all, v_all), None
 

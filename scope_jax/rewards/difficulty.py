@@ -34,4 +34,4 @@ def questioner_difficulty(p: float, mapping: str = "gaussian") -> float:
     return azr_reverse(p)
   if mapping == "rzero":
     return rzero_uncertainty(p)
-  raise ValueError(f"Unknown difficulty mapping {mapping!r}; valid: {MAPPINGS}.")
+  raise ValueError(f"Unknown difficulty mapping {mapping!r}; valid: {', '.join(MAPPINGS)}.")

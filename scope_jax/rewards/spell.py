@@ -86,8 +86,8 @@ def rule_score(response: str, gold: str, task: str) -> float:
     return 0.0
   if task == "doc_mc":
     return float(match.choice_letter(pred) == gold)
-  if task == "doc_math":
-    return max(match.numeric_match(pred, gold), match.cover_exact_match(pred, gold))
+  if task == "doc_math" and match.numbers(gold) and match.numbers(pred):
+    return match.numeric_match(pred, gold)  # CEM would accept 100.2 for 100 ("1002" ⊃ "100")
   return match.cover_exact_match(pred, gold)
 
 

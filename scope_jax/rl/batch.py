@@ -50,7 +50,7 @@ def make_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] |
       raise ValueError("teacher_prompts must have one entry per trajectory.")
     prompt_lens += [len(p) for p in teacher_prompts]
   p_cols = length_bucket(max(prompt_lens), min_bucket)
-  t_cols = length_bucket(p_cols + max(len(r) for r in responses), min_bucket)
+  t_cols = p_cols + length_bucket(max(len(r) for r in responses), min_bucket)  # bounded shapes
   rows = -(-len(trajectories) // row_multiple) * row_multiple
 
   def alloc(dtype, fill=0):

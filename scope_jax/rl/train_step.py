@@ -122,6 +122,7 @@ def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, c
   total = (parts["pg_loss"] + lc.kl_beta * parts.get("kl_loss", 0.0)
            + lc.distill_coef * parts.get("distill_loss", 0.0))
   sums = {"entropy": (stats["entropy"] * m).sum(), "clip_frac": (clipped * m).sum(),
+          "logp": (logp * m).sum(),
           "logprob_gap": (jnp.abs(logp - mb.old_logp) * m).sum()}
   gap_max = jnp.max(jnp.where(m > 0, jnp.abs(logp - mb.old_logp), 0.0))
   return total, (parts, sums, gap_max)
@@ -178,6 +179,7 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
     metrics = {"loss": total, **parts, "grad_norm": grad_norm, "num_tokens": m.sum(),
                "entropy": sums["entropy"] / tokens, "clip_frac": sums["clip_frac"] / tokens,
                "logprob_gap_mean": sums["logprob_gap"] / tokens, "logprob_gap_max": gap_max,
+               "logp_mean": sums["logp"] / tokens,
                "skipped": new_state.skipped, "finite": finite}
     if "kl_loss" in parts:
       metrics["kl"] = parts["kl_loss"]

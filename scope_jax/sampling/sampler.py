@@ -178,7 +178,7 @@ class Sampler:
   def __init__(self, config: ModelConfig, params, *, dtype=jnp.float32, cache_dtype=None,
                mesh=None, decode: Callable[[Sequence[int]], str] | None = None,
                stop_check_interval: int = 16, max_context: int | None = None,
-               pad_id: int | None = None):
+               pad_id: int | None = None, eos_ids: Sequence[int] | None = None):
     self.config = config
     self.dtype = dtype
     self.cache_dtype = cache_dtype or dtype
@@ -187,6 +187,7 @@ class Sampler:
     self.stop_check_interval = stop_check_interval
     self.max_context = max_context or config.max_position_embeddings
     self.pad_id = pad_id if pad_id is not None else (config.pad_token_id or 0)
+    self.eos_ids = tuple(config.eos_ids if eos_ids is None else eos_ids)
     self.stats = {"prefill_calls": 0, "prefill_rows": 0, "decode_calls": 0, "generated_tokens": 0}
     self.update_params(params)
 
@@ -215,7 +216,7 @@ class Sampler:
     _validate(prompts, self.config.vocab_size, max_new_tokens, num_samples)
     if stop and self.decode_text is None:
       raise ValueError("Stop strings need a tokenizer (or decode function) to read the text.")
-    eos = tuple(self.config.eos_ids if eos_ids is None else eos_ids)
+    eos = tuple(self.eos_ids if eos_ids is None else eos_ids)
     spec = SamplingSpec(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
                         eos_ids=eos)
     n, g = len(prompts), num_samples

@@ -1,0 +1,78 @@
+"""Settings shared by every method's config (each method file adds its own section).
+
+Each field has a one-line comment; override any of them on the command line, e.g.
+    --config.optim.lr=1e-6 --config.mesh.shape='(1,-1,1)'
+"""
+
+import ml_collections
+
+DEMO_TINY_MODEL = dict(  # a random-init Qwen2-shaped model over the bundled demo tokenizer
+    model_type="qwen2", vocab_size=2048, hidden_size=128, intermediate_size=256, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10000.0, qkv_bias=True,
+    max_position_embeddings=8192)
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.method = ""  # spell | scope | opensir | asl | piplay
+  c.preset = "demo"  # which preset of the method config built this
+  c.seed = 0  # seeds model init, data sampling and every sampler call
+  c.total_steps = 2  # self-play steps to run (a restart resumes until this many are done)
+  c.checkpoint_every = 1  # save a checkpoint every this many steps (and at the end)
+  c.keep_checkpoints = 3  # newest checkpoints kept on disk
+  c.async_checkpoint = True  # save in the background while the next step runs
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = (1, -1, 1)  # ('data', 'fsdp', 'tensor'); -1 takes the remaining devices
+
+  c.model = ml_collections.ConfigDict()
+  c.model.source = "tiny"  # 'tiny' | 'preset:<name>' | 'hf:<dir or gs://>' | 'gguf:<file or asset>'
+  c.model.tiny = ml_collections.ConfigDict(DEMO_TINY_MODEL)  # architecture when source == 'tiny'
+  c.model.tokenizer = "demo"  # 'demo' | 'byte' | HF tokenizer dir | 'gguf:<file or asset>'
+  c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+  c.model.param_dtype = "float32"  # master weight dtype
+  c.model.remat = "none"  # none | full | dots | dots_no_batch
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 2e-6  # peak learning rate
+  c.optim.warmup_steps = 0  # linear warmup steps
+  c.optim.total_steps = 1000  # schedule length (cosine)
+  c.optim.schedule = "constant"  # constant | cosine (after warmup)
+  c.optim.weight_decay = 0.0  # AdamW decoupled weight decay
+  c.optim.grad_clip = 1.0  # global-norm clip (0 = off)
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.agg_mode = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+  c.loss.eps_low = 0.2  # PPO clip ε below 1
+  c.loss.eps_high = 0.2  # PPO clip ε above 1
+  c.loss.dual_clip = 0.0  # dual-clip c for negative advantages (0 = off)
+  c.loss.kl_beta = 0.0  # β of the KL penalty (0 skips the reference forward)
+  c.loss.kl_kind = "k3"  # k1 | k2 | k3 | k3+
+  c.loss.temperature = 1.0  # logits / T in the trainer (match the sampling temperature)
+  c.loss.chunk = 256  # sequence chunk for log-probs (never [B, T, V] at once)
+  c.loss.micro_batch_rows = 8  # rows per micro-batch (gradient accumulation)
+  c.loss.recompute_old_logp = False  # π_old from a trainer forward instead of the sampler
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.max_context = 8192  # prompt + response tokens per sequence
+  c.rollout.max_prompt_tokens = 6144  # longer prompts keep their last tokens
+  return c
+
+
+def role(max_new_tokens: int, temperature: float = 0.7, top_p: float = 0.95, top_k: int = 0,
+         **extra) -> ml_collections.ConfigDict:
+  """Sampling settings of one role."""
+  return ml_collections.ConfigDict(dict(max_new_tokens=max_new_tokens, temperature=temperature,
+                                        top_p=top_p, top_k=top_k, **extra))
+
+
+def validate_choice(name: str, value, choices) -> None:
+  if value not in choices:
+    raise ValueError(f"{name}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}.")
+
+
+def parse_preset(arg, presets) -> str:
+  preset = arg or "demo"
+  if preset not in presets:
+    raise ValueError(f"Unknown preset {preset!r}; valid presets: {', '.join(presets)}.")
+  return preset

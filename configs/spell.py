@@ -1,0 +1,105 @@
+"""SPELL: one policy as questioner, responder and verifier (ALGORITHMS §1, SPELL.txt).
+
+    python -m scope_jax.main --config=configs/spell.py --workdir=runs/spell            # CPU demo
+    python -m scope_jax.main --config=configs/spell.py:paper --workdir=gs://bucket/spell \
+        --config.model.source=hf:/ckpt/Qwen2.5-7B-Instruct --config.model.tokenizer=/ckpt/Qwen2.5-7B-Instruct
+
+Presets: 'demo' (default; a tiny random model over the bundled Wikipedia corpus, minutes on a
+laptop CPU), 'paper' (the paper's settings for Qwen2.5-7B-Instruct and larger), 'small' (the
+paper's recipe at reduced batch on the real Qwen2.5-0.5B from the GGUF assets).
+"""
+
+import ml_collections
+
+from configs import base
+
+PRESETS = ("demo", "paper", "small")
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  preset = base.parse_preset(arg, PRESETS)
+  c = base.base_config()
+  c.method = "spell"
+  c.preset = preset
+
+  c.data = ml_collections.ConfigDict()
+  c.data.corpus = "demo"  # 'demo' (bundled Wikipedia leads) or a JSONL corpus path
+  c.data.max_passages = 0  # use only the first N passages (0 = all)
+  c.data.encoder = "minilm"  # encoder for clustering (asset name or checkpoint dir)
+  c.data.num_clusters = 200  # k-means clusters (document sets)
+  c.data.min_cluster_size = 4  # drop smaller clusters
+  c.data.max_cluster_size = 12  # responder context = at most this many documents
+
+  c.spell = ml_collections.ConfigDict()
+  c.spell.tasks = ("doc_qa", "doc_mc", "doc_math")  # task types (math only on numeric clusters)
+  c.spell.questions_per_step = 128  # N: questions with responder groups per step
+  c.spell.max_generation_rounds = 3  # extra proposal rounds to fill N (dynamic sampling)
+  c.spell.group_size = 8  # G responses per question and G judgments per response
+  c.spell.docs_per_question = 5  # m new documents shown to the questioner
+  c.spell.history_size = 3  # L solvable (docs, q, a) remembered per cluster
+  c.spell.max_doc_chars = 4000  # documents are cut to this many characters in prompts
+  c.spell.reward_mapping = "gaussian"  # questioner difficulty: gaussian | reverse (AZR) | rzero
+  c.spell.questioner_negative_ratio = 1.0  # negatives per positive question in the update
+  c.spell.verifier_agreement = (0.51, 0.99)  # train verifier groups with agreement in range
+  c.spell.adv_eps = 1e-6  # z-score epsilon
+  c.spell.roles = ml_collections.ConfigDict(dict(
+      questioner=base.role(4096),  # sampling settings per role
+      responder=base.role(4096),
+      verifier=base.role(1024)))
+
+  c.optim.lr = 2e-6  # constant, no warmup (App. C.3)
+  c.loss.agg_mode = "token-mean"
+  c.loss.kl_beta = 0.0
+  c.loss.temperature = 0.7
+  c.rollout.max_context = 20480  # 16K input + 4K output
+  c.rollout.max_prompt_tokens = 16384
+  c.total_steps = 200
+
+  if preset == "demo":
+    c.total_steps = 2
+    c.data.num_clusters = 40
+    c.data.max_cluster_size = 5
+    c.spell.tasks = ("doc_qa", "doc_mc", "doc_math")
+    c.spell.questions_per_step = 2
+    c.spell.max_generation_rounds = 1
+    c.spell.group_size = 2
+    c.spell.docs_per_question = 3
+    c.spell.max_doc_chars = 300
+    c.spell.roles = ml_collections.ConfigDict(dict(
+        questioner=base.role(48), responder=base.role(24), verifier=base.role(12)))
+    c.optim.lr = 3e-3
+    c.loss.micro_batch_rows = 8
+    c.rollout.max_context = 2048
+    c.rollout.max_prompt_tokens = 1536
+  elif preset == "small":
+    c.model.source = "gguf:qwen2.5-0.5b-gguf"
+    c.model.tokenizer = "gguf:qwen2.5-0.5b-gguf"
+    c.total_steps = 1
+    c.data.num_clusters = 40
+    c.data.max_cluster_size = 4
+    c.spell.tasks = ("doc_qa", "doc_mc")
+    c.spell.questions_per_step = 2
+    c.spell.max_generation_rounds = 1
+    c.spell.group_size = 4
+    c.spell.docs_per_question = 2
+    c.spell.max_doc_chars = 600
+    c.spell.roles = ml_collections.ConfigDict(dict(
+        questioner=base.role(256), responder=base.role(96), verifier=base.role(64)))
+    c.loss.micro_batch_rows = 4
+    c.rollout.max_context = 4096
+    c.rollout.max_prompt_tokens = 3072
+  elif preset == "paper":
+    c.model.source = "preset:qwen2.5-7b"  # replace with hf:<path> for the real weights
+    c.model.tokenizer = "Qwen/Qwen2.5-7B-Instruct"  # a local HF tokenizer directory
+    c.model.dtype = "bfloat16"
+    c.model.remat = "full"
+    c.mesh.shape = (1, -1, 1)
+    c.loss.micro_batch_rows = 4
+  validate(c)
+  return c
+
+
+def validate(c) -> None:
+  for t in c.spell.tasks:
+    base.validate_choice("spell.tasks", t, ("doc_qa", "doc_mc", "doc_math"))
+  base.validate_choice("spell.reward_mapping", c.spell.reward_mapping, ("gaussian", "reverse", "rzero"))

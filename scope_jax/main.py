@@ -1,0 +1,40 @@
+"""Entry point for every method: builds the mesh and runs one config in a workdir.
+
+    python -m scope_jax.main --config=configs/spell.py --workdir=runs/spell
+    python -m scope_jax.main --config=configs/spell.py:paper --workdir=gs://bucket/run \
+        --config.model.source=hf:/ckpt/Qwen2.5-7B-Instruct --config.optim.lr=1e-6
+"""
+
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Method config file (configs/*.py[:preset]).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (local or gs://): checkpoints, metrics.")
+
+
+def main(argv):
+  del argv
+  import jax
+  from scope_jax.methods import common
+
+  if any(k in os.environ for k in ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")) or \
+      int(os.environ.get("JAX_NUM_PROCESSES", "1")) > 1:
+    jax.distributed.initialize()  # multi-host: one process per host
+  quiet = ("/orbax/", "xla_bridge.py", "faiss/loader.py")  # chatty libraries: warnings only
+  logging.get_absl_handler().addFilter(
+      lambda r: r.levelno >= logging.WARNING or not any(q in r.pathname for q in quiet))
+  config = _CONFIG.value
+  if config.method != "spell" and hasattr(config, "validate"):
+    config.validate()
+  logging.info("JAX %s: %d processes, devices %s", jax.__version__, jax.process_count(),
+               jax.devices())
+  logging.info("Config:\n%s", config)
+  common.run(config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main)

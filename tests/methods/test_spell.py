@@ -1,0 +1,134 @@
+"""SPELL end to end: configs, one scripted step through the real update, CLI, resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from configs import spell as spell_config
+from scope_jax import metrics as metrics_lib
+from scope_jax.methods import common, spell
+from tests.methods.scripted import ScriptedSpellSampler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def small_config(**overrides):
+  c = spell_config.get_config("demo")
+  c.spell.questions_per_step = 3
+  c.spell.group_size = 3
+  c.data.num_clusters = 20
+  c.spell.roles.questioner.max_new_tokens = 128
+  c.spell.roles.responder.max_new_tokens = 64
+  c.spell.roles.verifier.max_new_tokens = 32
+  for k, v in overrides.items():
+    node = c
+    *path, last = k.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  return c
+
+
+@pytest.mark.parametrize("preset", spell_config.PRESETS)
+def test_every_preset_loads(preset):
+  c = spell_config.get_config(preset)
+  assert c.method == "spell" and c.preset == preset
+  if preset == "paper":
+    assert (c.spell.group_size, c.spell.history_size, c.spell.docs_per_question) == (8, 3, 5)
+    assert (c.spell.questions_per_step, c.optim.lr, c.optim.schedule) == (128, 2e-6, "constant")
+    assert (c.spell.roles.responder.temperature, c.spell.roles.responder.top_p) == (0.7, 0.95)
+    assert (c.rollout.max_prompt_tokens, c.spell.roles.responder.max_new_tokens) == (16384, 4096)
+    assert (c.loss.kl_beta, c.loss.agg_mode) == (0.0, "token-mean")
+
+
+def test_unknown_preset_lists_choices():
+  with pytest.raises(ValueError, match="valid presets: demo, paper, small"):
+    spell_config.get_config("huge")
+
+
+def test_scripted_step_runs_every_phase(tmp_path):
+  rt = common.Runtime(small_config(), str(tmp_path))
+  method = spell.Spell(rt)
+  method.policy.sampler = ScriptedSpellSampler(rt.tokenizer)
+  before = np.asarray(method.policy.state.params["embed"]).copy()
+  m = method.step(0)
+  assert m["rounds"] >= 1 and m["questioner/share_bad_format"] == 0.0
+  assert m["train/responder_groups"] > 0 and m["train/verifier_groups"] >= 0
+  assert m["train/questioner_samples"] == 2 * m["train/responder_groups"] or \
+      m["train/questioner_samples"] >= m["train/responder_groups"]
+  assert np.isfinite(m["train/loss"]) and m["train/loss_tokens"] > 0
+  assert not np.allclose(before, np.asarray(method.policy.state.params["embed"]))
+  assert m["memory/clusters_with_history"] >= 1  # solvable questions were remembered
+  assert 0 <= m["verifier/agreement"] <= 1
+
+
+def test_questioner_history_prompt_grows_context(tmp_path):
+  rt = common.Runtime(small_config(), str(tmp_path))
+  method = spell.Spell(rt)
+  c = 0
+  ids = [method.passages[i].id for i in method.clusters[c][:2]]
+  first, docs = method.questioner_prompt(c, "doc_qa", ids)
+  assert "Previous Examples" not in first and docs == ids
+  from scope_jax.data.clusters import HistoryEntry
+  method.memory.push(str(c), HistoryEntry(["wiki-00001"], "Old question?", "Old answer"))
+  second, docs2 = method.questioner_prompt(c, "doc_qa", ids)
+  assert "### Example 1:\nQuestion: Old question?\nAnswer: Old answer" in second
+  assert docs2 == ["wiki-00001"] + ids
+
+
+def test_bad_override_and_empty_corpus(tmp_path):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  bad = subprocess.run([sys.executable, "-m", "scope_jax.main", "--config=configs/spell.py",
+                        f"--workdir={tmp_path}", "--config.spell.group_size=eight"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+  assert bad.returncode != 0 and "group_size" in bad.stderr
+  (tmp_path / "empty.jsonl").write_text("")
+  with pytest.raises(ValueError, match="empty"):
+    common.Runtime  # noqa: B018
+    spell.build_clusters(small_config(**{"data.corpus": str(tmp_path / "empty.jsonl")}))
+  with pytest.raises(ValueError, match="is not valid; choose one of: gaussian, reverse, rzero"):
+    c = small_config()
+    c.spell.reward_mapping = "linear"
+    spell_config.validate(c)
+
+
+def _run(workdir, steps, env, wait=True):
+  cmd = [sys.executable, "-m", "scope_jax.main", "--config=configs/spell.py",
+         f"--workdir={workdir}", f"--config.total_steps={steps}"]
+  if wait:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+  return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                          env=env)
+
+
+def _comparable(rec):
+  return {k: v for k, v in rec.items() if not k.startswith("time/") and "per_s" not in k}
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_match_an_uninterrupted_run(tmp_path):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  full = _run(tmp_path / "full", 3, env)
+  assert full.returncode == 0, full.stderr[-2000:]
+  assert "Finished spell (demo)" in full.stdout
+  proc = _run(tmp_path / "cut", 3, env, wait=False)
+  ckpt = tmp_path / "cut" / "checkpoints" / "0"
+  deadline = time.time() + 300
+  while not ckpt.exists() and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  resumed = _run(tmp_path / "cut", 3, env)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert "Resuming from checkpoint step" in resumed.stderr
+  a = {r["step"]: r for r in metrics_lib.read_jsonl(tmp_path / "full" / "metrics.jsonl")}
+  b = {r["step"]: r for r in metrics_lib.read_jsonl(tmp_path / "cut" / "metrics.jsonl")}
+  assert set(a) == {0, 1, 2} and set(b) >= {1, 2}
+  for step in (1, 2):
+    assert _comparable(a[step]) == _comparable(b[step]), step
