@@ -71,23 +71,23 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048
     c.rollout.max_prompt_tokens = 1536
-  elif preset == "small":
+  elif preset == "small":  # the paper's recipe, scaled to one CPU iteration of a 0.5B model
     c.model.source = "gguf:qwen2.5-0.5b-gguf"
     c.model.tokenizer = "gguf:qwen2.5-0.5b-gguf"
     c.total_steps = 1
     c.data.num_clusters = 40
-    c.data.max_cluster_size = 4
+    c.data.max_cluster_size = 3
     c.spell.tasks = ("doc_qa", "doc_mc")
     c.spell.questions_per_step = 2
     c.spell.max_generation_rounds = 1
     c.spell.group_size = 4
     c.spell.docs_per_question = 2
-    c.spell.max_doc_chars = 600
+    c.spell.max_doc_chars = 500
     c.spell.roles = ml_collections.ConfigDict(dict(
-        questioner=base.role(256), responder=base.role(96), verifier=base.role(64)))
+        questioner=base.role(320), responder=base.role(80), verifier=base.role(48)))
     c.loss.micro_batch_rows = 4
-    c.rollout.max_context = 4096
-    c.rollout.max_prompt_tokens = 3072
+    c.rollout.max_context = 2048
+    c.rollout.max_prompt_tokens = 1600
   elif preset == "paper":
     c.model.source = "preset:qwen2.5-7b"  # replace with hf:<path> for the real weights
     c.model.tokenizer = "Qwen/Qwen2.5-7B-Instruct"  # a local HF tokenizer directory

@@ -54,16 +54,17 @@ def demo_index_dir() -> pathlib.Path:
   return assets.cache_dir() / "demo_index"
 
 
-def bundled_vectors(encoder) -> np.ndarray | None:
-  """The bundled passage vectors [2000, D] if this encoder made them (else None)."""
+def bundled_vectors(encoder=None) -> np.ndarray | None:
+  """The bundled MiniLM passage vectors [2000, D] (None if `encoder` is given and differs)."""
   import json
   from scope_jax.retrieval.index import check_identity
   if not EMBEDDINGS.exists():
     return None
-  try:
-    check_identity(json.loads(EMBEDDINGS_ENCODER.read_text()), encoder.identity, EMBEDDINGS)
-  except ValueError:
-    return None
+  if encoder is not None:
+    try:
+      check_identity(json.loads(EMBEDDINGS_ENCODER.read_text()), encoder.identity, EMBEDDINGS)
+    except ValueError:
+      return None
   vecs = np.load(EMBEDDINGS, allow_pickle=False).astype(np.float32)
   return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
 

@@ -279,15 +279,11 @@ def build_clusters(config):
   if len(passages) < data.num_clusters * data.min_cluster_size:
     raise ValueError(f"The corpus has {len(passages)} passages, too few for {data.num_clusters} "
                      f"clusters of at least {data.min_cluster_size}.")
-  encoder = load_encoder(data.encoder)
-  if data.corpus == "demo":
-    vectors = demo.bundled_vectors(encoder)
-    if vectors is not None:
-      vectors = vectors[:len(passages)]
-  else:
-    vectors = None
+  vectors = None
+  if data.corpus == "demo" and data.encoder == "minilm":
+    vectors = demo.bundled_vectors()[:len(passages)]  # shipped with the corpus: no encoder needed
   if vectors is None:
-    vectors = encoder.encode([f"{p.title}. {p.text}" for p in passages])
+    vectors = load_encoder(data.encoder).encode([f"{p.title}. {p.text}" for p in passages])
   groups = clusters_lib.kmeans_clusters(vectors, data.num_clusters, seed=config.seed,
                                         min_size=data.min_cluster_size)
   cap = data.max_cluster_size

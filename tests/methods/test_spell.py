@@ -132,3 +132,39 @@ def test_sigkill_and_resume_match_an_uninterrupted_run(tmp_path):
   assert set(a) == {0, 1, 2} and set(b) >= {1, 2}
   for step in (1, 2):
     assert _comparable(a[step]) == _comparable(b[step]), step
+
+
+def test_dynamic_sampling_counts(tmp_path):
+  """Responder groups need reward variance; negatives match positives; verifier groups need
+  agreement in [0.51, 0.99], conflicting ones capped at the number of questions."""
+  rt = common.Runtime(small_config(), str(tmp_path))
+  method = spell.Spell(rt)
+  from scope_jax.rollout.types import Span, Trajectory
+
+  def traj():
+    return Trajectory(np.array([1, 2, 3, 4], np.int32), np.array([0, 0, 1, 1], np.int32),
+                      np.array([0, 0, -1, -1], np.float32), 2, [Span(0, 2, "prompt")], [], None,
+                      None, "eos")
+
+  def question(res, rule, votes, ver, reward, status="ok"):
+    q = spell.Question(0, "doc_qa", [], traj(), reward=reward, status=status)
+    q.res_rewards, q.rule, q.votes, q.ver_rewards = res, rule, votes, ver
+    q.responses = [traj() for _ in res]
+    q.verdicts = [[traj() for _ in v] for v in ver]
+    return q
+
+  agree3 = [1.0, 1.0, 1.0, 0.0]  # 0.75 agreement: trainable
+  unanimous = [1.0, 1.0, 1.0, 1.0]  # 1.0: too easy
+  qs = [
+      question([1, 0, 1, 0], [1, 0, 1, 0], [1, 0, 1, 0], [agree3, agree3, unanimous, agree3], 1.0),
+      question([1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [unanimous] * 4, 0.0, "zero_variance"),
+      question([], [], [], [], -1.0, "bad_format"),
+      question([], [], [], [], -0.5, "ungrounded"),
+  ]
+  qs[0].votes = [1, 1, 1, 0]  # response 1: vote 1 but rule 0 → a conflicting verifier group
+  trajs, advs, counts = method.select_and_advantage(qs)
+  assert counts["train/responder_groups"] == 1
+  assert counts["train/questioner_samples"] == 2  # 1 positive + 1 negative
+  assert counts["train/verifier_groups"] == 3  # responses 0, 1 (conflicting), 3 of question 0
+  assert len(trajs) == len(advs) == 4 + 2 + 3 * 4
+  np.testing.assert_allclose(advs[:4], [1, -1, 1, -1], atol=1e-5)  # group z-score

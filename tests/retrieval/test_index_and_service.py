@@ -120,3 +120,26 @@ def test_client_retries_then_fails_clearly():
   client = RetrievalClient("http://127.0.0.1:9", retries=1, backoff=0.01, timeout=1)
   with pytest.raises(ConnectionError, match="failed after 2 attempts"):
     client.retrieve(["q"])
+
+
+class _FakeEncoder:
+  """Deterministic random unit vectors per text (for index-kind tests without a model)."""
+
+  dim = 16
+  identity = {"name": "fake", "weights_sha256": "x", "query_prefix": "", "passage_prefix": "",
+              "pooling": "mean", "normalize": True, "dim": 16}
+
+  def encode(self, texts, kind="passage"):
+    out = np.stack([np.random.default_rng(abs(hash(t)) % 2**32).normal(size=16) for t in texts])
+    return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+def test_index_kinds_find_exact_duplicates(kind, tmp_path):
+  passages = [Passage(str(i), f"T{i}", f"passage text {i}") for i in range(300)]
+  enc = _FakeEncoder()
+  index = DenseIndex.build(passages, enc, tmp_path / kind, kind=kind, nlist=8, progress=False)
+  loaded = DenseIndex.load(tmp_path / kind, enc.identity)
+  q = enc.encode([f"T{i}. passage text {i}" for i in (3, 150, 299)])
+  _, ids = loaded.search(q, 1)
+  assert ids[:, 0].tolist() == [3, 150, 299] and loaded.kind == kind

@@ -115,3 +115,16 @@ def test_bad_micro_batch_count():
   params = init_params(CFG, jax.random.key(0))
   with pytest.raises(ValueError, match="does not split into 3 micro-batches"):
     _updates(LossConfig(chunk=8), 3, _batch(), params)
+
+
+def test_bfloat16_compute_with_float32_master_weights():
+  params = init_params(CFG, jax.random.key(0))
+  step = make_train_step(CFG, LossConfig(chunk=8), optax.adam(1e-3), dtype=jnp.bfloat16,
+                         remat="full")
+  state = init_train_state(jax.tree.map(jnp.copy, params), optax.adam(1e-3))
+  new, metrics = step(state, place_batch(_batch(), None))
+  assert bool(metrics["finite"]) and np.isfinite(float(metrics["grad_norm"]))
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new.params))
+  f32, _ = _grads(LossConfig(chunk=8), 1, _batch(), params)
+  assert float(metrics["grad_norm"]) == pytest.approx(
+      float(optax.global_norm(jax.tree.map(jnp.asarray, f32))), rel=0.1)
