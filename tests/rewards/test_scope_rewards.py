@@ -1,0 +1,87 @@
+"""SCOPE reward formulas with hand-computed values (ALGORITHMS §2)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from scope_jax.rewards import scope as S
+from scope_jax.rollout.types import Span, ToolCall, Trajectory
+
+
+@pytest.mark.parametrize("g,expected", [(0.0, 0.0), (0.25, 0.5), (0.5, 1.0), (0.8, 0.4), (1.0, 0.0)])
+def test_f_diff(g, expected):
+  assert S.f_diff(g) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("n,expected", [
+    (100, 1.0), (1024, 1.0), (1536, 0.05 + 0.95 * 0.5), (2048, 0.05), (5000, 0.05),
+    (1280, 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi / 4)))])
+def test_length_penalty(n, expected):
+  assert S.length_penalty(n) == pytest.approx(expected)
+
+
+def test_search_reward_and_window():
+  assert [S.search_reward(k) for k in (0, 1, 3, 7)] == [0.0, pytest.approx(1 / 3), 1.0, 1.0]
+  assert S.in_difficulty_window(0.2) and S.in_difficulty_window(0.8)
+  assert not S.in_difficulty_window(0.19) and not S.in_difficulty_window(0.81)
+
+
+def _traj(turns, searches_in_turns=(), errors=()):
+  spans, toks = [Span(0, 1, "prompt", "")], 1
+  for i, t in enumerate(turns):
+    spans.append(Span(toks, toks + 1, "generated", t))
+    toks += 1
+    if i < len(turns) - 1:
+      spans.append(Span(toks, toks + 1, "observation", "<information>...</information>"))
+      toks += 1
+  calls = [ToolCall(turn, ["q"], "docs", "err" if turn in errors else None)
+           for turn in searches_in_turns]
+  return Trajectory(np.zeros(toks, np.int32), np.zeros(toks, np.int32), np.zeros(toks, np.float32),
+                    1, spans, calls, None, None, "final")
+
+
+def test_challenger_format_on_a_multi_turn_transcript():
+  t = _traj(["<think>plan</think><search>a</search>", "no think <search>b</search>",
+             "<think>ok</think><task><question>What?</question></task>"], [0, 1])
+  # think 2/3, tool min(2/2, 1) = 1, structure 1 → (2/3 + 1 + 1)/3
+  assert S.challenger_format(t, required_searches=2) == pytest.approx((2 / 3 + 2) / 3)
+  # 3 required, 2 valid → tool 2/3
+  assert S.challenger_format(t, required_searches=3) == pytest.approx((2 / 3 + 2 / 3 + 1) / 3)
+  bad = _traj(["<task>no question</task>"])
+  assert S.challenger_format(bad, 1) == 0.0
+  assert S.challenger_reward(0.0, True, 0.5) == 0.0  # format 0 → total 0
+  assert S.challenger_reward(0.5, True, 0.25) == pytest.approx(0.25 + 0.5)
+  assert S.challenger_reward(0.5, False, 0.5) == pytest.approx(0.25)
+
+
+def test_solver_format_on_a_multi_turn_transcript():
+  t = _traj(["<think>a</think><search>x</search>", "<think>b</think><search>y</search>",
+             "<think>c</think><answer>Long answer.</answer>"], [0, 1], errors=[1])
+  # think 1, tool = 1 valid search in 2 non-final turns = 0.5, answer 1
+  assert S.solver_format(t) == pytest.approx((1 + 0.5 + 1) / 3)
+  one = _traj(["<answer>x</answer>"])
+  assert S.solver_format(one) == pytest.approx((0 + 0 + 1) / 3)
+  assert S.solver_reward(0.5, 1536, 0.5, 2) == pytest.approx(0.525 * 0.5 + 0.25 + 0.1 * 2 / 3)
+  assert S.solver_reward(None, 10, 0.0, 0) == 0.0
+
+
+def test_rubric_parsing_and_weighted_grade():
+  text = ("<rubric>\n1. [critical] Identify the 1998 treaty by name\n"
+          "2. (important) Explain the funding change in dollars\n"
+          "- bonus: Mention the second organisation involved\n- short\n</rubric>")
+  crit = S.parse_rubrics(text)
+  assert [c.priority for c in crit] == ["critical", "important", "bonus"]
+  assert crit[0].text == "Identify the 1998 treaty by name"
+  assert S.parse_rubrics("only one line that is long enough") is None
+  assert S.rubric_grade(crit, [1, 0, 1]) == pytest.approx(2 / 3)
+  assert S.rubric_grade(crit, [1, None, None]) is None  # coverage 1/3 < 0.5: discarded
+  assert S.rubric_grade(crit, [1, None, 1]) == pytest.approx(2 / 3)  # missing counts as 0
+  assert S.parse_binary_grade("reasoning <score>1</score> ... <score>0</score>") == 0
+  assert S.parse_binary_grade("score: 1") is None
+
+
+def test_quality_gate_parsing():
+  assert S.parse_quality_gate("<entity>1</entity><source_relevance>1</source_relevance>") == (True, False)
+  assert S.parse_quality_gate("<entity>1</entity><source_relevance>0</source_relevance>") == (False, False)
+  assert S.parse_quality_gate("<entity>yes</entity>") == (False, True)
