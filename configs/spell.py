@@ -9,9 +9,13 @@ laptop CPU), 'paper' (the paper's settings for Qwen2.5-7B-Instruct and larger), 
 paper's recipe at reduced batch on the real Qwen2.5-0.5B from the GGUF assets).
 """
 
+import os
+import sys
+
 import ml_collections
 
-from configs import base
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs import base  # noqa: E402  (config files are also loaded by path)
 
 PRESETS = ("demo", "paper", "small")
 

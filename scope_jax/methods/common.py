@@ -102,9 +102,7 @@ class Runtime:
     """A trained policy initialised from `params` (default: a copy of the base model)."""
     c = self.config
     params = jax.tree.map(jnp.copy, self.base_params if params is None else params)
-    opt = optim.make_optimizer(c.optim.lr, warmup_steps=c.optim.warmup_steps,
-                               total_steps=c.optim.total_steps, schedule=c.optim.schedule,
-                               weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip or None)
+    opt = _optimizer(c)
     loss_cfg = dict(c.loss.to_dict(), **(loss_overrides or {}))
     loss_cfg.pop("micro_batch_rows", None)
     loss_cfg.pop("recompute_old_logp", None)
@@ -179,7 +177,7 @@ class Runtime:
     micro = host.num_rows // rows
     key = (micro,)
     if policy.step_fn is None or policy.step_fn[0] != key:
-      fn = train_step.make_train_step(self.model_config, policy.loss, _optimizer_of(self, policy),
+      fn = train_step.make_train_step(self.model_config, policy.loss, _optimizer(self.config),
                                       dtype=self.dtype, remat=self.config.model.remat,
                                       micro_batches=micro)
       policy.step_fn = (key, fn)
@@ -219,8 +217,8 @@ def _logprobs_fn(model_config, temperature, chunk, dtype):
       model_config, params, batch, temperature=temperature, chunk=chunk, dtype=dtype))
 
 
-def _optimizer_of(rt: Runtime, policy: Policy):
-  c = rt.config
+def _optimizer(c: ml_collections.ConfigDict):
+  """The optimizer every policy of a run uses (from `config.optim`)."""
   return optim.make_optimizer(c.optim.lr, warmup_steps=c.optim.warmup_steps,
                               total_steps=c.optim.total_steps, schedule=c.optim.schedule,
                               weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip or None)
