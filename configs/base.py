@@ -66,11 +66,6 @@ def role(max_new_tokens: int, temperature: float = 0.7, top_p: float = 0.95, top
                                         top_p=top_p, top_k=top_k, **extra))
 
 
-def validate_choice(name: str, value, choices) -> None:
-  if value not in choices:
-    raise ValueError(f"{name}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}.")
-
-
 def parse_preset(arg, presets) -> str:
   preset = arg or "demo"
   if preset not in presets:

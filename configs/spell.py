@@ -99,11 +99,4 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.model.remat = "full"
     c.mesh.shape = (1, -1, 1)
     c.loss.micro_batch_rows = 4
-  validate(c)
   return c
-
-
-def validate(c) -> None:
-  for t in c.spell.tasks:
-    base.validate_choice("spell.tasks", t, ("doc_qa", "doc_mc", "doc_math"))
-  base.validate_choice("spell.reward_mapping", c.spell.reward_mapping, ("gaussian", "reverse", "rzero"))

@@ -27,8 +27,6 @@ def main(argv):
   logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= logging.WARNING or not any(q in r.pathname for q in quiet))
   config = _CONFIG.value
-  if config.method != "spell" and hasattr(config, "validate"):
-    config.validate()
   logging.info("JAX %s: %d processes, devices %s", jax.__version__, jax.process_count(),
                jax.devices())
   logging.info("Config:\n%s", config)

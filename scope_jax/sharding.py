@@ -39,7 +39,7 @@ def make_mesh(shape: Sequence[int] | Mapping[str, int] = (1, -1, 1),
   if isinstance(shape, Mapping):
     unknown = set(shape) - set(MESH_AXES)
     if unknown:
-      raise ValueError(f"Unknown mesh axes {sorted(unknown)}; valid: {MESH_AXES}.")
+      raise ValueError(f"Unknown mesh axes {sorted(unknown)}; valid: {', '.join(MESH_AXES)}.")
     shape = [shape.get(a, 1) for a in MESH_AXES]
   shape = list(shape)
   if len(shape) != 3:

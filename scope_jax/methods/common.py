@@ -262,11 +262,32 @@ class Method:
     return ""
 
 
+def check_choice(name: str, value, choices) -> None:
+  if value not in choices:
+    raise ValueError(f"{name}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}.")
+
+
+def validate(config: ml_collections.ConfigDict):
+  """Fails fast (before loading anything) on settings that are typed right but invalid."""
+  check_choice("method", config.method, METHODS)
+  check_choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
+  check_choice("model.remat", config.model.remat, tuple(transformer.REMAT_POLICIES))
+  check_choice("model.dtype", config.model.dtype, ("float32", "bfloat16"))
+  if len(tuple(config.mesh.shape)) != 3:
+    raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} needs 3 entries (data, fsdp, tensor).")
+  loss = dict(config.loss.to_dict())
+  for key in ("micro_batch_rows", "recompute_old_logp"):
+    loss.pop(key, None)
+  train_step.LossConfig(**{**loss, "dual_clip": loss.get("dual_clip") or None})  # checks names
+  module = importlib.import_module(f"scope_jax.methods.{config.method}")
+  if hasattr(module, "validate_config"):
+    module.validate_config(config)
+  return module
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs `config.total_steps` steps of `config.method`, resuming from `workdir` if possible."""
-  if config.method not in METHODS:
-    raise ValueError(f"Unknown method {config.method!r}; valid: {', '.join(METHODS)}.")
-  module = importlib.import_module(f"scope_jax.methods.{config.method}")
+  module = validate(config)
   rt = Runtime(config, workdir)
   method: Method = module.make_method(rt)
   checkpointer = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", keep=config.keep_checkpoints,

@@ -290,5 +290,17 @@ def build_clusters(config):
   return passages, [g[:cap] for g in groups]
 
 
+def validate_config(c) -> None:
+  """SPELL-specific choices, checked before anything is loaded."""
+  from scope_jax.methods.common import check_choice
+  from scope_jax.rewards.difficulty import MAPPINGS
+  for t in c.spell.tasks:
+    check_choice("spell.tasks", t, R.TASKS)
+  check_choice("spell.reward_mapping", c.spell.reward_mapping, MAPPINGS)
+  for name in ("questioner", "responder", "verifier"):
+    if name not in c.spell.roles:
+      raise ValueError(f"spell.roles needs a '{name}' entry (sampling settings).")
+
+
 def make_method(rt: Runtime) -> Spell:
   return Spell(rt)

@@ -32,7 +32,7 @@ def make_faiss_index(dim: int, kind: str = "flat", *, nlist: int = 1024, hnsw_m:
     return faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
   if kind == "hnsw":
     return faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
-  raise ValueError(f"Unknown index kind {kind!r}; valid: {INDEX_KINDS}.")
+  raise ValueError(f"Unknown index kind {kind!r}; valid: {', '.join(INDEX_KINDS)}.")
 
 
 def embed_corpus(passages: Sequence[Passage], encoder, out_dir, *, chunk_size: int = 4096,

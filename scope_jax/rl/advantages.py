@@ -23,7 +23,7 @@ def zscore_by_key(rewards: Sequence[float], keys: Sequence[Hashable] | None = No
   """
   r = np.asarray(rewards, np.float64)
   if std not in STD_KINDS:
-    raise ValueError(f"Unknown std kind {std!r}; valid: {STD_KINDS}.")
+    raise ValueError(f"Unknown std kind {std!r}; valid: {', '.join(STD_KINDS)}.")
   keys = [0] * len(r) if keys is None else list(keys)
   if len(keys) != len(r):
     raise ValueError(f"{len(r)} rewards but {len(keys)} keys.")

@@ -62,7 +62,7 @@ def aggregate(per_token, mask, mode: str, norm_length: int | None = None):
   if mode == "seq-mean-token-sum-norm":
     length = per_token.shape[-1] if norm_length is None else norm_length
     return sums_B.sum(), jnp.asarray(per_token.shape[0] * length, jnp.float32)
-  raise ValueError(f"Unknown aggregation mode {mode!r}; valid: {AGG_MODES}.")
+  raise ValueError(f"Unknown aggregation mode {mode!r}; valid: {', '.join(AGG_MODES)}.")
 
 
 # ----------------------------------------------------------------------------------------- KL
@@ -86,7 +86,7 @@ def kl_penalty(logp, ref_logp, kind: str):
   if kind == "k3+":
     k2 = 0.5 * jnp.square(diff)
     return k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(k3)
-  raise ValueError(f"Unknown KL estimator {kind!r}; valid: {KL_KINDS}.")
+  raise ValueError(f"Unknown KL estimator {kind!r}; valid: {', '.join(KL_KINDS)}.")
 
 
 # ------------------------------------------------------------------------- distillation

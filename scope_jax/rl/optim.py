@@ -10,7 +10,7 @@ SCHEDULES = ("constant", "cosine")
 def learning_rate_schedule(lr: float, *, warmup_steps: int = 0, total_steps: int = 0,
                            schedule: str = "constant", final_fraction: float = 0.0):
   if schedule not in SCHEDULES:
-    raise ValueError(f"Unknown schedule {schedule!r}; valid: {SCHEDULES}.")
+    raise ValueError(f"Unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}.")
   warm = optax.linear_schedule(0.0, lr, max(warmup_steps, 1)) if warmup_steps else None
   if schedule == "constant":
     after = optax.constant_schedule(lr)

@@ -43,9 +43,9 @@ class LossConfig:
   def __post_init__(self):
     for mode in (self.agg_mode, self.distill_agg_mode):
       if mode not in losses.AGG_MODES:
-        raise ValueError(f"Unknown aggregation mode {mode!r}; valid: {losses.AGG_MODES}.")
+        raise ValueError(f"Unknown aggregation mode {mode!r}; valid: {', '.join(losses.AGG_MODES)}.")
     if self.kl_kind not in losses.KL_KINDS:
-      raise ValueError(f"Unknown KL estimator {self.kl_kind!r}; valid: {losses.KL_KINDS}.")
+      raise ValueError(f"Unknown KL estimator {self.kl_kind!r}; valid: {', '.join(losses.KL_KINDS)}.")
 
 
 @flax.struct.dataclass

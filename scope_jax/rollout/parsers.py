@@ -83,7 +83,7 @@ def parse_action(text: str, *, syntax: str = "xml", final_tags: Sequence[str] = 
                  search_allowed: bool = True) -> Action:
   """Parses what a turn asked for; never raises on any text."""
   if syntax not in SYNTAXES:
-    raise ValueError(f"Unknown search syntax {syntax!r}; valid: {SYNTAXES}.")
+    raise ValueError(f"Unknown search syntax {syntax!r}; valid: {', '.join(SYNTAXES)}.")
   stop = search_stop(syntax)
   ends = {tag: text.rfind(f"</{tag}>") for tag in final_tags}
   search_end = text.rfind(stop)

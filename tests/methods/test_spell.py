@@ -95,7 +95,14 @@ def test_bad_override_and_empty_corpus(tmp_path):
   with pytest.raises(ValueError, match="is not valid; choose one of: gaussian, reverse, rzero"):
     c = small_config()
     c.spell.reward_mapping = "linear"
-    spell_config.validate(c)
+    common.validate(c)
+  with pytest.raises(ValueError, match="Unknown aggregation mode 'mean'; valid: "):
+    common.validate(small_config(**{"loss.agg_mode": "mean"}))
+  bad_choice = subprocess.run(
+      [sys.executable, "-m", "scope_jax.main", "--config=configs/spell.py", f"--workdir={tmp_path}",
+       "--config.model.remat=sometimes"], capture_output=True, text=True, cwd=ROOT, env=env)
+  assert bad_choice.returncode != 0
+  assert "model.remat='sometimes' is not valid; choose one of: none, full, dots" in bad_choice.stderr
 
 
 def _run(workdir, steps, env, wait=True):
