@@ -21,6 +21,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 1  # save a checkpoint every this many steps (and at the end)
   c.keep_checkpoints = 3  # newest checkpoints kept on disk
   c.async_checkpoint = True  # save in the background while the next step runs
+  c.progress = True  # progress bars for steps and rollouts
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (1, -1, 1)  # ('data', 'fsdp', 'tensor'); -1 takes the remaining devices

@@ -96,6 +96,7 @@ class Runtime:
     logging.info("Model %s: %s parameters; devices %s; mesh %s", self.model_config.model_type,
                  f"{transformer.count_params(self.base_params):,}", jax.devices(),
                  dict(self.mesh.shape))
+    logging.info("Parameter shardings:\n%s", param_overview(self.base_params))
 
   # ---- roles
   def add_policy(self, name: str, params=None, loss_overrides: dict | None = None) -> Policy:
@@ -147,7 +148,7 @@ class Runtime:
     start = time.perf_counter()
     with self.timer("rollout"):
       trajs = run_rollout(sampler, self.tokenizer, prompts, tool, rc, num_samples=num_samples,
-                          seed=seed)
+                          seed=seed, progress=self.config.get("progress", True))
     generated = sum(int(t.loss_mask.sum()) for t in trajs)
     self.counters["rollout_tokens"] += generated
     self.counters["rollout_seconds"] = self.counters.get("rollout_seconds", 0.0) + (
@@ -222,6 +223,16 @@ def _optimizer(c: ml_collections.ConfigDict):
   return optim.make_optimizer(c.optim.lr, warmup_steps=c.optim.warmup_steps,
                               total_steps=c.optim.total_steps, schedule=c.optim.schedule,
                               weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip or None)
+
+
+def param_overview(params) -> str:
+  """One line per parameter: path, shape, dtype and PartitionSpec."""
+  lines = []
+  for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    spec = getattr(getattr(x, "sharding", None), "spec", None)
+    lines.append(f"  {name:24s} {str(tuple(x.shape)):24s} {str(x.dtype):9s} {spec}")
+  return "\n".join(lines)
 
 
 def _pad_rows(batch: batch_lib.TrainBatch, rows: int) -> batch_lib.TrainBatch:
@@ -301,6 +312,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     start = step + 1
   last: dict[str, float] = {}
   run_start = time.perf_counter()
+  from tqdm import tqdm
+  bar = tqdm(total=config.total_steps, initial=start, desc=f"{config.method} steps", unit="step",
+             disable=jax.process_index() != 0)
   for step in range(start, config.total_steps):
     rt.timer.reset()
     t0 = time.perf_counter()
@@ -312,6 +326,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                                                   if not k.startswith("time/")))
     if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.total_steps:
       checkpointer.save(step, rt.device_state(), method.host_state())
+    bar.set_postfix({k.split("/")[0]: f"{v:.3g}" for k, v in last.items()
+                     if k.endswith("reward/mean")}, refresh=False)
+    bar.update(1)
+  bar.close()
   checkpointer.close()
   rt.metrics.close()
   wall = time.perf_counter() - run_start

@@ -90,8 +90,12 @@ def render_chat(tokenizer, messages: Sequence[dict], **template_kwargs) -> list[
 
 
 def run_rollout(sampler, tokenizer, prompts: Sequence[Sequence[int]], tool: SearchTool | None,
-                config: RolloutConfig, *, num_samples: int = 1, seed: int = 0) -> list[Trajectory]:
-  """Rolls out `num_samples` multi-turn trajectories per prompt (results prompt-major)."""
+                config: RolloutConfig, *, num_samples: int = 1, seed: int = 0,
+                progress: bool = False) -> list[Trajectory]:
+  """Rolls out `num_samples` multi-turn trajectories per prompt (results prompt-major).
+
+  progress: show a bar of finished rows (useful for long multi-turn rollouts).
+  """
   rows = []
   for p in prompts:
     for _ in range(num_samples):
@@ -101,6 +105,8 @@ def run_rollout(sampler, tokenizer, prompts: Sequence[Sequence[int]], tool: Sear
   prefix, suffix = config.observation_wrappers()
   prefix_ids, suffix_ids = encode(tokenizer, prefix), encode(tokenizer, suffix)
   search_stop = parsers.search_stop(config.syntax)
+  from tqdm import tqdm
+  bar = tqdm(total=len(rows), desc="rollout", unit="row", leave=False, disable=not progress)
   for turn in range(config.max_turns + 1):
     active = [i for i, r in enumerate(rows) if not r.done]
     if not active:
@@ -143,6 +149,8 @@ def run_rollout(sampler, tokenizer, prompts: Sequence[Sequence[int]], tool: Sear
     for i in active:
       if not rows[i].done and len(rows[i].tokens) >= config.max_total_tokens:
         rows[i].done, rows[i].finish = True, "context"
+    bar.update(sum(rows[i].done for i in active))
+  bar.close()
   for r in rows:
     if not r.done:
       r.done, r.finish = True, "max_turns"
