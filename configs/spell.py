@@ -89,7 +89,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.spell.max_doc_chars = 500
     c.spell.roles = ml_collections.ConfigDict(dict(
         questioner=base.role(320), responder=base.role(80), verifier=base.role(48)))
-    c.loss.micro_batch_rows = 4
+    c.model.remat = "full"  # keep only layer inputs for the backward pass (fits 24 GB of RAM)
+    c.loss.micro_batch_rows = 2
     c.rollout.max_context = 2048
     c.rollout.max_prompt_tokens = 1600
   elif preset == "paper":

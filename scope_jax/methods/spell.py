@@ -169,10 +169,10 @@ class Spell(Method):
       questions += batch
       rounds += 1
     trajs, advs, counts = self.select_and_advantage(questions)
-    train_metrics = self.rt.train(self.policy, trajs, advs)
+    self.rt.metrics.samples(step, self.sample_records(questions))  # before the update
     metrics = self.step_metrics(questions, counts, rounds)
+    train_metrics = self.rt.train(self.policy, trajs, advs)
     metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
-    self.rt.metrics.samples(step, self.sample_records(questions))
     return metrics
 
   def select_and_advantage(self, questions: list[Question]):
