@@ -250,7 +250,8 @@ def _pad_id(tokenizer) -> int:
 
 
 def _vocab_size(tokenizer) -> int:
-  return int(getattr(tokenizer, "vocab_size", 0) or 0) if not hasattr(tokenizer, "__len__") else len(tokenizer)
+  """Ids the tokenizer can produce (HF `len` counts added special tokens; `vocab_size` does not)."""
+  return len(tokenizer)
 
 
 class Method:

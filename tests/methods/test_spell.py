@@ -60,8 +60,7 @@ def test_scripted_step_runs_every_phase(tmp_path):
   m = method.step(0)
   assert m["rounds"] >= 1 and m["questioner/share_bad_format"] == 0.0
   assert m["train/responder_groups"] > 0 and m["train/verifier_groups"] >= 0
-  assert m["train/questioner_samples"] == 2 * m["train/responder_groups"] or \
-      m["train/questioner_samples"] >= m["train/responder_groups"]
+  assert m["train/questioner_samples"] >= m["train/responder_groups"]  # positives + negatives
   assert np.isfinite(m["train/loss"]) and m["train/loss_tokens"] > 0
   assert not np.allclose(before, np.asarray(method.policy.state.params["embed"]))
   assert m["memory/clusters_with_history"] >= 1  # solvable questions were remembered
@@ -90,7 +89,6 @@ def test_bad_override_and_empty_corpus(tmp_path):
   assert bad.returncode != 0 and "group_size" in bad.stderr
   (tmp_path / "empty.jsonl").write_text("")
   with pytest.raises(ValueError, match="empty"):
-    common.Runtime  # noqa: B018
     spell.build_clusters(small_config(**{"data.corpus": str(tmp_path / "empty.jsonl")}))
   with pytest.raises(ValueError, match="is not valid; choose one of: gaussian, reverse, rzero"):
     c = small_config()

@@ -9,8 +9,6 @@ import pytest
 
 from scope_jax.rl import losses
 
-jax.config.update("jax_enable_x64", False)
-
 
 def np_policy_loss(logp, old, adv, el, eh, c=None):
   ratio = np.exp(np.clip(logp - old, -20, 20))
