@@ -169,7 +169,8 @@ class Runtime:
     mult = rows * int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")]))
     n = len(trajectories)
     micro = max(1, -(-n // rows))
-    micro = 1 << (micro - 1).bit_length()  # power of two: bounded recompilation
+    # Bounded recompilation with little padding: 1, 2, 4, 8, then multiples of 8.
+    micro = 1 << (micro - 1).bit_length() if micro <= 8 else -(-micro // 8) * 8
     host = batch_lib.make_batch(trajectories, advantages, teacher_prompts=teacher_prompts,
                                 pad_id=_pad_id(self.tokenizer), row_multiple=mult)
     total_rows = micro * rows
