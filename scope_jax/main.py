@@ -5,6 +5,7 @@
         --config.model.source=hf:/ckpt/Qwen2.5-7B-Instruct --config.optim.lr=1e-6
 """
 
+import logging as std_logging
 import os
 
 from absl import app, flags, logging
@@ -25,7 +26,7 @@ def main(argv):
     jax.distributed.initialize()  # multi-host: one process per host
   quiet = ("/orbax/", "xla_bridge.py", "faiss/loader.py")  # chatty libraries: warnings only
   logging.get_absl_handler().addFilter(
-      lambda r: r.levelno >= logging.WARNING or not any(q in r.pathname for q in quiet))
+      lambda r: r.levelno >= std_logging.WARNING or not any(q in r.pathname for q in quiet))
   config = _CONFIG.value
   logging.info("JAX %s: %d processes, devices %s", jax.__version__, jax.process_count(),
                jax.devices())
