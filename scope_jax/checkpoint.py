@@ -9,6 +9,7 @@ with a log line saying so. Paths may be local or gs:// (etils.epath).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -19,7 +20,7 @@ from etils import epath
 
 class Checkpointer:
   def __init__(self, directory, *, keep: int = 3, async_save: bool = True):
-    self.directory = epath.Path(directory)
+    self.directory = epath.Path(absolute(directory))
     options = ocp.CheckpointManagerOptions(max_to_keep=keep,
                                            enable_async_checkpointing=async_save, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
@@ -58,3 +59,9 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def absolute(path) -> str:
+  """Local paths made absolute (orbax requires it); URLs such as gs://… unchanged."""
+  path = os.fspath(path)
+  return path if "://" in path else os.path.abspath(os.path.expanduser(path))

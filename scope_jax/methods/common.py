@@ -301,6 +301,7 @@ def validate(config: ml_collections.ConfigDict):
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs `config.total_steps` steps of `config.method`, resuming from `workdir` if possible."""
   module = validate(config)
+  workdir = ckpt_lib.absolute(workdir)
   rt = Runtime(config, workdir)
   method: Method = module.make_method(rt)
   checkpointer = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", keep=config.keep_checkpoints,

@@ -1,0 +1,29 @@
+"""The checkpointer: relative paths, keep-N, resume of the newest step, corrupt-step fallback."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from scope_jax.checkpoint import Checkpointer, absolute
+
+
+def test_relative_path_keep_n_and_corrupt_fallback(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  ck = Checkpointer("runs/x/checkpoints", keep=2)  # a relative workdir, as in the README
+  state = {"w": jnp.arange(4.0)}
+  for step in range(3):
+    ck.save(step, {"w": state["w"] + step}, {"step": step, "memory": {"c": [1, 2]}})
+  ck.wait()
+  assert ck.steps() == [1, 2]
+  step, restored, host = ck.restore_latest(state)
+  assert step == 2 and host == {"step": 2, "memory": {"c": [1, 2]}}
+  np.testing.assert_array_equal(restored["w"], np.arange(4.0) + 2)
+  # Corrupt the newest step: restore falls back to the previous one.
+  for f in (tmp_path / "runs/x/checkpoints/2/state").rglob("*"):
+    if f.is_file():
+      f.write_bytes(b"garbage")
+  step, restored, host = Checkpointer("runs/x/checkpoints", keep=2).restore_latest(state)
+  assert step == 1 and host["step"] == 1
+  np.testing.assert_array_equal(restored["w"], np.arange(4.0) + 1)
+  ck.close()
+  assert absolute("gs://bucket/run") == "gs://bucket/run"
+  assert absolute("runs/x") == str(tmp_path / "runs/x")
