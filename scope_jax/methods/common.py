@@ -336,6 +336,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   checkpointer.close()
   rt.metrics.close()
   wall = time.perf_counter() - run_start
+  if start >= config.total_steps:
+    print(f"Nothing to run: {config.total_steps} steps of {config.method} are already done in "
+          f"{workdir} (raise --config.total_steps to continue).")
+    return last
   print(f"Finished {config.method} ({config.preset}): steps {start}..{config.total_steps - 1} in "
         f"{wall:.1f}s; workdir {workdir}")
   if last:
