@@ -4,8 +4,8 @@
     python -m scope_jax.main --config=configs/spell.py:paper --workdir=gs://bucket/spell \
         --config.model.source=hf:/ckpt/Qwen2.5-7B-Instruct --config.model.tokenizer=/ckpt/Qwen2.5-7B-Instruct
 
-Presets: 'demo' (default; a tiny random model over the bundled Wikipedia corpus, minutes on a
-laptop CPU), 'paper' (the paper's settings for Qwen2.5-7B-Instruct and larger), 'small' (the
+Presets: 'demo' (default; a tiny random model over the bundled Wikipedia corpus, under a minute
+on a laptop CPU), 'paper' (the paper's settings for Qwen2.5-7B-Instruct and larger), 'small' (the
 paper's recipe at reduced batch on the real Qwen2.5-0.5B from the GGUF assets).
 """
 
@@ -95,7 +95,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.rollout.max_prompt_tokens = 1600
   elif preset == "paper":
     c.model.source = "preset:qwen2.5-7b"  # replace with hf:<path> for the real weights
-    c.model.tokenizer = "Qwen/Qwen2.5-7B-Instruct"  # a local HF tokenizer directory
+    c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
     c.model.dtype = "bfloat16"
     c.model.remat = "full"
     c.mesh.shape = (1, -1, 1)

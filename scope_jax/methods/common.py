@@ -283,6 +283,9 @@ def check_choice(name: str, value, choices) -> None:
 def validate(config: ml_collections.ConfigDict):
   """Fails fast (before loading anything) on settings that are typed right but invalid."""
   check_choice("method", config.method, METHODS)
+  if not config.model.tokenizer:
+    raise ValueError("model.tokenizer is empty: set --config.model.tokenizer to the checkpoint's "
+                     "directory (models are never downloaded at run time), 'demo' or 'gguf:<file>'.")
   check_choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
   check_choice("model.remat", config.model.remat, tuple(transformer.REMAT_POLICIES))
   check_choice("model.dtype", config.model.dtype, ("float32", "bfloat16"))

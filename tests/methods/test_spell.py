@@ -94,6 +94,8 @@ def test_bad_override_and_empty_corpus(tmp_path):
     c = small_config()
     c.spell.reward_mapping = "linear"
     common.validate(c)
+  with pytest.raises(ValueError, match="model.tokenizer is empty"):
+    common.validate(spell_config.get_config("paper"))
   with pytest.raises(ValueError, match="Unknown aggregation mode 'mean'; valid: "):
     common.validate(small_config(**{"loss.agg_mode": "mean"}))
   bad_choice = subprocess.run(
