@@ -113,6 +113,8 @@ def parse_rubrics(text: str, min_items: int = 3, max_items: int = 5) -> list[Cri
   body = extract_tag(str(text)[-MAX_TEXT:], "rubric") or str(text)[-MAX_TEXT:]
   items = []
   for line in body.splitlines():
+    if line.lstrip().startswith("<"):  # tags (<rubric>, stray special tokens) are no criteria
+      continue
     m = _RUBRIC_LINE.match(line)
     if not m or not m.group(4) or len(m.group(4)) < 8:
       continue
@@ -145,15 +147,12 @@ def rubric_grade(criteria: Sequence[Criterion], verdicts: Sequence[int | None],
   return sum(c.weight * (v or 0) for c, v in zip(criteria, verdicts)) / total
 
 
-_GATE = re.compile(r"<(entity|source_relevance)>\s*([01])\s*</\1>", re.IGNORECASE)
-
-
-def parse_quality_gate(text: str) -> tuple[bool, bool]:
-  """(passed, malformed): passes iff both the entity and source-relevance checks say 1."""
-  found = {k.lower(): int(v) for k, v in _GATE.findall(str(text)[-MAX_TEXT:])}
-  if set(found) != {"entity", "source_relevance"}:
+def quality_gate(entity: int | None, source_relevance: int | None) -> tuple[bool, bool]:
+  """(passed, malformed) from the two gate verdicts (entity identifiability, source relevance),
+  each a parsed <score>: passes iff both parsed and both are 1; an unparsed one fails the gate."""
+  if entity is None or source_relevance is None:
     return False, True
-  return found["entity"] + found["source_relevance"] == 2, False
+  return entity + source_relevance >= 2, False
 
 
 # ------------------------------------------------------------------------------- totals

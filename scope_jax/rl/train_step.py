@@ -57,9 +57,18 @@ class TrainState:
 
 
 def init_train_state(params, optimizer) -> TrainState:
+  """Optimizer state for `params`; scalars (counts, step) are replicated on the params' mesh, so
+  a state restored from a checkpoint lives on the same devices as a fresh one."""
   opt_state = jax.jit(optimizer.init)(params)
-  return TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32),
-                    skipped=jnp.zeros((), jnp.int32))
+  state = TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32),
+                     skipped=jnp.zeros((), jnp.int32))
+  meshes = [x.sharding.mesh for x in jax.tree.leaves(params)
+            if isinstance(x.sharding, jax.sharding.NamedSharding)]
+  if not meshes or meshes[0].size == 1:
+    return state
+  replicated = jax.sharding.NamedSharding(meshes[0], jax.sharding.PartitionSpec())
+  return jax.tree.map(lambda x: jax.device_put(x, replicated)
+                      if isinstance(x.sharding, jax.sharding.SingleDeviceSharding) else x, state)
 
 
 def _targets(tokens_BT):

@@ -54,3 +54,73 @@ class ScriptedSpellSampler:
         out.append(SampleResult(np.asarray(ids, np.int32), np.full(len(ids), -2.0, np.float32),
                                 "eos", i, text=self.tok.decode(ids)))
     return out
+
+
+class ScriptedScopeSampler:
+  """Plays every SCOPE role by reading its prompt (real searches go to the real tool):
+
+  Challenger: searches the document title, then the first title of each result, until it made
+  the required number of searches; then a task naming the document. Solver: searches the task,
+  then answers with the first retrieved title (right or wrong by a per-row coin). Judge: gates
+  pass unless `gate_fail` is in the task; rubric of three criteria; a grader that checks the
+  criterion's entity against the answer. `garbage` makes the Judge's outputs unparseable.
+  """
+
+  def __init__(self, tokenizer, garbage: bool = False):
+    self.tok = tokenizer
+    self.garbage = garbage
+    self.calls = 0
+
+  def update_params(self, params):
+    del params
+
+  def _answer(self, text, rng):
+    prompt, _, response = text.rpartition("<|im_start|>assistant\n")
+    if "You are the Challenger" in prompt:
+      title = re.search(r"<document>\nTitle: (.*)\n", prompt).group(1)
+      need = int(re.search(r"Use exactly (\d+) search turn", prompt).group(1))
+      found = re.findall(r"Doc 1\(Title: (.*?)\)", response)
+      if len(found) < need:
+        query = found[-1] if found else title
+        return f"<think>Look up {query}.</think>\n<search>{query}</search>"
+      return (f"<think>Enough.</think>\n<task>\n<question>Explain how {title} relates to "
+              f"{found[-1]}.</question>\n</task>")
+    if "Complete the task below" in prompt:
+      found = re.findall(r"Doc 1\(Title: (.*?)\)", response)
+      if not found:
+        question = re.search(r"Task: (.*)", prompt).group(1)
+        return f"<think>Search first.</think>\n<search>{question}</search>"
+      name = found[0] if rng.random() < 0.6 else "nothing relevant"
+      return f"<think>Answer.</think>\n<answer>It is about {name}.</answer>"
+    if self.garbage:
+      return "I cannot decide."
+    if "Check: entity identifiability" in prompt or "Check: source relevance" in prompt:
+      return "<think>ok</think>\n<score>" + ("0" if "gate_fail" in prompt else "1") + "</score>"
+    if "You are writing the grading rubric" in prompt:
+      title = re.search(r"<document>\nTitle: (.*)\n", prompt).group(1)
+      return (f"<rubric>\n1. [critical] Identifies {title}.\n2. [important] States what "
+              f"{title} is known for.\n3. [bonus] Mentions a related topic clearly.\n</rubric>")
+    if "You are grading a response" in prompt:
+      criterion = re.search(r"Criterion:\n(.*)\n", prompt).group(1)
+      response_text = prompt.split("Response:\n", 1)[1]
+      hit = any(w in response_text for w in criterion.split()[1:3] if len(w) > 3)
+      return "<think>checked</think>\n<score>" + str(int(hit)) + "</score>"
+    raise AssertionError(f"unknown role for prompt: {prompt[:200]!r}")
+
+  def generate(self, prompts, *, max_new_tokens, num_samples=1, seed=0, stop=(), **_):
+    from scope_jax.sampling.stops import find_stop
+    rng = np.random.default_rng(seed)
+    self.calls += 1
+    out = []
+    for i, p in enumerate(prompts):
+      text = self.tok.decode(p)
+      for _ in range(num_samples):
+        ids = self.tok.encode(self._answer(text, rng))
+        match = find_stop(ids, stop, self.tok.decode) if stop else None
+        if match:
+          ids, reason = ids[:match.num_tokens], "stop"
+        else:
+          ids, reason = ids[:max_new_tokens - 1] + [self.tok.eos_token_id], "eos"
+        out.append(SampleResult(np.asarray(ids, np.int32), np.full(len(ids), -1.5, np.float32),
+                                reason, i, text=self.tok.decode(ids)))
+    return out

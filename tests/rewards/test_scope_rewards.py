@@ -81,7 +81,15 @@ def test_rubric_parsing_and_weighted_grade():
   assert S.parse_binary_grade("score: 1") is None
 
 
-def test_quality_gate_parsing():
-  assert S.parse_quality_gate("<entity>1</entity><source_relevance>1</source_relevance>") == (True, False)
-  assert S.parse_quality_gate("<entity>1</entity><source_relevance>0</source_relevance>") == (False, False)
-  assert S.parse_quality_gate("<entity>yes</entity>") == (False, True)
+def test_quality_gate_from_two_verdicts():
+  judge = S.parse_binary_grade
+  assert S.quality_gate(judge("<think>names Ada Lovelace</think><score>1</score>"),
+                        judge("<score>1</score>")) == (True, False)
+  assert S.quality_gate(judge("<score>1</score>"), judge("<score>0</score>")) == (False, False)
+  assert S.quality_gate(judge("<score>yes</score>"), judge("<score>1</score>")) == (False, True)
+  assert S.quality_gate(judge("<score>1</score>"), judge("")) == (False, True)
+
+
+def test_rubric_tag_lines_are_not_criteria():
+  text = "<rubric>\n1. [critical] Identifies Ada Lovelace.\n2. [important] Explains Librubric><|im_end|>"
+  assert S.parse_rubrics(text) is None  # two criteria: malformed, the tag line does not count

@@ -1,0 +1,222 @@
+"""Format warm-up (cold start) for models that do not yet follow SCOPE's formats.
+
+SCOPE starts from instruction-tuned 7–8B models that already think, search, write <task>s,
+rubrics and <score>s when asked. The CPU demo's small random model does none of that, so every
+rollout would fail the format checks and never reach the index, the Judge or the Solver. With
+`scope.warmup.steps > 0` the base model M0 is first fine-tuned on short synthetic demonstrations
+of every role, built from the corpus with real retrieval results as observations; M0 (hence the
+Judge, the KL reference and both policies' initialisation) is that warmed model. It is saved to
+`<workdir>/warm_start` (safetensors) and reloaded on resume, so the Judge stays bit-identical.
+The paper's presets keep it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from etils import epath
+
+from scope_jax import assets
+from scope_jax.methods import scope_prompts as P
+from scope_jax.models import hf_io
+from scope_jax.retrieval.corpus import Passage, format_passages
+from scope_jax.rl import sft
+from scope_jax.rollout.agent import RolloutConfig
+from scope_jax.rollout.types import Trajectory
+
+QUESTION_FORMS = {
+    "longform_qa": "How is {a} connected to {b}, and why does it matter?",
+    "summarisation": "Summarise what is known about {a} and its link to {b}.",
+    "planning": "Make a step-by-step plan to study {a}, including a visit to {b}.",
+    "writing": "Write a short report on {a} and {b}, with an introduction and a conclusion.",
+    "creative_writing": "Write a short story in which {a} meets {b}.",
+}
+GENERIC_QUESTION = "Explain the main topic of this text in detail."
+
+
+def _first_words(text: str, n: int) -> str:
+  return " ".join(text.split()[:n]).rstrip(".,;:")
+
+
+def _short(title: str, words: int = 4) -> str:
+  """Queries are at most a few words: easy to imitate for a small model."""
+  return " ".join(title.split()[:words])
+
+
+def _search_action(query: str, syntax: str) -> str:
+  if syntax == "xml":
+    return f"<search>{query}</search>"
+  return ('<tool_call>{"name": "search", "arguments": {"query": ' + json.dumps(query) +
+          "}}</tool_call>")
+
+
+class _Demos:
+  """Builds demonstration trajectories for every SCOPE role."""
+
+  def __init__(self, scope, rng: np.random.Generator):
+    self.scope, self.rt, self.cfg, self.rng = scope, scope.rt, scope.cfg, rng
+    self.tok = self.rt.tokenizer
+    self.eos = self.tok.decode([self.rt.eos_ids[0]], skip_special_tokens=False)
+    rc = RolloutConfig(syntax=self.cfg.syntax)
+    self.obs_prefix, self.obs_suffix = rc.observation_wrappers()
+    self.max_obs = self.cfg.roles.solver.get("max_obs_tokens", 500)
+
+  def prompt(self, text: str) -> list[int]:
+    return self.scope._convs([text])[0]
+
+  def observation(self, hits: list[Passage]) -> list[int]:
+    body = self.tok.encode(format_passages(hits), add_special_tokens=False)[:self.max_obs]
+    return (self.tok.encode(self.obs_prefix, add_special_tokens=False) + body +
+            self.tok.encode(self.obs_suffix, add_special_tokens=False))
+
+  def search_chain(self, doc: Passage, k: int) -> tuple[list[str], list[list[Passage]]]:
+    """k queries, the first on the document's title, each next one on an entity (title) found
+    in the previous results; returns the queries and what each retrieved."""
+    queries, results, query = [], [], _short(doc.title)
+    for _ in range(k):
+      hits = [p for p, _ in self.scope.tool.retrieve([query])[0]]
+      queries.append(query)
+      results.append(hits)
+      fresh = [_short(p.title) for p in hits if _short(p.title) not in queries
+               and p.title != doc.title]
+      query = fresh[0] if fresh else _short(doc.title)
+    return queries, results
+
+  def for_document(self, doc: Passage, other: Passage, task_type: str, k: int) -> list[Trajectory]:
+    cfg, syntax = self.cfg, self.cfg.syntax
+    queries, results = self.search_chain(doc, k)
+    b = queries[-1] if len(queries) > 1 else (results[0][1].title if len(results[0]) > 1
+                                               else other.title)
+    question = QUESTION_FORMS[task_type].format(a=doc.title, b=b)
+    out = []
+    # Challenger: k searches, then the task.
+    pieces = []
+    for q, hits in zip(queries, results):
+      pieces += [("generated", f"<think>Search for the task.</think>\n{_search_action(q, syntax)}"),
+                 ("observation", self.observation(hits))]
+    pieces.append(("generated", f"<think>Write the task.</think>\n<task>\n<question>{question}"
+                                "</question>\n</task>" + self.eos))
+    out.append(sft.demonstration(self.prompt(P.challenger_prompt(
+        doc, task_type, k, syntax, cfg.max_doc_chars)), pieces, self.tok))
+    # Solver: search the named entities, then answer from what came back.
+    answer = f"{_first_words(doc.text, 12)}."
+    pieces = []
+    for q, hits in zip(queries[:self.cfg.roles.solver.max_turns], results):
+      pieces += [("generated", f"<think>Search for the answer.</think>\n"
+                               f"{_search_action(q, syntax)}"),
+                 ("observation", self.observation(hits))]
+    pieces.append(("generated", f"<think>Answer.</think>\n<answer>{answer}</answer>" + self.eos))
+    out.append(sft.demonstration(self.prompt(P.solver_prompt(
+        question, cfg.roles.solver.max_turns, syntax)), pieces, self.tok))
+    # Judge: both gates, positive and negative.
+    entity, source = P.gate_prompts(question, doc, cfg.max_doc_chars)
+    generic, _ = P.gate_prompts(GENERIC_QUESTION, doc, cfg.max_doc_chars)
+    _, unrelated = P.gate_prompts(question, other, cfg.max_doc_chars)
+    verdicts = [(entity, "Named.", 1), (generic, "Vague.", 0), (source, "Grounded.", 1),
+                (unrelated, "Unrelated.", 0)]
+    # Rubric (3 criteria) and per-criterion grades of a matching and a non-matching answer.
+    criteria = [("critical", f"Identifies {doc.title}", doc.title),
+                ("important", f"Explains {doc.title}", doc.title),
+                ("bonus", f"Mentions {b}", b)]
+    rubric = "<rubric>\n" + "\n".join(f"{i}. [{p}] {c}." for i, (p, c, _) in enumerate(criteria, 1))
+    out.append(sft.demonstration(self.prompt(P.rubric_prompt(question, doc, cfg.max_doc_chars)),
+                                 [("generated", rubric + "\n</rubric>" + self.eos)], self.tok))
+    wrong = f"{_first_words(other.text, 12)}."
+    for _, criterion, key in criteria[:2]:
+      good = int(key.lower() in answer.lower())
+      verdicts.append((P.grader_prompt(question, criterion + ".", answer),
+                       "Covered." if good else "Missed.", good))
+      verdicts.append((P.grader_prompt(question, criterion + ".", wrong), "Missed.", 0))
+    for text, why, score in verdicts:
+      out.append(sft.demonstration(self.prompt(text), [
+          ("generated", f"<think>{why}</think>\n<score>{score}</score>{self.eos}")], self.tok))
+    return out
+
+  def build(self, num_docs: int) -> list[Trajectory]:
+    passages = self.scope.passages
+    picks = self.rng.choice(len(passages), min(2 * num_docs, len(passages)), replace=False)
+    docs, others = picks[:num_docs], picks[num_docs:]
+    mix = self.scope._mix(0, 99, len(docs))
+    demos = []
+    for i, (d, (task_type, k)) in enumerate(zip(docs, mix)):
+      other = passages[others[i % max(len(others), 1)]] if len(others) else passages[d]
+      demos += self.for_document(passages[d], other, task_type, k)
+    return demos
+
+
+def warm_start(rt, scope):
+  """The warmed base params. Order: `<workdir>/warm_start` (a resumed run), the asset cache (keyed
+  by a hash of the demonstrations' tokens, the model config and the warm-up settings, so a
+  changed template or setting warms up again), else fitted now and saved to both."""
+  cfg = scope.cfg.warmup
+  dtype = jnp.dtype(rt.config.model.param_dtype)
+  local = epath.Path(rt.workdir) / "warm_start"
+  if (local / "config.json").exists():
+    logging.info("Loading the warmed-up base model of this run from %s", local)
+    return _load(local, rt, dtype)
+  demos = _Demos(scope, np.random.default_rng([rt.config.seed, 99])).build(cfg.documents)
+  key = _key(rt, cfg, demos)
+  cached = assets.cache_dir() / "warm_start" / key
+  if (cached / "config.json").exists():
+    logging.info("Using the cached warmed-up base model %s", cached)
+    params = _load(cached, rt, dtype)
+  else:
+    logging.info("Format warm-up: %d demonstrations, %d steps (cached in %s afterwards)",
+                 len(demos), cfg.steps, cached)
+    start = time.perf_counter()
+    params, losses = sft.fit(rt.model_config, jax.tree.map(jnp.copy, rt.base_params), demos,
+                             steps=cfg.steps, lr=cfg.lr, batch_rows=cfg.batch_rows,
+                             seed=rt.config.seed, mesh=rt.mesh, pad_id=_pad_id(rt.tokenizer),
+                             dtype=rt.dtype, log_every=max(cfg.steps // 5, 1))
+    scope.stage_seconds["warmup"] = time.perf_counter() - start
+    logging.info("Format warm-up done in %.1fs: nll %.3f → %.3f", scope.stage_seconds["warmup"],
+                 losses[0], losses[-1])
+    _save(rt, params, cached)
+  _save(rt, params, local)
+  return params
+
+
+def _key(rt, cfg, demos) -> str:
+  h = hashlib.sha256()
+  h.update(json.dumps([repr(rt.model_config), cfg.to_dict(), rt.config.seed,
+                       rt.config.model.param_dtype, rt.config.model.dtype], sort_keys=True,
+                      default=str).encode())
+  for d in demos:
+    h.update(d.tokens.tobytes())
+    h.update(d.loss_mask.tobytes())
+  return h.hexdigest()[:24]
+
+
+def _load(path, rt, dtype):
+  _, params = hf_io.load_hf(path, mesh=rt.mesh, dtype=dtype)
+  same = jax.tree.map(lambda a, b: a.shape == b.shape, params, rt.base_params)
+  if not all(jax.tree.leaves(same)):
+    raise ValueError(f"{path} holds a model of a different shape than model.source; use a new "
+                     "workdir (or delete that directory to warm up again).")
+  return params
+
+
+def _save(rt, params, path) -> None:
+  """Writes to a temporary sibling, then renames: an interrupted save is never picked up."""
+  path = epath.Path(path)
+  tmp = epath.Path(f"{path}.tmp{os.getpid()}")
+  hf_io.save_hf(rt.model_config, params, tmp)
+  if jax.process_index() != 0:
+    return
+  if path.exists():
+    tmp.rmtree()  # another process got there first with the same content
+    return
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp.rename(path)
+
+
+def _pad_id(tokenizer) -> int:
+  pid = getattr(tokenizer, "pad_token_id", None)
+  return int(pid) if pid is not None else 0

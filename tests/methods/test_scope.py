@@ -1,0 +1,357 @@
+"""SCOPE end to end: configs, schedule, scripted steps through the real updates and the real
+index, the frozen Judge, resume inside and between stages, and the CLI demo."""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import scope as scope_config
+from scope_jax import metrics as metrics_lib
+from scope_jax.data import demo
+from scope_jax.methods import common, scope
+from scope_jax.methods import scope_prompts as P
+from scope_jax.rewards import scope as R
+from tests.methods.scripted import ScriptedScopeSampler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TITLES = {p.title for p in demo.demo_passages()}
+
+
+def small_config(**overrides):
+  c = scope_config.get_config("demo")
+  c.scope.warmup.steps = 0  # the scripted policy needs no warm-up
+  c.scope.iterations = 2
+  c.scope.challenger_steps = 2
+  c.scope.solver_steps = 2
+  c.scope.challenger_batch = 3
+  c.scope.solver_batch = 2
+  c.scope.group_size = 2
+  c.scope.task_set.candidates_per_round = 6
+  c.scope.search_choices, c.scope.search_ratio = (1, 2, 3), (4, 3, 2)
+  c.scope.roles.challenger.max_turns = 4
+  c.scope.roles.solver.max_turns = 2
+  c.scope.roles.challenger.max_new_tokens = 200
+  c.scope.roles.solver.max_new_tokens = 200
+  c.scope.roles.rubric.max_new_tokens = 200
+  c.scope.roles.grader.max_new_tokens = 40
+  c.scope.roles.gate.max_new_tokens = 40
+  c.progress = False
+  for k, v in overrides.items():
+    node = c
+    *path, last = k.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  return c
+
+
+def scripted(rt, **kw):
+  method = scope.Scope(rt)
+  fake = ScriptedScopeSampler(rt.tokenizer, **kw)
+  method.challenger.sampler = method.solver.sampler = method.judge_sampler = fake
+  return method
+
+
+def leaves(params):
+  return [np.asarray(x).copy() for x in jax.tree.leaves(params)]
+
+
+# ---------------------------------------------------------------------------------- configs
+
+@pytest.mark.parametrize("preset", scope_config.PRESETS)
+def test_every_preset_loads(preset):
+  c = scope_config.get_config(preset)
+  assert c.method == "scope" and c.preset == preset
+  if preset.startswith("paper"):
+    s = c.scope
+    assert (s.iterations, s.challenger_steps, s.solver_steps) == (3, 20, 20)
+    assert (s.challenger_batch, s.solver_batch, s.group_size) == (64, 256, 8)
+    assert (s.solver_rollouts_train, s.task_set.solver_rollouts, s.task_set.window) == (8, 4, (0.2, 0.8))
+    assert (c.optim.lr, c.optim.warmup_steps, c.optim.total_steps, c.optim.grad_clip) == (1e-6, 2, 60, 1.0)
+    assert (c.loss.kl_beta, c.loss.kl_kind, c.loss.agg_mode) == (1e-3, "k3", "token-mean")
+    assert (s.roles.rubric.temperature, s.roles.grader.temperature) == (0.0, 0.6)
+    assert (s.roles.solver.max_obs_tokens, c.retrieval.topk, c.rollout.max_context) == (500, 3, 16384)
+    assert s.search_ratio == (4, 3, 2) and s.search_choices == (1, 2, 3)
+    assert c.total_steps == 120 and s.warmup.steps == 0
+    assert (s.syntax, s.per_turn_datums) == (("xml", False) if preset == "paper" else ("qwen", True))
+    assert c.model.source == ("preset:qwen2.5-7b" if preset == "paper" else "preset:qwen3-8b")
+
+
+def test_total_steps_follow_the_schedule_unless_set():
+  c = scope_config.get_config("demo")
+  assert c.total_steps == c.scope.iterations * (c.scope.challenger_steps + c.scope.solver_steps)
+  c.scope.iterations = 5
+  assert c.total_steps == 5 * (c.scope.challenger_steps + c.scope.solver_steps)
+  c.total_steps = 3
+  assert c.total_steps == 3
+
+
+def test_validation_names_the_fix():
+  with pytest.raises(ValueError, match="scope.syntax='json' is not valid; choose one of: xml, qwen"):
+    common.validate(small_config(**{"scope.syntax": "json"}))
+  with pytest.raises(ValueError, match="scope.task_types='poetry' is not valid"):
+    common.validate(small_config(**{"scope.task_types": ("poetry",)}))
+  with pytest.raises(ValueError, match="needs one weight per entry"):
+    common.validate(small_config(**{"scope.search_ratio": (1, 1)}))
+  with pytest.raises(ValueError, match="window"):
+    common.validate(small_config(**{"scope.task_set.window": (0.8, 0.2)}))
+  with pytest.raises(ValueError, match="max_turns=1 is below the largest required search count 3"):
+    common.validate(small_config(**{"scope.roles.challenger.max_turns": 1}))
+  paper = scope_config.get_config("paper")
+  paper.model.tokenizer = "/ckpt/qwen"
+  with pytest.raises(ValueError, match="retrieval.encoder is empty"):
+    common.validate(paper)
+  paper.retrieval.encoder = "/ckpt/e5"
+  with pytest.raises(ValueError, match="SCOPE needs a search index"):
+    common.validate(paper)
+
+
+# ------------------------------------------------------------------------------- schedule
+
+def test_stratified_search_counts_and_task_types():
+  rng = np.random.default_rng(0)
+  assert sorted(collections.Counter(P.stratified(9, (4, 3, 2), rng)).values()) == [2, 3, 4]
+  counts = collections.Counter(P.stratified(18, (4, 3, 2), rng))
+  assert (counts[0], counts[1], counts[2]) == (8, 6, 4)
+  assert collections.Counter(P.stratified(2, (4, 3, 2), rng)) == {0: 1, 1: 1}  # largest remainders
+  with pytest.raises(ValueError, match="non-negative weights"):
+    P.stratified(3, (1, -1), rng)
+
+
+def test_locate_and_documents(tmp_path):
+  rt = common.Runtime(small_config(), str(tmp_path))
+  m = scripted(rt)
+  assert [m.locate(s) for s in range(5)] == [(0, "challenger", 0), (0, "challenger", 1),
+                                             (0, "solver", 0), (0, "solver", 1),
+                                             (1, "challenger", 0)]
+  s1, cands = m.stage1_prompts(0), m.candidate_prompts(0)
+  assert len(s1) == 6 and {k for _, _, k in s1} <= {1, 2, 3}
+  ids0 = [d.id for d, _, _ in s1] + [d.id for d, _, _ in cands]
+  ids1 = [d.id for d, _, _ in m.stage1_prompts(1)] + [d.id for d, _, _ in m.candidate_prompts(1)]
+  assert len(set(ids0)) == len(ids0) and not set(ids0) & set(ids1)  # fresh documents
+  assert m.stage1_prompts(0) == s1  # deterministic: resume rebuilds the same prompts
+
+
+# ------------------------------------------------------------------------------ the stages
+
+def test_challenger_step_uses_the_index_judge_and_solver(tmp_path):
+  rt = common.Runtime(small_config(), str(tmp_path))
+  m = scripted(rt)
+  judge_before = leaves(m.judge_params)
+  challenger_before = leaves(m.challenger.state.params)
+  b, g = 3, 2
+  picks = m.stage1_prompts(0)[:b]
+  cands = m.propose(picks, g, seed=0)
+  assert len(cands) == b * g
+  for c in cands:
+    assert c.traj.num_searches == c.required  # as many searches as the prompt asked for
+    for call in c.traj.tool_calls:  # observations are documents of the bundled index
+      assert call.error is None and call.result.startswith("Doc 1(Title: ")
+      assert all(t in TITLES for t in _titles(call.result))
+    assert c.fmt == pytest.approx((1 / 1 + 1.0 + 1.0) / 3)  # every turn thinks; tool; structure
+  stats = scope.GradeStats()
+  m.evaluate(cands, 2, seed=1, stats=stats)
+  for c in cands:
+    assert c.gate and len(c.criteria) == 3 and len(c.grades) == 2
+    assert all(t.num_searches >= 1 for t in c.rollouts)
+    assert c.g_bar == pytest.approx(np.mean(c.grades))
+  metrics = m.step(0)
+  assert metrics["stage"] == 0 and metrics["iteration"] == 0
+  assert metrics["challenger/share_gate_passed"] == 1.0
+  assert 0 <= metrics["challenger/g_bar/mean"] <= 1
+  assert metrics["challenger/reward/mean"] == pytest.approx(
+      0.5 * metrics["challenger/format/mean"] + metrics["challenger/difficulty/mean"])
+  assert np.isfinite(metrics["challenger/train/loss"]) and metrics["challenger/train/kl"] >= 0
+  assert any(not np.array_equal(a, b_) for a, b_ in zip(challenger_before,
+                                                      leaves(m.challenger.state.params)))
+  for a, b_ in zip(judge_before, leaves(m.judge_params)):
+    assert np.array_equal(a, b_)
+
+
+def test_task_set_and_solver_step(tmp_path):
+  rt = common.Runtime(small_config(), str(tmp_path))
+  m = scripted(rt)
+  solver_before = leaves(m.solver.state.params)
+  metrics = m.step(2)  # the first Stage-2 step builds the task set
+  tasks = m.task_sets["0"]
+  assert 1 <= len(tasks) <= 4 and metrics["taskset/size"] == len(tasks)
+  assert all(0.2 <= t["g_bar"] <= 0.8 for t in tasks)
+  assert len({t["doc_id"] for t in tasks}) == len(tasks)  # at most one task per document
+  written = [json.loads(x) for x in (tmp_path / "tasks" / "iteration_0.jsonl").read_text().splitlines()]
+  assert written == tasks
+  assert metrics["solver/searches/mean"] >= 1 and 0 <= metrics["solver/rubric/mean"] <= 1
+  assert metrics["solver/reward/mean"] == pytest.approx(
+      metrics["solver/rubric/mean"] * 1.0 + 0.5 * metrics["solver/format/mean"]
+      + 0.1 * metrics["solver/search/mean"], abs=1e-6)  # short answers: L = 1
+  assert np.isfinite(metrics["solver/train/loss"])
+  assert any(not np.array_equal(a, b) for a, b in zip(solver_before, leaves(m.solver.state.params)))
+  m.step(3)  # same iteration: reuses the set
+  assert m.task_sets["0"] == tasks
+
+
+def test_solver_reward_parts_by_hand(tmp_path):
+  rt = common.Runtime(small_config(), str(tmp_path))
+  m = scripted(rt)
+  traj = m.solve(["Explain how Paris relates to France."], 1, seed=0)[0]
+  parts = m.solver_parts(traj, 0.5)
+  turns = R.turn_texts(traj)
+  assert len(turns) == 2 and traj.num_searches == 1 and traj.final_tag == "answer"
+  # think 2/2, tool 1 search / 1 non-final turn, answer 1 → format 1; search 1/3.
+  assert parts["format"] == pytest.approx(1.0) and parts["search"] == pytest.approx(1 / 3)
+  assert parts["reward"] == pytest.approx(1.0 * 0.5 + 0.5 * 1.0 + 0.1 / 3)
+
+
+def test_malformed_judge_output_is_counted_not_raised(tmp_path):
+  rt = common.Runtime(small_config(), str(tmp_path))
+  m = scripted(rt, garbage=True)
+  metrics = m.step(0)
+  assert metrics["challenger/share_gate_malformed"] == 1.0
+  assert metrics["challenger/share_gate_passed"] == 0.0
+  assert metrics["challenger/reward/mean"] == pytest.approx(0.5 * metrics["challenger/format/mean"])
+  metrics = m.step(2)
+  assert metrics["taskset/size"] == 0 and "solver/reward/mean" not in metrics
+
+
+def test_per_turn_datums_for_thinking_models(tmp_path):
+  rt = common.Runtime(small_config(**{"scope.per_turn_datums": True, "scope.syntax": "qwen"}),
+                      str(tmp_path))
+  m = scripted(rt)
+  trajs = m.solve(["Explain how Paris relates to France."], 2, seed=0)
+  seen = []
+  real_train = rt.train
+  rt.train = lambda policy, ts, advs, **kw: seen.append(ts) or real_train(policy, ts, advs, **kw)
+  m._train(m.solver, trajs, np.asarray([1.0, -1.0]))
+  assert len(seen[0]) == sum(len(t.generated_turns()) for t in trajs)  # one datum per turn
+
+
+def _titles(text):
+  import re
+  return re.findall(r"Doc \d+\(Title: (.*?)\)", text)
+
+
+# --------------------------------------------------------------------- runs, Judge, resume
+
+def _run_scripted(config, workdir, monkeypatch, holder=None):
+  def make(rt):
+    method = scripted(rt)
+    if holder is not None:
+      holder["method"] = method
+      holder["judge_start"] = leaves(method.judge_params)
+    return method
+  monkeypatch.setattr(scope, "make_method", make)
+  return common.run(config, str(workdir))
+
+
+def _comparable(rec):
+  return {k: v for k, v in rec.items() if not k.startswith("time/") and "per_s" not in k}
+
+
+def test_judge_is_bit_identical_after_a_run(tmp_path, monkeypatch):
+  holder = {}
+  _run_scripted(small_config(**{"scope.iterations": 1}), tmp_path, monkeypatch, holder)
+  m = holder["method"]
+  end = leaves(m.judge_params)
+  assert all(np.array_equal(a.view(np.uint8), b.view(np.uint8))
+             for a, b in zip(holder["judge_start"], end))
+  assert m.judge_params is m.rt.base_params is m.rt.frozen["judge"]  # one M0: Judge and KL ref
+  for policy in (m.challenger, m.solver):  # both trained policies moved away from M0
+    assert any(not np.array_equal(a, b) for a, b in zip(end, leaves(policy.state.params)))
+
+
+def test_resume_inside_and_between_stages_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+  """Stops after step 0 (inside Stage 1), 1 (between the stages), 2 (inside Stage 2, after the
+  task set was built) and resumes each time; every step's metrics equal the uninterrupted run's."""
+  def config(steps=None):
+    c = small_config(**{"scope.iterations": 1, "scope.challenger_batch": 2})
+    if steps is not None:
+      c.total_steps = steps
+    return c
+  _run_scripted(config(), tmp_path / "full", monkeypatch)
+  for steps in (1, 2, 3, None):
+    _run_scripted(config(steps), tmp_path / "cut", monkeypatch)
+  a = {r["step"]: r for r in metrics_lib.read_jsonl(tmp_path / "full" / "metrics.jsonl")}
+  b = {r["step"]: r for r in metrics_lib.read_jsonl(tmp_path / "cut" / "metrics.jsonl")}
+  assert sorted(a) == sorted(b) == [0, 1, 2, 3]
+  for step in range(4):
+    assert _comparable(a[step]) == _comparable(b[step]), step
+
+
+# ------------------------------------------------------------------------------- the CLI demo
+
+def _cli(workdir, *extra, wait=True):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  cmd = [sys.executable, "-m", "scope_jax.main", "--config=configs/scope.py",
+         f"--workdir={workdir}", *extra]
+  if wait:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1500)
+  return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                          env=env)
+
+
+def test_cli_demo_runs_with_real_retrieval(tmp_path):
+  """The default demo: format warm-up (cached), two iterations of both stages on the CPU."""
+  out = _cli(tmp_path / "run")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "Finished scope (demo)" in out.stdout and "wall time per stage" in out.stdout
+  records = metrics_lib.read_jsonl(tmp_path / "run" / "metrics.jsonl")
+  assert [r["stage"] for r in records] == [0, 1, 0, 1]
+  assert "challenger/reward/mean" in records[0] and "taskset/size" in records[1]
+  assert (tmp_path / "run" / "warm_start" / "model.safetensors").exists()
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[-1] == "3"
+  assert sorted(p.name for p in (tmp_path / "run" / "tasks").iterdir()) == [
+      "iteration_0.jsonl", "iteration_1.jsonl"]
+  log = (tmp_path / "run" / "samples.log").read_text()
+  titles = _titles(log)
+  assert titles and all(t in TITLES for t in titles)  # observations come from the bundled index
+  again = _cli(tmp_path / "run")
+  assert again.returncode == 0 and "Nothing to run" in again.stdout
+
+
+@pytest.mark.slow
+def test_cli_sigkill_and_resume(tmp_path):
+  proc = _cli(tmp_path / "cut", wait=False)
+  ckpt = tmp_path / "cut" / "checkpoints" / "1"
+  deadline = time.time() + 1200
+  while not ckpt.exists() and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  resumed = _cli(tmp_path / "cut")
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert "Resuming from checkpoint step" in resumed.stderr
+  assert "Loading the warmed-up base model of this run" in resumed.stderr
+  steps = [r["step"] for r in metrics_lib.read_jsonl(tmp_path / "cut" / "metrics.jsonl")]
+  assert set(steps) == {0, 1, 2, 3}
+
+
+def test_warm_start_demonstrations_are_saved_cached_and_reloaded(tmp_path, monkeypatch):
+  monkeypatch.setenv("SCOPE_JAX_CACHE", str(tmp_path / "cache"))
+  c = small_config(**{"scope.warmup.steps": 2, "scope.warmup.documents": 2,
+                      "scope.warmup.batch_rows": 2})
+  first = scope.Scope(common.Runtime(c, str(tmp_path / "a")))
+  start = leaves(first.judge_params)
+  assert (tmp_path / "a" / "warm_start" / "model.safetensors").exists()
+  assert len(os.listdir(tmp_path / "cache" / "warm_start")) == 1
+  assert "warmup" in first.stage_seconds
+  for workdir in ("a", "b"):  # a resumed run (its own copy), a new run (the cache)
+    again = scope.Scope(common.Runtime(c, str(tmp_path / workdir)))
+    assert "warmup" not in again.stage_seconds  # nothing was fitted
+    assert all(np.array_equal(x, y) for x, y in zip(start, leaves(again.judge_params)))
+  # Eleven demonstrations per document: challenger, solver, rubric, 4 gate and 4 grade verdicts.
+  from scope_jax.methods import scope_warmup
+  demos = scope_warmup._Demos(first, np.random.default_rng(0)).build(2)
+  assert len(demos) == 22
+  challenger = demos[0]
+  obs = [s for s in challenger.spans if s.kind == "observation"]
+  assert obs and all(t in TITLES for s in obs for t in _titles(s.text))  # from the index
+  for s in obs:
+    assert not challenger.loss_mask[s.start:s.end].any()
+  assert "<task>" in challenger.spans[-1].text and challenger.loss_mask[-1] == 1
