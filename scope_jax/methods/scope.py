@@ -224,7 +224,7 @@ class Scope(Method):
       metrics = self.challenger_step(it, k, step)
     else:
       metrics = self.solver_step(it, k, step)
-    dt = time.perf_counter() - start
+    dt = time.perf_counter() - start - metrics.get("time/task_set", 0.0)  # counted on its own
     self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + dt
     metrics.update({"iteration": it, "stage": STAGES.index(stage), f"time/{stage}_step": dt})
     return metrics
@@ -312,7 +312,7 @@ class Scope(Method):
                       "candidates (raise scope.task_set.max_rounds to search longer).", it,
                       len(tasks), target, rounds, ts.candidates_per_round)
     self._write_task_set(it, tasks)
-    self.examples = ([self._record("task_set", c) for c in cands_all if c.criteria][:3]
+    self.examples = ([self._record("task_set", c) for c in cands_all if c.question][:3]
                      or self.examples)
     return tasks
 
