@@ -76,6 +76,7 @@ class Scope(Method):
     super().__init__(rt)
     self.cfg = cfg = rt.config.scope
     self.passages, self.tool = build_retrieval(rt.config)
+    self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax, cfg.max_doc_chars)
     self.task_sets: dict[str, list[dict]] = {}  # iteration → the Solver's task set
     self.stage_seconds: dict[str, float] = {}
     self.examples: list[dict] = []  # a few tasks, rubrics and grades for the final summary
@@ -130,7 +131,7 @@ class Scope(Method):
               seed: int) -> list[Candidate]:
     """G Challenger rollouts per (document, task type, required searches), prompt-major."""
     cfg = self.cfg
-    texts = [P.challenger_prompt(d, t, k, cfg.syntax, cfg.max_doc_chars) for d, t, k in picks]
+    texts = [self.prompts.challenger(d, t, k) for d, t, k in picks]
     trajs = self.rt.rollout(self.challenger.sampler, self._convs(texts), cfg.roles.challenger,
                             num_samples=num_samples, seed=seed, tool=self.tool,
                             final_tags=("task",))
@@ -154,7 +155,7 @@ class Scope(Method):
 
   def solve(self, questions: Sequence[str], num_samples: int, seed: int) -> list[Trajectory]:
     cfg = self.cfg
-    texts = [P.solver_prompt(q, cfg.roles.solver.max_turns, cfg.syntax) for q in questions]
+    texts = [self.prompts.solver(q, cfg.roles.solver.max_turns) for q in questions]
     return self.rt.rollout(self.solver.sampler, self._convs(texts), cfg.roles.solver,
                            num_samples=num_samples, seed=seed, tool=self.tool,
                            final_tags=("answer",))
@@ -170,7 +171,7 @@ class Scope(Method):
         stats.no_answer += 1
         continue
       for c in criteria:
-        prompts.append(P.grader_prompt(question, c.text, answer[:self.cfg.max_answer_chars]))
+        prompts.append(self.prompts.grader(question, c.text, answer[:self.cfg.max_answer_chars]))
         owners.append(i)
     verdicts: list[list[int | None]] = [[] for _ in items]
     for i, text in zip(owners, self.judge(prompts, "grader", seed)):
@@ -192,12 +193,12 @@ class Scope(Method):
     """Quality gates → rubrics → `num_rollouts` Solver rollouts → grades → ḡ (in place)."""
     cfg = self.cfg
     live = [c for c in cands if c.fmt > 0 and c.question]
-    gate_texts = [g for c in live for g in P.gate_prompts(c.question, c.doc, cfg.max_doc_chars)]
+    gate_texts = [g for c in live for g in self.prompts.gates(c.question, c.doc)]
     verdicts = [R.parse_binary_grade(t) for t in self.judge(gate_texts, "gate", seed)]
     for i, c in enumerate(live):
       c.gate, c.gate_malformed = R.quality_gate(verdicts[2 * i], verdicts[2 * i + 1])
     gated = [c for c in live if c.gate]
-    rubric_texts = self.judge([P.rubric_prompt(c.question, c.doc, cfg.max_doc_chars)
+    rubric_texts = self.judge([self.prompts.rubric(c.question, c.doc)
                                for c in gated], "rubric", seed + 1)
     for c, text in zip(gated, rubric_texts):
       c.rubric_text = text
@@ -467,6 +468,7 @@ def validate_config(c) -> None:
                      "built with `python -m scope_jax.retrieval.build_index` (or retrieval.url to "
                      "a running retrieval server, with retrieval.corpus), or use the demo corpus.")
   check_choice("scope.syntax", s.syntax, ("xml", "qwen"))
+  check_choice("scope.prompt_style", s.prompt_style, tuple(P.STYLES))
   if not s.task_types:
     raise ValueError("scope.task_types is empty; choose from: " + ", ".join(P.TASK_TYPES) + ".")
   for t in s.task_types:

@@ -24,45 +24,55 @@ TASK_TYPES = {  # name → how prompts call it; creative writing is defined but 
 DEFAULT_TASK_TYPES = ("longform_qa", "summarisation", "planning", "writing")
 
 
-def _load(name: str) -> str:
+STYLES = {"paper": "scope", "compact": "scope_compact"}  # prompt style → template directory
+
+
+def _shared(name: str) -> str:
+  """Task-type descriptions and search instructions, the same in every style."""
   return prompts.load("scope", name)
 
 
 def search_instructions(syntax: str) -> str:
-  return _load(f"search_{syntax}")
+  return _shared(f"search_{syntax}")
 
 
-def document_text(passage: Passage, max_chars: int) -> str:
-  return passage.text[:max_chars]
+class Prompts:
+  """SCOPE's role prompts in one style: 'paper' (App. H) or 'compact' (the same roles, fields and
+  output tags in a few lines, for the demo's small model: short prompts are quicker to warm up on
+  and put the title it copies close to where it writes)."""
 
+  def __init__(self, style: str = "paper", syntax: str = "xml", max_doc_chars: int = 4000):
+    if style not in STYLES:
+      raise ValueError(f"Unknown prompt style {style!r}; use one of {sorted(STYLES)}.")
+    self.style, self.syntax, self.max_doc_chars = style, syntax, max_doc_chars
 
-def challenger_prompt(passage: Passage, task_type: str, num_searches: int, syntax: str,
-                      max_doc_chars: int) -> str:
-  return prompts.render(_load("challenger"), task_type=TASK_TYPES[task_type],
-                        task_description=_load(f"task_{task_type}"), title=passage.title,
-                        document=document_text(passage, max_doc_chars), num_searches=num_searches,
-                        search_instructions=search_instructions(syntax))
+  def _render(self, name: str, **fields) -> str:
+    return prompts.render(prompts.load(STYLES[self.style], name), **fields)
 
+  def document(self, passage: Passage) -> str:
+    return passage.text[:self.max_doc_chars]
 
-def solver_prompt(question: str, max_searches: int, syntax: str) -> str:
-  return prompts.render(_load("solver"), question=question, max_searches=max_searches,
-                        search_instructions=search_instructions(syntax))
+  def challenger(self, passage: Passage, task_type: str, num_searches: int) -> str:
+    return self._render("challenger", task_type=TASK_TYPES[task_type],
+                        task_description=_shared(f"task_{task_type}"), title=passage.title,
+                        document=self.document(passage), num_searches=num_searches,
+                        search_instructions=search_instructions(self.syntax))
 
+  def solver(self, question: str, max_searches: int) -> str:
+    return self._render("solver", question=question, max_searches=max_searches,
+                        search_instructions=search_instructions(self.syntax))
 
-def gate_prompts(task: str, passage: Passage, max_doc_chars: int) -> tuple[str, str]:
-  """(entity identifiability, source relevance) Judge prompts for one task."""
-  return (prompts.render(_load("gate_entity"), task=task),
-          prompts.render(_load("gate_source"), task=task, title=passage.title,
-                         document=document_text(passage, max_doc_chars)))
+  def gates(self, task: str, passage: Passage) -> tuple[str, str]:
+    """(entity identifiability, source relevance) Judge prompts for one task."""
+    return (self._render("gate_entity", task=task),
+            self._render("gate_source", task=task, title=passage.title,
+                         document=self.document(passage)))
 
+  def rubric(self, task: str, passage: Passage) -> str:
+    return self._render("rubric", task=task, title=passage.title, document=self.document(passage))
 
-def rubric_prompt(task: str, passage: Passage, max_doc_chars: int) -> str:
-  return prompts.render(_load("rubric"), task=task, title=passage.title,
-                        document=document_text(passage, max_doc_chars))
-
-
-def grader_prompt(task: str, criterion: str, response: str) -> str:
-  return prompts.render(_load("grader"), task=task, criterion=criterion, response=response)
+  def grader(self, task: str, criterion: str, response: str) -> str:
+    return self._render("grader", task=task, criterion=criterion, response=response)
 
 
 def stratified(n: int, weights: Sequence[float], rng: np.random.Generator) -> np.ndarray:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import time
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,6 @@ from absl import logging
 from etils import epath
 
 from scope_jax import assets
-from scope_jax.methods import scope_prompts as P
 from scope_jax.models import hf_io
 from scope_jax.retrieval.corpus import Passage, format_passages
 from scope_jax.rl import sft
@@ -62,7 +62,7 @@ class _Demos:
 
   def __init__(self, scope, rng: np.random.Generator):
     self.scope, self.rt, self.cfg, self.rng = scope, scope.rt, scope.cfg, rng
-    self.tok = self.rt.tokenizer
+    self.tok, self.prompts = self.rt.tokenizer, scope.prompts
     self.eos = self.tok.decode([self.rt.eos_ids[0]], skip_special_tokens=False)
     rc = RolloutConfig(syntax=self.cfg.syntax)
     self.obs_prefix, self.obs_suffix = rc.observation_wrappers()
@@ -89,51 +89,63 @@ class _Demos:
       query = fresh[0] if fresh else _short(doc.title)
     return queries, results
 
-  def for_document(self, doc: Passage, other: Passage, task_type: str, k: int) -> list[Trajectory]:
-    cfg, syntax = self.cfg, self.cfg.syntax
+  def for_document(self, doc: Passage, other: Passage, task_types: Sequence[str],
+                   k: int) -> list[Trajectory]:
+    """One Challenger and one Solver demonstration per task type (the policies' formats are the
+    hard part), then the Judge's rubric and four verdicts, for one source document."""
     queries, results = self.search_chain(doc, k)
     b = queries[-1] if len(queries) > 1 else (results[0][1].title if len(results[0]) > 1
                                                else other.title)
-    question = QUESTION_FORMS[task_type].format(a=doc.title, b=b)
+    questions = [QUESTION_FORMS[t].format(a=doc.title, b=b) for t in task_types]
+    answer = f"{_first_words(doc.text, 12)}."
     out = []
-    # Challenger: k searches, then the task.
+    for task_type, question in zip(task_types, questions):
+      out.append(self.challenger(doc, task_type, k, queries, results, question))
+      out.append(self.solver(question, queries, results, answer))
+    return out + self.judge(doc, other, questions[0], b, answer)
+
+  def challenger(self, doc, task_type, k, queries, results, question) -> Trajectory:
+    """k searches, then the task."""
     pieces = []
     for q, hits in zip(queries, results):
-      pieces += [("generated", f"<think>Search for the task.</think>\n{_search_action(q, syntax)}"),
+      pieces += [("generated", f"<think>Search for the task.</think>\n"
+                               f"{_search_action(q, self.cfg.syntax)}"),
                  ("observation", self.observation(hits))]
     pieces.append(("generated", f"<think>Write the task.</think>\n<task>\n<question>{question}"
                                 "</question>\n</task>" + self.eos))
-    out.append(sft.demonstration(self.prompt(P.challenger_prompt(
-        doc, task_type, k, syntax, cfg.max_doc_chars)), pieces, self.tok))
-    # Solver: search the named entities, then answer from what came back.
-    answer = f"{_first_words(doc.text, 12)}."
-    pieces = []
-    for q, hits in zip(queries[:self.cfg.roles.solver.max_turns], results):
+    return sft.demonstration(self.prompt(self.prompts.challenger(doc, task_type, k)), pieces, self.tok)
+
+  def solver(self, question, queries, results, answer) -> Trajectory:
+    """Search the named entities, then answer from what came back."""
+    cfg, pieces = self.cfg, []
+    for q, hits in zip(queries[:cfg.roles.solver.max_turns], results):
       pieces += [("generated", f"<think>Search for the answer.</think>\n"
-                               f"{_search_action(q, syntax)}"),
+                               f"{_search_action(q, cfg.syntax)}"),
                  ("observation", self.observation(hits))]
     pieces.append(("generated", f"<think>Answer.</think>\n<answer>{answer}</answer>" + self.eos))
-    out.append(sft.demonstration(self.prompt(P.solver_prompt(
-        question, cfg.roles.solver.max_turns, syntax)), pieces, self.tok))
-    # Judge: both gates, positive and negative.
-    entity, source = P.gate_prompts(question, doc, cfg.max_doc_chars)
-    generic, _ = P.gate_prompts(GENERIC_QUESTION, doc, cfg.max_doc_chars)
-    _, unrelated = P.gate_prompts(question, other, cfg.max_doc_chars)
-    verdicts = [(entity, "Named.", 1), (generic, "Vague.", 0), (source, "Grounded.", 1),
-                (unrelated, "Unrelated.", 0)]
-    # Rubric (3 criteria) and per-criterion grades of a matching and a non-matching answer.
+    return sft.demonstration(self.prompt(self.prompts.solver(question, cfg.roles.solver.max_turns)), pieces, self.tok)
+
+  def judge(self, doc, other, question, b, answer) -> list[Trajectory]:
+    """A 3-criterion rubric, and one positive and one negative verdict for each kind of Judge
+    prompt (the gates alternate which negative they show)."""
+    cfg = self.cfg
     criteria = [("critical", f"Identifies {doc.title}", doc.title),
-                ("important", f"Explains {doc.title}", doc.title),
-                ("bonus", f"Mentions {b}", b)]
+                ("important", "Explains how the entities are linked", None),
+                ("bonus", "Ends with a short conclusion", None)]
     rubric = "<rubric>\n" + "\n".join(f"{i}. [{p}] {c}." for i, (p, c, _) in enumerate(criteria, 1))
-    out.append(sft.demonstration(self.prompt(P.rubric_prompt(question, doc, cfg.max_doc_chars)),
-                                 [("generated", rubric + "\n</rubric>" + self.eos)], self.tok))
+    out = [sft.demonstration(self.prompt(self.prompts.rubric(question, doc)),
+                             [("generated", rubric + "\n</rubric>" + self.eos)], self.tok)]
+    entity, source = self.prompts.gates(question, doc)
+    generic, _ = self.prompts.gates(GENERIC_QUESTION, doc)
+    _, unrelated = self.prompts.gates(question, other)
+    negative = (generic, "Vague.") if self.rng.random() < 0.5 else (unrelated, "Unrelated.")
+    _, criterion, key = criteria[0]
+    good = int(key.lower() in answer.lower())
     wrong = f"{_first_words(other.text, 12)}."
-    for _, criterion, key in criteria[:2]:
-      good = int(key.lower() in answer.lower())
-      verdicts.append((P.grader_prompt(question, criterion + ".", answer),
-                       "Covered." if good else "Missed.", good))
-      verdicts.append((P.grader_prompt(question, criterion + ".", wrong), "Missed.", 0))
+    verdicts = [(entity, "Named.", 1), (source, "Grounded.", 1), (*negative, 0),
+                (self.prompts.grader(question, criterion + ".", answer),
+                 "Covered." if good else "Missed.", good),
+                (self.prompts.grader(question, criterion + ".", wrong), "Missed.", 0)]
     for text, why, score in verdicts:
       out.append(sft.demonstration(self.prompt(text), [
           ("generated", f"<think>{why}</think>\n<score>{score}</score>{self.eos}")], self.tok))
@@ -143,11 +155,13 @@ class _Demos:
     passages = self.scope.passages
     picks = self.rng.choice(len(passages), min(2 * num_docs, len(passages)), replace=False)
     docs, others = picks[:num_docs], picks[num_docs:]
+    types = self.cfg.task_types
     mix = self.scope._mix(0, 99, len(docs))
     demos = []
     for i, (d, (task_type, k)) in enumerate(zip(docs, mix)):
       other = passages[others[i % max(len(others), 1)]] if len(others) else passages[d]
-      demos += self.for_document(passages[d], other, task_type, k)
+      second = types[(types.index(task_type) + 1) % len(types)]
+      demos += self.for_document(passages[d], other, dict.fromkeys([task_type, second]), k)
     return demos
 
 

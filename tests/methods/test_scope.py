@@ -28,6 +28,7 @@ TITLES = {p.title for p in demo.demo_passages()}
 def small_config(**overrides):
   c = scope_config.get_config("demo")
   c.scope.warmup.steps = 0  # the scripted policy needs no warm-up
+  c.scope.prompt_style = "paper"  # the scripted policy reads the App. H prompts
   c.scope.iterations = 2
   c.scope.challenger_steps = 2
   c.scope.solver_steps = 2
@@ -44,12 +45,7 @@ def small_config(**overrides):
   c.scope.roles.grader.max_new_tokens = 40
   c.scope.roles.gate.max_new_tokens = 40
   c.progress = False
-  for k, v in overrides.items():
-    node = c
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
+  c.update_from_flattened_dict(overrides)
   return c
 
 
@@ -103,6 +99,8 @@ def test_validation_names_the_fix():
     common.validate(small_config(**{"scope.search_ratio": (1, 1)}))
   with pytest.raises(ValueError, match="window"):
     common.validate(small_config(**{"scope.task_set.window": (0.8, 0.2)}))
+  with pytest.raises(ValueError, match="scope.prompt_style='short' is not valid"):
+    common.validate(small_config(**{"scope.prompt_style": "short"}))
   with pytest.raises(ValueError, match="max_turns=1 is below the largest required search count 3"):
     common.validate(small_config(**{"scope.roles.challenger.max_turns": 1}))
   paper = scope_config.get_config("paper")
@@ -112,6 +110,26 @@ def test_validation_names_the_fix():
   paper.retrieval.encoder = "/ckpt/e5"
   with pytest.raises(ValueError, match="SCOPE needs a search index"):
     common.validate(paper)
+
+
+@pytest.mark.parametrize("style", sorted(P.STYLES))
+@pytest.mark.parametrize("syntax", ["xml", "qwen"])
+def test_prompt_styles_carry_the_same_fields_and_tags(style, syntax):
+  doc = demo.demo_passages()[0]
+  p = P.Prompts(style, syntax, max_doc_chars=50)
+  challenger = p.challenger(doc, "planning", 2)
+  for part in (doc.title, doc.text[:50], "exactly 2 search turn(s)", "<task>", "<question>",
+               P.search_instructions(syntax), P.TASK_TYPES["planning"]):
+    assert part in challenger
+  assert doc.text[:51] not in challenger  # the document is cut to max_doc_chars
+  assert "up to 3" in p.solver("Plan a trip.", 3) and "<answer>" in p.solver("Plan a trip.", 3)
+  entity, source = p.gates("Plan a trip.", doc)
+  assert "<score>1</score>" in entity and doc.title in source and "Plan a trip." in source
+  assert "<rubric>" in p.rubric("Plan a trip.", doc) and "[critical]" in p.rubric("Plan a trip.", doc)
+  grader = p.grader("Plan a trip.", "Names a city.", "Oslo.")
+  assert "Names a city." in grader and "Oslo." in grader and "<score>1</score>" in grader
+  with pytest.raises(ValueError, match="Unknown prompt style 'long'"):
+    P.Prompts("long")
 
 
 # ------------------------------------------------------------------------------- schedule
@@ -296,9 +314,13 @@ def _cli(workdir, *extra, wait=True):
                           env=env)
 
 
+QUICK_WARMUP = ("--config.scope.warmup.steps=20", "--config.scope.warmup.documents=8")
+
+
 def test_cli_demo_runs_with_real_retrieval(tmp_path):
-  """The default demo: format warm-up (cached), two iterations of both stages on the CPU."""
-  out = _cli(tmp_path / "run")
+  """The demo's whole pipeline: format warm-up (shortened here; the full one is the slow test
+  below), two iterations of both stages on the CPU, checkpoints, metrics and the task sets."""
+  out = _cli(tmp_path / "run", *QUICK_WARMUP)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "Finished scope (demo)" in out.stdout and "wall time per stage" in out.stdout
   records = metrics_lib.read_jsonl(tmp_path / "run" / "metrics.jsonl")
@@ -308,11 +330,30 @@ def test_cli_demo_runs_with_real_retrieval(tmp_path):
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[-1] == "3"
   assert sorted(p.name for p in (tmp_path / "run" / "tasks").iterdir()) == [
       "iteration_0.jsonl", "iteration_1.jsonl"]
-  log = (tmp_path / "run" / "samples.log").read_text()
-  titles = _titles(log)
-  assert titles and all(t in TITLES for t in titles)  # observations come from the bundled index
-  again = _cli(tmp_path / "run")
+  titles = _titles((tmp_path / "run" / "samples.log").read_text())
+  assert all(t in TITLES for t in titles)  # any observation comes from the bundled index
+  again = _cli(tmp_path / "run", *QUICK_WARMUP)
   assert again.returncode == 0 and "Nothing to run" in again.stdout
+
+
+@pytest.mark.slow
+def test_cli_default_demo_writes_tasks_the_judge_grades(tmp_path):
+  """The default command end to end: the warmed model's own Challenger writes well-formed tasks
+  that pass the gates, the Judge writes rubrics and grades the Solver, and Stage 2 trains."""
+  out = _cli(tmp_path / "run")
+  assert out.returncode == 0, out.stderr[-3000:]
+  records = metrics_lib.read_jsonl(tmp_path / "run" / "metrics.jsonl")
+  stage1 = [r for r in records if r["stage"] == 0]
+  assert np.mean([r["challenger/share_task"] for r in stage1]) >= 0.5
+  assert any(r["challenger/share_gate_passed"] > 0 for r in stage1)
+  assert any("challenger/g_bar/mean" in r for r in stage1)  # rubrics were written and graded
+  stage2 = [r for r in records if r["stage"] == 1]
+  assert any(r["taskset/size"] > 0 and "solver/train/loss" in r for r in stage2)
+  tasks = [json.loads(line) for f in sorted((tmp_path / "run" / "tasks").iterdir())
+           for line in f.read_text().splitlines()]
+  assert tasks and all(len(t["criteria"]) >= 3 and 0.2 <= t["g_bar"] <= 0.8 for t in tasks)
+  titles = _titles((tmp_path / "run" / "samples.log").read_text())
+  assert titles and all(t in TITLES for t in titles)
 
 
 @pytest.mark.slow
@@ -345,10 +386,11 @@ def test_warm_start_demonstrations_are_saved_cached_and_reloaded(tmp_path, monke
     again = scope.Scope(common.Runtime(c, str(tmp_path / workdir)))
     assert "warmup" not in again.stage_seconds  # nothing was fitted
     assert all(np.array_equal(x, y) for x, y in zip(start, leaves(again.judge_params)))
-  # Eleven demonstrations per document: challenger, solver, rubric, 4 gate and 4 grade verdicts.
+  # Ten demonstrations per document: a Challenger and a Solver for two task types, a rubric,
+  # 3 gate and 2 grade verdicts.
   from scope_jax.methods import scope_warmup
   demos = scope_warmup._Demos(first, np.random.default_rng(0)).build(2)
-  assert len(demos) == 22
+  assert len(demos) == 20
   challenger = demos[0]
   obs = [s for s in challenger.spans if s.kind == "observation"]
   assert obs and all(t in TITLES for s in obs for t in _titles(s.text))  # from the index

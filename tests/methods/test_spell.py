@@ -26,12 +26,7 @@ def small_config(**overrides):
   c.spell.roles.questioner.max_new_tokens = 128
   c.spell.roles.responder.max_new_tokens = 64
   c.spell.roles.verifier.max_new_tokens = 32
-  for k, v in overrides.items():
-    node = c
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
+  c.update_from_flattened_dict(overrides)
   return c
 
 
