@@ -36,7 +36,8 @@ NEG = transformer.K_MASK
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSpec:
-  """Static sampling settings (part of the compiled decode's identity)."""
+  """Sampling settings. All but a positive temperature's value are part of the compiled decode's
+  identity (`compiled()`): roles that differ only in temperature share one decode program."""
 
   temperature: float = 0.0  # 0 = greedy
   top_k: int = 0  # 0 = off
@@ -47,6 +48,10 @@ class SamplingSpec:
     if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
       raise ValueError(f"Invalid sampling settings {self}: need temperature >= 0, "
                        "0 < top_p <= 1, top_k >= 0.")
+
+  def compiled(self) -> "SamplingSpec":
+    """The static part: greedy or not, top-k, top-p, EOS ids (the temperature is traced)."""
+    return dataclasses.replace(self, temperature=float(self.temperature > 0))
 
 
 @dataclasses.dataclass
@@ -89,14 +94,16 @@ def truncate_logits(scaled_BV: jax.Array, top_k: int, top_p: float) -> jax.Array
   return scaled_BV
 
 
-def select_tokens(logits_BV: jax.Array, key: jax.Array, spec: SamplingSpec):
-  """Returns (token [B], log-prob [B]) under the temperature-scaled full distribution."""
+def select_tokens(logits_BV: jax.Array, key: jax.Array, spec: SamplingSpec, temperature=None):
+  """Returns (token [B], log-prob [B]) under the temperature-scaled full distribution.
+  `temperature` (a traced scalar) overrides `spec.temperature` when sampling; greedy is decided by
+  `spec.temperature == 0`."""
   logits_BV = logits_BV.astype(jnp.float32)
   if spec.temperature == 0.0:
     token_B = jnp.argmax(logits_BV, axis=-1)
     logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
   else:
-    scaled_BV = logits_BV / spec.temperature
+    scaled_BV = logits_BV / (spec.temperature if temperature is None else temperature)
     logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
     token_B = jax.random.categorical(key, truncate_logits(scaled_BV, spec.top_k, spec.top_p))
   logp_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
@@ -123,8 +130,10 @@ def _prefill(config: ModelConfig, params, tokens_BT, mask_BT, *, capacity: int, 
 
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "dtype"), donate_argnames=("state",))
-def _decode(config: ModelConfig, spec: SamplingSpec, params, state: DecodeState, limit, *, dtype):
-  """Runs decode steps until `limit` steps were taken or every row is done."""
+def _decode(config: ModelConfig, spec: SamplingSpec, params, state: DecodeState, limit,
+            temperature, *, dtype):
+  """Runs decode steps until `limit` steps were taken or every row is done; `spec` is
+  `SamplingSpec.compiled()` and `temperature` the traced float32 value."""
   _TRACES["decode"] += 1
   logging.info("Compiling decode for batch %d, %d new tokens, cache %d.", *state.tokens.shape,
                state.cache.capacity)
@@ -137,7 +146,7 @@ def _decode(config: ModelConfig, spec: SamplingSpec, params, state: DecodeState,
 
   def body(s: DecodeState):
     rng, key = jax.random.split(s.rng)
-    token_B, logp_B = select_tokens(s.logits, key, spec)
+    token_B, logp_B = select_tokens(s.logits, key, spec, temperature)
     active_B = ~s.done
     token_B = jnp.where(active_B, token_B, 0)
     slot_B = jnp.where(active_B, s.length, n)  # out of range → dropped
@@ -253,7 +262,8 @@ class Sampler:
     stop_hits: dict[int, stops_lib.StopMatch] = {}
     while True:
       limit = min(int(state.step) + interval, max_new_tokens)
-      state = _decode(self.config, spec, self.params, state, jnp.asarray(limit, jnp.int32),
+      state = _decode(self.config, spec.compiled(), self.params, state,
+                      jnp.asarray(limit, jnp.int32), jnp.float32(spec.temperature),
                       dtype=self.dtype)
       self.stats["decode_calls"] += 1
       if stop:

@@ -145,6 +145,25 @@ def test_budgets_and_compiles_are_bounded(model):
   assert length_bucket(1) == 16 and length_bucket(17) == 32 and length_bucket(3000) == 3072
 
 
+def test_temperatures_share_one_decode_program(model):
+  """Roles that differ only in temperature reuse the compiled decode; the traced temperature
+  samples exactly what a spec with that temperature baked in does."""
+  cfg, params = model
+  sampler = Sampler(cfg, params)
+  sampler.generate(PROMPTS[:2], max_new_tokens=6, temperature=0.7, seed=3)
+  before = compile_counts()
+  hot = sampler.generate(PROMPTS[:2], max_new_tokens=6, temperature=1.3, seed=3)
+  assert compile_counts() == before
+  logits = jax.random.normal(jax.random.key(0), (4, cfg.vocab_size))
+  key = jax.random.key(1)
+  baked = select_tokens(logits, key, SamplingSpec(temperature=1.3))
+  traced = jax.jit(lambda t: select_tokens(logits, key, SamplingSpec(temperature=1.0), t))(
+      jnp.float32(1.3))
+  np.testing.assert_array_equal(baked[0], traced[0])
+  np.testing.assert_allclose(baked[1], traced[1], rtol=1e-6)
+  assert len(hot) == 2
+
+
 def test_sharded_sampler_matches_single_device(model):
   cfg, _ = model
   cfg = cfg.replace(num_heads=8, num_kv_heads=4, head_dim=8)
