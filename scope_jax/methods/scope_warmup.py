@@ -92,7 +92,7 @@ class _Demos:
   def for_document(self, doc: Passage, other: Passage, task_types: Sequence[str],
                    k: int) -> list[Trajectory]:
     """One Challenger and one Solver demonstration per task type (the policies' formats are the
-    hard part), then the Judge's rubric and four verdicts, for one source document."""
+    hard part), then the Judge's rubric and five verdicts, for one source document."""
     queries, results = self.search_chain(doc, k)
     b = queries[-1] if len(queries) > 1 else (results[0][1].title if len(results[0]) > 1
                                                else other.title)
@@ -102,7 +102,7 @@ class _Demos:
     for task_type, question in zip(task_types, questions):
       out.append(self.challenger(doc, task_type, k, queries, results, question))
       out.append(self.solver(question, queries, results, answer))
-    return out + self.judge(doc, other, questions[0], b, answer)
+    return out + self.judge(doc, other, questions[0], answer)
 
   def challenger(self, doc, task_type, k, queries, results, question) -> Trajectory:
     """k searches, then the task."""
@@ -113,7 +113,8 @@ class _Demos:
                  ("observation", self.observation(hits))]
     pieces.append(("generated", f"<think>Write the task.</think>\n<task>\n<question>{question}"
                                 "</question>\n</task>" + self.eos))
-    return sft.demonstration(self.prompt(self.prompts.challenger(doc, task_type, k)), pieces, self.tok)
+    prompt = self.prompt(self.prompts.challenger(doc, task_type, k))
+    return sft.demonstration(prompt, pieces, self.tok)
 
   def solver(self, question, queries, results, answer) -> Trajectory:
     """Search the named entities, then answer from what came back."""
@@ -123,24 +124,25 @@ class _Demos:
                                f"{_search_action(q, cfg.syntax)}"),
                  ("observation", self.observation(hits))]
     pieces.append(("generated", f"<think>Answer.</think>\n<answer>{answer}</answer>" + self.eos))
-    return sft.demonstration(self.prompt(self.prompts.solver(question, cfg.roles.solver.max_turns)), pieces, self.tok)
+    prompt = self.prompt(self.prompts.solver(question, cfg.roles.solver.max_turns))
+    return sft.demonstration(prompt, pieces, self.tok)
 
-  def judge(self, doc, other, question, b, answer) -> list[Trajectory]:
-    """A 3-criterion rubric, and one positive and one negative verdict for each kind of Judge
-    prompt (the gates alternate which negative they show)."""
-    cfg = self.cfg
-    criteria = [("critical", f"Identifies {doc.title}", doc.title),
-                ("important", "Explains how the entities are linked", None),
-                ("bonus", "Ends with a short conclusion", None)]
-    rubric = "<rubric>\n" + "\n".join(f"{i}. [{p}] {c}." for i, (p, c, _) in enumerate(criteria, 1))
+  def judge(self, doc, other, question, answer) -> list[Trajectory]:
+    """A 3-criterion rubric (one names the document's entity, two are general: a small model
+    copies titles poorly), two positive gate verdicts and one negative (vague or unrelated, at
+    random), and the first criterion graded on a matching and a non-matching answer."""
+    criteria = [("critical", f"Identifies {doc.title}"),
+                ("important", "Explains how the entities are linked"),
+                ("bonus", "Ends with a short conclusion")]
+    rubric = "<rubric>\n" + "\n".join(f"{i}. [{p}] {c}." for i, (p, c) in enumerate(criteria, 1))
     out = [sft.demonstration(self.prompt(self.prompts.rubric(question, doc)),
                              [("generated", rubric + "\n</rubric>" + self.eos)], self.tok)]
     entity, source = self.prompts.gates(question, doc)
     generic, _ = self.prompts.gates(GENERIC_QUESTION, doc)
     _, unrelated = self.prompts.gates(question, other)
     negative = (generic, "Vague.") if self.rng.random() < 0.5 else (unrelated, "Unrelated.")
-    _, criterion, key = criteria[0]
-    good = int(key.lower() in answer.lower())
+    criterion = criteria[0][1]
+    good = int(doc.title.lower() in answer.lower())
     wrong = f"{_first_words(other.text, 12)}."
     verdicts = [(entity, "Named.", 1), (source, "Grounded.", 1), (*negative, 0),
                 (self.prompts.grader(question, criterion + ".", answer),

@@ -4,10 +4,8 @@ index, the frozen Judge, resume inside and between stages, and the CLI demo."""
 import collections
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -19,6 +17,7 @@ from scope_jax.data import demo
 from scope_jax.methods import common, scope
 from scope_jax.methods import scope_prompts as P
 from scope_jax.rewards import scope as R
+from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedScopeSampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -359,12 +358,7 @@ def test_cli_default_demo_writes_tasks_the_judge_grades(tmp_path):
 @pytest.mark.slow
 def test_cli_sigkill_and_resume(tmp_path):
   proc = _cli(tmp_path / "cut", wait=False)
-  ckpt = tmp_path / "cut" / "checkpoints" / "1"
-  deadline = time.time() + 1200
-  while not ckpt.exists() and time.time() < deadline:
-    time.sleep(0.05)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
+  kill_once_exists(proc, tmp_path / "cut" / "checkpoints" / "1", timeout=1200)
   resumed = _cli(tmp_path / "cut")
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert "Resuming from checkpoint step" in resumed.stderr

@@ -2,10 +2,8 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from configs import spell as spell_config
 from scope_jax import metrics as metrics_lib
 from scope_jax.methods import common, spell
+from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedSpellSampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -120,12 +119,7 @@ def test_sigkill_and_resume_match_an_uninterrupted_run(tmp_path):
   assert full.returncode == 0, full.stderr[-2000:]
   assert "Finished spell (demo)" in full.stdout
   proc = _run(tmp_path / "cut", 3, env, wait=False)
-  ckpt = tmp_path / "cut" / "checkpoints" / "0"
-  deadline = time.time() + 300
-  while not ckpt.exists() and time.time() < deadline:
-    time.sleep(0.05)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
+  kill_once_exists(proc, tmp_path / "cut" / "checkpoints" / "0", timeout=300)
   resumed = _run(tmp_path / "cut", 3, env)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert "Resuming from checkpoint step" in resumed.stderr
