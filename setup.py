@@ -10,7 +10,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["scope_jax", "scope_jax.*"]),
-    package_data={"scope_jax": ["prompts/**/*.txt", "data/bundled/*"]},
+    package_data={"scope_jax": ["prompts/**/*.txt", "data/bundled/*", "data/bundled/demo_model/*"]},
     install_requires=[
         "jax>=0.6",
         "flax>=0.10",

@@ -22,6 +22,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3  # newest checkpoints kept on disk
   c.async_checkpoint = True  # save in the background while the next step runs
   c.progress = True  # progress bars for steps and rollouts
+  c.overwrite = False  # start over in a workdir that holds metrics but no checkpoint
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (1, -1, 1)  # ('data', 'fsdp', 'tensor'); -1 takes the remaining devices
@@ -53,6 +54,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.chunk = 256  # sequence chunk for log-probs (never [B, T, V] at once)
   c.loss.micro_batch_rows = 8  # rows per micro-batch (gradient accumulation)
   c.loss.recompute_old_logp = False  # π_old from a trainer forward instead of the sampler
+  c.loss.norm_length = 0  # Dr.GRPO's constant length (0 = max_context − max_prompt_tokens)
+
+  c.warmup = ml_collections.ConfigDict()  # format warm-up of the demo model (methods/warmup.py)
+  c.warmup.steps = 0  # SFT steps on the method's format demonstrations (0 = off)
+  c.warmup.lr = 5e-3  # Adam learning rate of the warm-up
+  c.warmup.batch_rows = 8  # demonstrations per warm-up step
+  c.warmup.documents = 48  # corpus documents the demonstrations are built from
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_context = 8192  # prompt + response tokens per sequence
@@ -61,10 +69,21 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def role(max_new_tokens: int, temperature: float = 0.7, top_p: float = 0.95, top_k: int = 0,
-         **extra) -> ml_collections.ConfigDict:
-  """Sampling settings of one role."""
+         max_prompt_tokens: int = 0, **extra) -> ml_collections.ConfigDict:
+  """Sampling settings and prompt limit of one role (max_prompt_tokens 0 = the run's
+  rollout.max_prompt_tokens); inserted content is cut to fit, never the instructions."""
   return ml_collections.ConfigDict(dict(max_new_tokens=max_new_tokens, temperature=temperature,
-                                        top_p=top_p, top_k=top_k, **extra))
+                                        top_p=top_p, top_k=top_k,
+                                        max_prompt_tokens=max_prompt_tokens, **extra))
+
+
+def demo_warmup(c: ml_collections.ConfigDict) -> None:
+  """The warm-up every demo preset shares, so the bundled demo model (fitted once on every
+  method's demonstrations with these settings) serves each of them."""
+  c.warmup.steps = 1500
+  c.warmup.lr = 5e-3
+  c.warmup.batch_rows = 8
+  c.warmup.documents = 48
 
 
 def parse_preset(arg, presets) -> str:

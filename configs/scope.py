@@ -59,31 +59,33 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.max_criteria = 5  # extra criteria are dropped
   s.adv_eps = 1e-6  # z-score epsilon (population std)
   s.challenger_loss = ml_collections.ConfigDict(dict(eps_high=0.2))  # LossConfig overrides
-  s.solver_loss = ml_collections.ConfigDict(dict(eps_high=0.28))  # clip-higher (released code)
+  s.solver_loss = ml_collections.ConfigDict(dict(eps_high=0.2))  # symmetric (paper); the released
+  # code's clip-higher is --config.scope.solver_loss.eps_high=0.28
   s.task_set = ml_collections.ConfigDict()
   s.task_set.size = 0  # target tasks per iteration (0 = solver_batch × solver_steps)
   s.task_set.window = (0.2, 0.8)  # keep tasks with ḡ in [low, high]
   s.task_set.solver_rollouts = 4  # N Solver rollouts per candidate for the filter
   s.task_set.candidates_per_round = 500  # Challenger tasks generated per round
   s.task_set.max_rounds = 30  # stop after this many rounds even if the set is short
-  s.warmup = ml_collections.ConfigDict()
-  s.warmup.steps = 0  # format warm-up SFT steps on synthetic demonstrations (0 = off)
-  s.warmup.lr = 3e-3  # Adam learning rate of the warm-up
-  s.warmup.batch_rows = 16  # demonstrations per warm-up step
-  s.warmup.documents = 48  # corpus documents the demonstrations are built from
-  s.roles = ml_collections.ConfigDict(dict(  # sampling settings per role
-      challenger=base.role(8192, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500),
-      solver=base.role(8192, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500),
-      gate=base.role(2048, temperature=0.0, top_p=1.0),
-      rubric=base.role(8192, temperature=0.0, top_p=1.0),
-      grader=base.role(16384, temperature=0.6, top_p=1.0)))
+  s.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
+      challenger=base.role(8192, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500,
+                           max_prompt_tokens=1024),
+      solver=base.role(8192, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
+                       max_prompt_tokens=2048),
+      gate=base.role(2048, temperature=0.0, top_p=1.0, max_prompt_tokens=14336),
+      rubric=base.role(8192, temperature=0.0, top_p=1.0, max_prompt_tokens=14336),
+      grader=base.role(16384, temperature=0.6, top_p=1.0, max_prompt_tokens=14336)))
+  # Judge prompts hold up to 14K of the 16K context (the paper grades with up to 16K), the rest
+  # is the verdict; the Challenger and Solver prompts are limited to 1K and 2K (Table 9).
 
   # Table 9: GRPO, lr 1e-6 with 3% warmup, clip 1.0, β = 1e-3 (k3), token-mean.
   c.total_steps = s.get_ref("iterations") * (s.get_ref("challenger_steps") +
                                              s.get_ref("solver_steps"))
   c.optim.lr = 1e-6
-  c.optim.total_steps = 60  # updates each policy gets (T × 20)
-  c.optim.warmup_steps = 2  # 3% of 60, rounded up
+  # Updates each policy gets (T × 20 = 60 in the paper) and 3% of them, rounded up, as warmup;
+  # both follow --config.scope.iterations and --config.scope.challenger_steps.
+  c.optim.total_steps = s.get_ref("iterations") * s.get_ref("challenger_steps")
+  c.optim.warmup_steps = (c.optim.get_ref("total_steps") * 3 + 99) // 100
   c.optim.schedule = "constant"
   c.optim.grad_clip = 1.0
   c.loss.agg_mode = "token-mean"
@@ -91,7 +93,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.loss.kl_kind = "k3"
   c.loss.temperature = 1.0
   c.rollout.max_context = 16384  # max model length
-  c.rollout.max_prompt_tokens = 2048  # rollout prompt length
+  c.rollout.max_prompt_tokens = 2048  # default prompt limit (roles set their own)
 
   if preset == "demo":
     c.retrieval.encoder = "minilm"
@@ -110,9 +112,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     s.task_set.solver_rollouts = 2
     s.task_set.candidates_per_round = 4
     s.task_set.max_rounds = 2
-    s.warmup.steps = 800
-    s.warmup.batch_rows = 8
-    s.warmup.lr = 5e-3
+    base.demo_warmup(c)
     s.roles = ml_collections.ConfigDict(dict(
         challenger=base.role(96, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
         solver=base.role(96, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),

@@ -4,9 +4,10 @@
     python -m scope_jax.main --config=configs/spell.py:paper --workdir=gs://bucket/spell \
         --config.model.source=hf:/ckpt/Qwen2.5-7B-Instruct --config.model.tokenizer=/ckpt/Qwen2.5-7B-Instruct
 
-Presets: 'demo' (default; a tiny random model over the bundled Wikipedia corpus, under a minute
-on a laptop CPU), 'paper' (the paper's settings for Qwen2.5-7B-Instruct and larger), 'small' (the
-paper's recipe at reduced batch on the real Qwen2.5-0.5B from the GGUF assets).
+Presets: 'demo' (default; the bundled demo model, warmed on every role's format, over the
+bundled Wikipedia corpus with compact prompts: about a minute on a laptop CPU), 'paper' (the
+paper's settings for Qwen2.5-7B-Instruct and larger), 'small' (the paper's recipe at reduced batch
+on the real Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF from the assets).
 """
 
 import os
@@ -30,9 +31,10 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.data.corpus = "demo"  # 'demo' (bundled Wikipedia leads) or a JSONL corpus path
   c.data.max_passages = 0  # use only the first N passages (0 = all)
   c.data.encoder = "minilm"  # encoder for clustering (asset name or checkpoint dir)
-  c.data.num_clusters = 200  # k-means clusters (document sets)
+  c.data.num_clusters = 0  # k-means clusters (0 = corpus size / cluster_size)
+  c.data.cluster_size = 20  # documents per cluster on average when num_clusters is 0 (paper)
   c.data.min_cluster_size = 4  # drop smaller clusters
-  c.data.max_cluster_size = 12  # responder context = at most this many documents
+  c.data.max_cluster_size = 0  # responder context = at most this many documents (0 = all)
 
   c.spell = ml_collections.ConfigDict()
   c.spell.tasks = ("doc_qa", "doc_mc", "doc_math")  # task types (math only on numeric clusters)
@@ -41,7 +43,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.spell.group_size = 8  # G responses per question and G judgments per response
   c.spell.docs_per_question = 5  # m new documents shown to the questioner
   c.spell.history_size = 3  # L solvable (docs, q, a) remembered per cluster
-  c.spell.max_doc_chars = 4000  # documents are cut to this many characters in prompts
+  c.spell.max_doc_chars = 0  # documents are cut to this many characters (0 = whole, the paper)
+  c.spell.prompt_style = "paper"  # 'paper' (App. F prompts) or 'compact' (short, for small models)
   c.spell.reward_mapping = "gaussian"  # questioner difficulty: gaussian | reverse (AZR) | rzero
   c.spell.questioner_negative_ratio = 1.0  # negatives per positive question in the update
   c.spell.verifier_agreement = (0.51, 0.99)  # train verifier groups with agreement in range
@@ -49,7 +52,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.spell.roles = ml_collections.ConfigDict(dict(
       questioner=base.role(4096),  # sampling settings per role
       responder=base.role(4096),
-      verifier=base.role(1024)))
+      verifier=base.role(4096)))
 
   c.optim.lr = 2e-6  # constant, no warmup (App. C.3)
   c.loss.agg_mode = "token-mean"
@@ -64,14 +67,16 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.data.num_clusters = 40
     c.data.max_cluster_size = 5
     c.spell.tasks = ("doc_qa", "doc_mc", "doc_math")
-    c.spell.questions_per_step = 2
+    c.spell.prompt_style = "compact"
+    c.spell.questions_per_step = 4
     c.spell.max_generation_rounds = 1
-    c.spell.group_size = 2
+    c.spell.group_size = 4
     c.spell.docs_per_question = 3
     c.spell.max_doc_chars = 300
     c.spell.roles = ml_collections.ConfigDict(dict(
-        questioner=base.role(48), responder=base.role(24), verifier=base.role(12)))
-    c.optim.lr = 3e-3
+        questioner=base.role(96), responder=base.role(32), verifier=base.role(16)))
+    base.demo_warmup(c)
+    c.optim.lr = 1e-4
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048
     c.rollout.max_prompt_tokens = 1536

@@ -3,13 +3,15 @@ states, counters, RNG) plus the method's host state (JSON: history memories, poo
 
 Saves are asynchronous and keep the newest N; a restart resumes from the newest complete step.
 orbax only lists steps whose save committed, so an interrupted save is never picked; a committed
-step that fails to restore (corrupt or partial files) is skipped in favour of the previous one,
-with a log line saying so. Paths may be local or gs:// (etils.epath).
+step that fails to restore (corrupt or partial files) is moved aside to `<dir>_quarantine/`
+(with a log line naming it) in favour of the previous one, so the re-run step saves again. A save
+that orbax declines is an error, never silence. Paths may be local or gs:// (etils.epath).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import jax
@@ -29,10 +31,20 @@ class Checkpointer:
     """Starts an (async) save of `state` (a pytree of arrays) and `host_state` (JSON-able)."""
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               host=ocp.args.JsonSave(host_state))
-    self._manager.save(step, args=args, force=force)
+    if not self._manager.save(step, args=args, force=force):
+      raise RuntimeError(f"orbax declined to save step {step} in {self.directory} (steps on disk: "
+                         f"{self.steps()}); a step is saved only when it is newer than the latest.")
 
   def steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
+
+  @staticmethod
+  def list_steps(directory) -> list[int]:
+    """Step directories present (committed or not), without opening a manager."""
+    path = epath.Path(absolute(directory))
+    if not path.exists():
+      return []
+    return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
 
   def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
     """(step, state, host_state) of the newest step that restores, or None for a fresh run.
@@ -48,10 +60,19 @@ class Checkpointer:
         logging.info("Resuming from checkpoint step %d in %s", step, self.directory)
         return step, out["state"], dict(out["host"])
       except Exception as e:  # noqa: BLE001 — any unreadable checkpoint falls back
-        logging.warning("Checkpoint step %d in %s could not be restored (%s: %s); falling back "
-                        "to the previous checkpoint.", step, self.directory, type(e).__name__,
-                        str(e)[:300])
+        moved = self.quarantine(step)
+        logging.warning("Checkpoint step %d in %s could not be restored (%s: %s); moved it to %s "
+                        "and falling back to the previous checkpoint.", step, self.directory,
+                        type(e).__name__, str(e)[:300], moved)
     return None
+
+  def quarantine(self, step: int) -> epath.Path:
+    """Moves a step that failed to restore out of the checkpoint directory (kept for a look)."""
+    target = epath.Path(f"{self.directory}_quarantine") / f"{step}-{int(time.time())}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (self.directory / str(step)).rename(target)
+    self._manager.reload()
+    return target
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

@@ -7,9 +7,14 @@
 
 import logging as std_logging
 import os
+import sys
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from scope_jax import checkpoint, cli_errors
+from scope_jax.methods import runner
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Method config file (configs/*.py[:preset]).",
                                           lock_config=True)
@@ -18,22 +23,34 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (local or gs://):
 
 def main(argv):
   del argv
-  import jax
-  from scope_jax.methods import common
-
   if any(k in os.environ for k in ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")) or \
       int(os.environ.get("JAX_NUM_PROCESSES", "1")) > 1:
     jax.distributed.initialize()  # multi-host: one process per host
   quiet = ("/orbax/", "xla_bridge.py", "faiss/loader.py")  # chatty libraries: warnings only
   logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= std_logging.WARNING or not any(q in r.pathname for q in quiet))
-  config = _CONFIG.value
+  try:  # a missing config file, or settings typed right but invalid: one line, before loading
+    config = _CONFIG.value
+    runner.validate(config)
+    runner.check_writable(checkpoint.absolute(_WORKDIR.value))
+  except (OSError, ValueError, KeyError) as e:
+    print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
+    sys.exit(2)
   logging.info("JAX %s: %d processes, devices %s", jax.__version__, jax.process_count(),
                jax.devices())
   logging.info("Config:\n%s", config)
-  common.run(config, _WORKDIR.value)
+  runner.run(config, _WORKDIR.value)
+
+
+def parse_flags(argv):
+  """absl flag parsing with one-line errors (typos, missing files, unknown presets)."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 — every command-line mistake ends the same way
+    print(f"Error: {cli_errors.one_line(e, argv)}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

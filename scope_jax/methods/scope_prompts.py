@@ -39,40 +39,43 @@ def search_instructions(syntax: str) -> str:
 class Prompts:
   """SCOPE's role prompts in one style: 'paper' (App. H) or 'compact' (the same roles, fields and
   output tags in a few lines, for the demo's small model: short prompts are quicker to warm up on
-  and put the title it copies close to where it writes)."""
+  and put the title it copies close to where it writes). Each returns a `Prompt` whose inserted
+  content (documents, tasks, answers) a role may cut to its prompt limit, never the template."""
 
   def __init__(self, style: str = "paper", syntax: str = "xml", max_doc_chars: int = 4000):
     if style not in STYLES:
       raise ValueError(f"Unknown prompt style {style!r}; use one of {sorted(STYLES)}.")
     self.style, self.syntax, self.max_doc_chars = style, syntax, max_doc_chars
 
-  def _render(self, name: str, **fields) -> str:
-    return prompts.render(prompts.load(STYLES[self.style], name), **fields)
+  def _prompt(self, name: str, fit: tuple[str, ...], **fields) -> prompts.Prompt:
+    return prompts.Prompt(prompts.load(STYLES[self.style], name), fields, fit)
 
   def document(self, passage: Passage) -> str:
     return passage.text[:self.max_doc_chars]
 
-  def challenger(self, passage: Passage, task_type: str, num_searches: int) -> str:
-    return self._render("challenger", task_type=TASK_TYPES[task_type],
+  def challenger(self, passage: Passage, task_type: str, num_searches: int) -> prompts.Prompt:
+    return self._prompt("challenger", ("document",), task_type=TASK_TYPES[task_type],
                         task_description=_shared(f"task_{task_type}"), title=passage.title,
                         document=self.document(passage), num_searches=num_searches,
                         search_instructions=search_instructions(self.syntax))
 
-  def solver(self, question: str, max_searches: int) -> str:
-    return self._render("solver", question=question, max_searches=max_searches,
+  def solver(self, question: str, max_searches: int) -> prompts.Prompt:
+    return self._prompt("solver", ("question",), question=question, max_searches=max_searches,
                         search_instructions=search_instructions(self.syntax))
 
-  def gates(self, task: str, passage: Passage) -> tuple[str, str]:
+  def gates(self, task: str, passage: Passage) -> tuple[prompts.Prompt, prompts.Prompt]:
     """(entity identifiability, source relevance) Judge prompts for one task."""
-    return (self._render("gate_entity", task=task),
-            self._render("gate_source", task=task, title=passage.title,
+    return (self._prompt("gate_entity", ("task",), task=task),
+            self._prompt("gate_source", ("document", "task"), task=task, title=passage.title,
                          document=self.document(passage)))
 
-  def rubric(self, task: str, passage: Passage) -> str:
-    return self._render("rubric", task=task, title=passage.title, document=self.document(passage))
+  def rubric(self, task: str, passage: Passage) -> prompts.Prompt:
+    return self._prompt("rubric", ("document", "task"), task=task, title=passage.title,
+                        document=self.document(passage))
 
-  def grader(self, task: str, criterion: str, response: str) -> str:
-    return self._render("grader", task=task, criterion=criterion, response=response)
+  def grader(self, task: str, criterion: str, response: str) -> prompts.Prompt:
+    return self._prompt("grader", ("response", "task", "criterion"), task=task,
+                        criterion=criterion, response=response)
 
 
 def stratified(n: int, weights: Sequence[float], rng: np.random.Generator) -> np.ndarray:

@@ -1,11 +1,11 @@
 """SPELL (Yang et al.): one policy plays questioner, responder and verifier over document clusters.
 
 Per step, following Algorithm 1 (ALGORITHMS §1):
-  sample clusters and task types → questioner proposes (q, a) from m new documents plus the
-  cluster's history memory → format check (−1) → grounding filter without documents (−0.5) →
-  G responder rollouts over the whole cluster → G verifier judgments per response (majority vote)
-  → rewards → push solvable questions to the history memory → role-specific dynamic sampling →
-  per-role advantages → one unified policy update.
+  draw task types uniformly and a cluster that supports each → the questioner proposes (q, a) from
+  m new documents plus the cluster's history memory → format check (−1) → grounding filter
+  without documents (−0.5) → G responder rollouts over the whole cluster → G verifier judgments
+  per response (majority vote) → rewards → push solvable questions to the history memory →
+  role-specific dynamic sampling → per-role advantages → one unified policy update.
 """
 
 from __future__ import annotations
@@ -14,15 +14,22 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from scope_jax import metrics as metrics_lib
 from scope_jax import prompts
 from scope_jax.data import clusters as clusters_lib
-from scope_jax.methods.common import Method, Runtime
+from scope_jax.methods import spell_demos
+from scope_jax.methods.runner import Method, check_choice
+from scope_jax.methods.runtime import Runtime
 from scope_jax.rewards import match
 from scope_jax.rewards import spell as R
+from scope_jax.rewards.difficulty import MAPPINGS
+from scope_jax.rewards.guard import ParseGuard
 from scope_jax.rl import advantages as adv_lib
 from scope_jax.rollout.types import Trajectory
+
+STYLES = {"paper": "spell", "compact": "spell_compact"}  # prompt style → template directory
 
 
 @dataclasses.dataclass
@@ -47,22 +54,35 @@ class Question:
 class Spell(Method):
   def __init__(self, rt: Runtime):
     super().__init__(rt)
-    self.cfg = rt.config.spell
-    self.policy = rt.add_policy("policy")
-    self.passages, self.clusters = build_clusters(rt.config)
+    self.cfg = cfg = rt.config.spell
+    self.passages, self.clusters = clusters_lib.from_config(rt.config.data, rt.config.seed)
     self.by_id = {p.id: p for p in self.passages}
-    self.tasks_of = [clusters_lib.cluster_tasks([self.passages[i] for i in c], self.cfg.tasks)
-                     for c in self.clusters]
-    self.memory = clusters_lib.HistoryMemory(self.cfg.history_size)
+    tasks_of = [clusters_lib.cluster_tasks([self.passages[i] for i in c], cfg.tasks)
+                for c in self.clusters]
+    self.clusters_for = {t: [c for c, ts in enumerate(tasks_of) if t in ts] for t in cfg.tasks}
+    self.tasks = tuple(t for t in cfg.tasks if self.clusters_for[t])
+    if not self.tasks:
+      raise ValueError(f"No document cluster supports any of spell.tasks={tuple(cfg.tasks)} "
+                       "(doc_math needs clusters of mostly numeric documents); add doc_qa or doc_mc.")
+    self.memory = clusters_lib.HistoryMemory(cfg.history_size)
     self.rng = np.random.default_rng(rt.config.seed)
+    self.parse = ParseGuard()  # a parser error scores the sample as malformed, never ends the run
+    # One policy plays the three roles.
+    self.policy = rt.add_policy("policy")
+    templates = lambda name: prompts.load(STYLES[cfg.prompt_style], name)
+    self.questioner, self.responder, self.verifier = (
+        rt.add_role(name, cfg.roles[name], policy=self.policy, templates=templates)
+        for name in ("questioner", "responder", "verifier"))
+
+  def demonstrations(self, rng):
+    return spell_demos.demonstrations(self, rng)
 
   # ------------------------------------------------------------------------------ prompts
-  def _context(self, doc_ids) -> str:
-    limit = self.cfg.max_doc_chars
-    docs = [self.by_id[d] for d in doc_ids]
-    return "\n\n".join(f"{p.title}\n{p.text[:limit]}" for p in docs)
+  def context(self, doc_ids) -> str:
+    limit = self.cfg.max_doc_chars or None  # 0: whole documents (the paper)
+    return "\n\n".join(f"{p.title}\n{p.text[:limit]}" for p in (self.by_id[d] for d in doc_ids))
 
-  def questioner_prompt(self, cluster: int, task: str, new_ids: list[str]) -> tuple[str, list[str]]:
+  def questioner_prompt(self, cluster: int, task: str, new_ids: list[str]) -> list[int]:
     history = self.memory.get(str(cluster))
     fields: dict[str, Any] = {}
     if history:
@@ -75,75 +95,70 @@ class Spell(Method):
       doc_ids, name = list(new_ids), f"questioner_{task}"
     if task == "doc_mc":
       fields["correct_letter"] = "ABCD"[int(self.rng.integers(4))]
-    text = prompts.render(prompts.load("spell", name), context=self._context(doc_ids), **fields)
-    return text, doc_ids
+    return self.questioner.render(name, context=self.context(doc_ids), fit=("context",), **fields)
 
-  def responder_prompt(self, task: str, proposal: R.Proposal, context: str) -> str:
+  def responder_prompt(self, task: str, proposal: R.Proposal, context: str) -> list[int]:
     fields = {"context": context, "question": proposal.question}
     if task == "doc_mc":
       fields.update({f"choice_{k}": v for k, v in proposal.options.items()})
-    return prompts.render(prompts.load("spell", f"responder_{task}"), **fields)
+    return self.responder.render(f"responder_{task}", fit=("context", "question"), **fields)
 
-  def verifier_prompt(self, proposal: R.Proposal, response: Trajectory) -> str:
+  def verifier_prompt(self, proposal: R.Proposal, response: Trajectory) -> list[int]:
     text = response.response_text()
     answer = match.extract_final_answer(text) or text[-300:]
-    return prompts.render(prompts.load("spell", "verifier"), problem=proposal.display(),
-                          answer_1=proposal.answer, answer_2=answer)
+    return self.verifier.render("verifier", problem=proposal.display(), answer_1=proposal.answer,
+                                answer_2=answer, fit=("answer_2", "problem", "answer_1"))
 
-  # ------------------------------------------------------------------------------- rollouts
-  def _generate(self, texts, role: str, num_samples: int, seed: int) -> list[Trajectory]:
-    rt = self.rt
-    convs = [[{"role": "user", "content": t}] for t in texts]
-    return rt.rollout(self.policy.sampler, rt.chat_prompts(convs), self.cfg.roles[role],
-                      num_samples=num_samples, seed=seed)
-
-  def propose(self, step: int, round_: int, n: int) -> list[Question]:
+  # ------------------------------------------------------------------------------ phases
+  def propose(self, n: int) -> list[Question]:
+    """n questions: task types uniform over those some cluster supports, then a cluster."""
     picks = []
     for _ in range(n):
-      c = int(self.rng.integers(len(self.clusters)))
-      task = self.tasks_of[c][int(self.rng.integers(len(self.tasks_of[c])))]
+      task = self.tasks[int(self.rng.integers(len(self.tasks)))]
+      options = self.clusters_for[task]
+      c = options[int(self.rng.integers(len(options)))]
       members = self.clusters[c]
       m = min(self.cfg.docs_per_question, len(members))
       new_ids = [self.passages[i].id for i in self.rng.choice(members, m, replace=False)]
-      text, _ = self.questioner_prompt(c, task, new_ids)
-      picks.append((c, task, new_ids, text))
-    trajs = self._generate([p[3] for p in picks], "questioner", 1, _seed(step, round_, 0))
+      picks.append((c, task, new_ids, self.questioner_prompt(c, task, new_ids)))
+    trajs = self.questioner.generate([p[3] for p in picks])
     out = []
     for (c, task, new_ids, _), traj in zip(picks, trajs):
       q = Question(c, task, new_ids, traj)
-      q.proposal = R.parse_proposal(traj.response_text(), task)
+      q.proposal = self.parse(R.parse_proposal, traj.response_text(), task, malformed=None)
       if q.proposal is None:
         q.status, q.reward = "bad_format", R.BAD_FORMAT
       out.append(q)
     return out
 
-  def grounding_filter(self, questions: list[Question], seed: int) -> None:
+  def grounding_filter(self, questions: list[Question]) -> None:
+    """A question the responder answers without any document is not grounded (−0.5)."""
     live = [q for q in questions if q.status == "ok"]
-    if not live:
-      return
-    texts = [self.responder_prompt(q.task, q.proposal, "Empty") for q in live]
-    for q, t in zip(live, self._generate(texts, "responder", 1, seed)):
-      if R.rule_score(t.response_text(), q.proposal.answer, q.task) >= 1.0:
+    texts = self.responder.texts([self.responder_prompt(q.task, q.proposal, "Empty")
+                                  for q in live])
+    for q, text in zip(live, texts):
+      if self.parse(R.rule_score, text, q.proposal.answer, q.task, malformed=0.0) >= 1.0:
         q.status, q.reward = "ungrounded", R.UNGROUNDED
 
-  def respond_and_verify(self, questions: list[Question], seed: int) -> None:
+  def respond_and_verify(self, questions: list[Question]) -> None:
     live = [q for q in questions if q.status == "ok"]
     if not live:
       return
     g = self.cfg.group_size
-    texts = [self.responder_prompt(q.task, q.proposal,
-                                   self._context([self.passages[i].id for i in self.clusters[q.cluster]]))
-             for q in live]
-    responses = self._generate(texts, "responder", g, seed)
+    cluster_ids = lambda q: [self.passages[i].id for i in self.clusters[q.cluster]]
+    responses = self.responder.generate(
+        [self.responder_prompt(q.task, q.proposal, self.context(cluster_ids(q))) for q in live],
+        num_samples=g)
     for k, q in enumerate(live):
       q.responses = responses[k * g:(k + 1) * g]
-      q.rule = [R.rule_score(t.response_text(), q.proposal.answer, q.task) for t in q.responses]
-    ver_texts = [self.verifier_prompt(q.proposal, t) for q in live for t in q.responses]
-    verdicts = self._generate(ver_texts, "verifier", g, seed + 1)
+      q.rule = [self.parse(R.rule_score, t.response_text(), q.proposal.answer, q.task,
+                           malformed=0.0) for t in q.responses]
+    verdicts = self.verifier.generate([self.verifier_prompt(q.proposal, t)
+                                       for q in live for t in q.responses], num_samples=g)
     for k, q in enumerate(live):
       for i in range(g):
         row = verdicts[(k * g + i) * g:(k * g + i + 1) * g]
-        judged = [R.parse_verdict(t.response_text()) for t in row]
+        judged = [self.parse(R.parse_verdict, t.response_text(), malformed=None) for t in row]
         vote = R.majority(judged)
         q.verdicts.append(row)
         q.votes.append(vote)
@@ -163,16 +178,18 @@ class Spell(Method):
     rounds = 0
     while sum(q.status in ("ok", "zero_variance") for q in questions) < cfg.questions_per_step \
         and rounds < cfg.max_generation_rounds:
-      batch = self.propose(step, rounds, cfg.questions_per_step)
-      self.grounding_filter(batch, _seed(step, rounds, 1))
-      self.respond_and_verify(batch, _seed(step, rounds, 2))
+      batch = self.propose(cfg.questions_per_step)
+      self.grounding_filter(batch)
+      self.respond_and_verify(batch)
       questions += batch
       rounds += 1
     trajs, advs, counts = self.select_and_advantage(questions)
     self.rt.metrics.samples(step, self.sample_records(questions))  # before the update
     metrics = self.step_metrics(questions, counts, rounds)
-    train_metrics = self.rt.train(self.policy, trajs, advs)
-    metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
+    train = self.rt.train(self.policy, trajs, advs)
+    metrics.update({f"train/{k}": v for k, v in train.items()})
+    if not trajs:
+      logging.info("Step %d: no group had reward variance; no update.", step)
     return metrics
 
   def select_and_advantage(self, questions: list[Question]):
@@ -191,8 +208,8 @@ class Spell(Method):
     picked = list(kept) + [negatives[i] for i in
                            self.rng.choice(len(negatives), n_neg, replace=False)] if n_neg else list(kept)
     if picked:
-      rewards = [q.reward for q in picked]
-      a = adv_lib.batch_zscore(rewards, keys=[q.task for q in picked], eps=cfg.adv_eps)
+      a = adv_lib.batch_zscore([q.reward for q in picked], keys=[q.task for q in picked],
+                               eps=cfg.adv_eps)
       trajs += [q.traj for q in picked]
       advs += list(a)
     # Verifier: groups whose agreement is in [lo, hi]; consistent with the rule check first,
@@ -219,26 +236,27 @@ class Spell(Method):
     n = max(len(questions), 1)
     m: dict[str, float] = dict(counts)
     m["rounds"] = rounds
+    m["questioner/proposals"] = len(questions)
+    m["questioner/parsed"] = sum(q.proposal is not None for q in questions)
+    m["questioner/grounded"] = sum(q.status in ("ok", "zero_variance") for q in questions)
     m.update(metrics_lib.summarize([q.reward for q in questions], "questioner/reward"))
     for status in ("bad_format", "ungrounded", "zero_variance"):
       m[f"questioner/share_{status}"] = sum(q.status == status for q in questions) / n
     answered = [q for q in questions if q.res_rewards]
+    m["responder/groups"] = len(answered)
     m.update(metrics_lib.summarize([1 - np.mean(q.res_rewards) for q in answered],
                                    "questioner/difficulty"))
     m.update(metrics_lib.summarize([r for q in answered for r in q.res_rewards], "responder/reward"))
-    m.update(metrics_lib.summarize([len(t.response_tokens) for q in answered for t in q.responses],
-                                   "responder/length"))
-    m.update(metrics_lib.summarize([len(q.traj.response_tokens) for q in questions],
-                                   "questioner/length"))
+    m.update(metrics_lib.summarize([r for q in answered for r in q.rule], "responder/rule"))
     ver = [r for q in answered for rows in q.ver_rewards for r in rows]
+    m["verifier/votes"] = sum(len(q.votes) for q in answered)
     m.update(metrics_lib.summarize(ver, "verifier/reward"))
     if ver:
       m["verifier/agreement"] = float(np.mean([r == 1.0 for r in ver]))
       m["verifier/share_invalid"] = float(np.mean([r < 0 for r in ver]))
-    secs = self.rt.counters.get("rollout_seconds", 0.0)
-    if secs:
-      m["rollout/tokens_per_s"] = self.rt.counters["rollout_tokens"] / secs
+      m["verifier/share_yes_votes"] = float(np.mean([v for q in answered for v in q.votes]))
     m["memory/clusters_with_history"] = len(self.memory.to_json())
+    m["parse_errors"] = self.parse.take()
     return m
 
   def sample_records(self, questions, k: int = 2) -> list[dict]:
@@ -264,39 +282,16 @@ class Spell(Method):
     return f"  history memory: {len(self.memory.to_json())} clusters with solvable questions"
 
 
-def _seed(step: int, round_: int, phase: int) -> int:
-  return (step * 1009 + round_ * 101 + phase * 7) % (2**31)
-
-
-def build_clusters(config):
-  """The corpus (bundled demo corpus by default) and its document clusters."""
-  from scope_jax.data import demo
-  from scope_jax.retrieval import load_corpus, load_encoder
-  data = config.data
-  passages = demo.demo_passages() if data.corpus == "demo" else load_corpus(data.corpus)
-  if data.max_passages:
-    passages = passages[:data.max_passages]
-  if len(passages) < data.num_clusters * data.min_cluster_size:
-    raise ValueError(f"The corpus has {len(passages)} passages, too few for {data.num_clusters} "
-                     f"clusters of at least {data.min_cluster_size}.")
-  vectors = None
-  if data.corpus == "demo" and data.encoder == "minilm":
-    vectors = demo.bundled_vectors()[:len(passages)]  # shipped with the corpus: no encoder needed
-  if vectors is None:
-    vectors = load_encoder(data.encoder).encode([f"{p.title}. {p.text}" for p in passages])
-  groups = clusters_lib.kmeans_clusters(vectors, data.num_clusters, seed=config.seed,
-                                        min_size=data.min_cluster_size)
-  cap = data.max_cluster_size
-  return passages, [g[:cap] for g in groups]
-
-
 def validate_config(c) -> None:
   """SPELL-specific choices, checked before anything is loaded."""
-  from scope_jax.methods.common import check_choice
-  from scope_jax.rewards.difficulty import MAPPINGS
+  if not c.spell.tasks:
+    raise ValueError("spell.tasks is empty; choose from: " + ", ".join(R.TASKS) + ".")
   for t in c.spell.tasks:
     check_choice("spell.tasks", t, R.TASKS)
   check_choice("spell.reward_mapping", c.spell.reward_mapping, MAPPINGS)
+  check_choice("spell.prompt_style", c.spell.prompt_style, tuple(STYLES))
+  if not c.data.num_clusters and c.data.cluster_size < 1:
+    raise ValueError("Set data.num_clusters or a positive data.cluster_size.")
   for name in ("questioner", "responder", "verifier"):
     if name not in c.spell.roles:
       raise ValueError(f"spell.roles needs a '{name}' entry (sampling settings).")

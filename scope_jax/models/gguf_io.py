@@ -8,8 +8,10 @@ llama converter permutes the Q/K rows for its interleaved RoPE; that permutation
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
+from scope_jax import sharding as shd
 from scope_jax.models import hf_io
 from scope_jax.models.config import ModelConfig, RopeScaling, rope_inv_freq
 
@@ -114,8 +116,6 @@ def _check_rope_freqs(config: ModelConfig, factors: np.ndarray) -> None:
 
 def load_gguf(path, mesh=None, dtype=None, rules=None):
   """Loads a GGUF file into (config, params) through the Hugging Face tensor mapping."""
-  import jax.numpy as jnp
-  from scope_jax import sharding as shd
   config, tensors = read_gguf(path)
   params = hf_io.params_from_source(config, hf_io.DictSource(tensors), mesh,
                                     rules or shd.TRAIN_RULES, dtype or jnp.float32)

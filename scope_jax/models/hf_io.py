@@ -154,7 +154,7 @@ def params_from_source(config: ModelConfig, source: TensorSource, mesh=None,
     shardings = jax.tree.map(lambda _: device, transformer.param_shapes(config),
                              is_leaf=lambda x: isinstance(x, tuple))
   else:
-    shardings = shd.param_shardings(config, mesh, rules)
+    shardings = transformer.param_shardings(config, mesh, rules)
   out: dict[str, Any] = {"layers": {}}
   for path, (leaf, shape) in _leaf_table(config).items():
     sharding = shardings[path[0]] if len(path) == 1 else shardings["layers"][path[1]]
@@ -182,7 +182,9 @@ class SafetensorsSource:
     path = epath.Path(path)
     index = path / "model.safetensors.index.json"
     if index.exists():
-      weight_map = json.loads(index.read_text())["weight_map"]
+      weight_map = _read_json(index).get("weight_map")
+      if not isinstance(weight_map, dict):
+        raise ValueError(f"{index} has no 'weight_map' object; the index is corrupt.")
       files = {f: safetensors_io.SafetensorsFile(path / f) for f in sorted(set(weight_map.values()))}
       self._where = {name: files[f] for name, f in weight_map.items()}
     else:
@@ -230,7 +232,17 @@ def read_hf_config(path) -> ModelConfig:
     raise FileNotFoundError(
         f"No config.json in {path}: expected a Hugging Face checkpoint directory with config.json "
         "and *.safetensors files.")
-  return ModelConfig.from_hf_config(json.loads(cfg_path.read_text()))
+  return ModelConfig.from_hf_config(_read_json(cfg_path))
+
+
+def _read_json(path) -> dict:
+  try:
+    data = json.loads(epath.Path(path).read_text())
+  except (ValueError, RecursionError) as e:
+    raise ValueError(f"{path} is not valid JSON ({e}); the checkpoint file is corrupt.") from None
+  if not isinstance(data, dict):
+    raise ValueError(f"{path} holds no JSON object; the checkpoint file is corrupt.")
+  return data
 
 
 def load_hf(path, mesh=None, dtype=jnp.float32, rules: shd.Rules = shd.TRAIN_RULES

@@ -40,7 +40,13 @@ class SafetensorsFile:
       if n > _MAX_HEADER:
         raise ValueError(f"{self.path}: safetensors header of {n} bytes is implausible; "
                          "the file is corrupt or not safetensors.")
-      header = json.loads(f.read(n))
+      try:
+        header = json.loads(f.read(n))
+      except (ValueError, RecursionError) as e:
+        raise ValueError(f"{self.path}: the safetensors header is not valid JSON ({e}); the file "
+                         "is corrupt or truncated.") from None
+    if not isinstance(header, dict):
+      raise ValueError(f"{self.path}: the safetensors header is not a JSON object.")
     self.metadata = header.pop("__metadata__", {}) or {}
     self.entries: dict[str, dict[str, Any]] = header
     self._data_start = 8 + n
@@ -72,7 +78,12 @@ class SafetensorsFile:
     count = max(rows[1] - rows[0], 0)
     with _open(self.path) as f:
       f.seek(self._data_start + begin + start)
-      buf = f.read(count * row_bytes if shape else dtype.itemsize)
+      want = count * row_bytes if shape else dtype.itemsize
+      buf = f.read(want)
+    if len(buf) != want:
+      raise ValueError(f"{self.path}: tensor {name!r} {list(shape)} is cut short ({len(buf)} of "
+                       f"{want} bytes at offset {self._data_start + begin + start}); the file is "
+                       "truncated or corrupt.")
     arr = np.frombuffer(buf, dtype=dtype)
     if not shape:
       return arr.reshape(())

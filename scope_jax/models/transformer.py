@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scope_jax import sharding as shd
 from scope_jax.models import kv_cache as kvc
 from scope_jax.models.config import ModelConfig, rope_inv_freq
 
@@ -264,3 +265,25 @@ def forward_jit(config, params, tokens, attention_mask=None, positions=None, *, 
 
 def count_params(params: Params) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+# ------------------------------------------------------------------------------ placement
+
+def param_shardings(config, mesh: jax.sharding.Mesh, rules: shd.Rules = shd.TRAIN_RULES) -> Any:
+  """Shardings of a model's params under `rules`."""
+  shapes = param_shapes(config)
+  return shd.tree_shardings(param_logical_axes(config), shapes, mesh, rules)
+
+
+def init_sharded_params(config, key: jax.Array, mesh: jax.sharding.Mesh,
+                        rules: shd.Rules = shd.TRAIN_RULES, dtype=jnp.float32) -> Any:
+  """Random params created directly in their shards: eval_shape → shardings → jitted init."""
+  shardings = param_shardings(config, mesh, rules)
+  init = jax.jit(lambda k: init_params(config, k, dtype), out_shardings=shardings)
+  return init(key)
+
+
+def shard_params(params: Any, config, mesh: jax.sharding.Mesh,
+                 rules: shd.Rules = shd.TRAIN_RULES) -> Any:
+  """Moves (or reshards) an existing params pytree onto the mesh under `rules`."""
+  return jax.device_put(params, param_shardings(config, mesh, rules))

@@ -9,6 +9,7 @@ ones get a 4xx with {"error": message}. The server binds 127.0.0.1 unless told o
 from __future__ import annotations
 
 import json
+import pathlib
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,20 +17,21 @@ from typing import Sequence
 
 from absl import logging
 
+from scope_jax import assets
 from scope_jax.retrieval.corpus import Passage, format_passages
+from scope_jax.retrieval.encoder import TextEncoder
 
 MAX_BODY_BYTES = 1 << 20
 MAX_QUERIES = 512
 MAX_TOPK = 50
 MAX_QUERY_CHARS = 2000
+MAX_WORK = 200_000  # Σ query characters × topk per request: bounds the time one request can hold
+SOCKET_TIMEOUT_S = 10.0  # a client that sends less than its Content-Length is dropped after this
 
 
 def load_encoder(name_or_path: str, *, query_prefix=None, passage_prefix=None, batch_size=64,
                  mesh=None):
   """An encoder from a checkpoint directory, or from a fetched asset ('minilm', 'e5-...')."""
-  import pathlib
-  from scope_jax import assets
-  from scope_jax.retrieval.encoder import TextEncoder
   path = pathlib.Path(name_or_path)
   e5 = "e5" in name_or_path.lower()
   if not path.exists() and name_or_path in assets.REGISTRY:
@@ -62,9 +64,17 @@ def parse_request(body: bytes) -> tuple[list[str], int, bool]:
     raise RequestError(413, f"at most {MAX_QUERIES} queries per request, got {len(queries)}")
   if any(len(q) > MAX_QUERY_CHARS for q in queries):
     raise RequestError(413, f"each query must be at most {MAX_QUERY_CHARS} characters")
+  for q in queries:
+    try:
+      q.encode("utf-8")
+    except UnicodeEncodeError:
+      raise RequestError(400, "queries must be valid Unicode text (no lone surrogates)") from None
   topk = req.get("topk", 3)
   if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
     raise RequestError(400, f"'topk' must be an integer in [1, {MAX_TOPK}]")
+  if sum(len(q) for q in queries) * topk > MAX_WORK:
+    raise RequestError(413, f"too much work in one request: total query characters × topk must "
+                            f"be at most {MAX_WORK}; split the queries over several requests")
   scores = req.get("return_scores", False)
   if not isinstance(scores, bool):
     raise RequestError(400, "'return_scores' must be a boolean")
@@ -79,11 +89,28 @@ def response_body(hits: list[list[tuple[Passage, float]]], return_scores: bool) 
   return {"result": [[doc(p) for p, _ in row] for row in hits]}
 
 
+def content_length(value: str | None) -> int:
+  """The body size a request announces: a non-negative integer of at most MAX_BODY_BYTES."""
+  if value is None:
+    raise RequestError(411, "a Content-Length header is required")
+  try:
+    length = int(value)
+  except ValueError:
+    raise RequestError(400, f"Content-Length {value[:40]!r} is not an integer") from None
+  if length < 0:
+    raise RequestError(400, f"Content-Length {length} is negative")
+  if length > MAX_BODY_BYTES:
+    raise RequestError(413, f"request body over {MAX_BODY_BYTES} bytes")
+  return length
+
+
 def make_server(tool, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
   """An HTTP server answering /retrieve with `tool.retrieve` (a SearchTool)."""
   lock = threading.Lock()
 
   class Handler(BaseHTTPRequestHandler):
+    timeout = SOCKET_TIMEOUT_S  # applied to the connection's socket
+
     def _send(self, status, payload):
       data = json.dumps(payload).encode()
       self.send_response(status)
@@ -103,10 +130,14 @@ def make_server(tool, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTT
         self._send(404, {"error": f"unknown path {self.path}; use POST /retrieve"})
         return
       try:
-        length = int(self.headers.get("Content-Length", "0"))
-        if length > MAX_BODY_BYTES:
-          raise RequestError(413, f"request body over {MAX_BODY_BYTES} bytes")
-        queries, topk, scores = parse_request(self.rfile.read(length))
+        length = content_length(self.headers.get("Content-Length"))
+        try:
+          body = self.rfile.read(length)
+        except TimeoutError:
+          raise RequestError(408, f"the body did not arrive within {SOCKET_TIMEOUT_S:.0f}s") from None
+        if len(body) < length:
+          raise RequestError(400, f"the body has {len(body)} of its {length} announced bytes")
+        queries, topk, scores = parse_request(body)
         with lock:  # the encoder and faiss calls are not re-entrant
           hits = tool.retrieve(queries, topk)
         self._send(200, response_body(hits, scores))

@@ -14,6 +14,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from scope_jax.retrieval.encoder import embed
+
 _CJK = (r"[\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F}"
         r"\x{2B740}-\x{2B81F}\x{2B820}-\x{2CEAF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}]")
 
@@ -138,7 +140,6 @@ def passage_dataset(patterns: Sequence[str], vocab_path, *, batch_size: int = 25
 
 def embed_stream(dataset, encoder) -> Iterator[tuple[list[str], np.ndarray]]:
   """Runs the JAX encoder over a passage dataset; yields (ids, embeddings [n, D]) per batch."""
-  from scope_jax.retrieval.encoder import embed
   for batch in dataset.as_numpy_iterator():
     valid = batch["valid"].astype(bool)
     vecs = np.asarray(embed(encoder.config, encoder.params, batch["ids"], batch["mask"]))

@@ -56,26 +56,41 @@ def numeric_match(pred: str, gold: str, rel_tol: float = 0.0015) -> float:
   return float(abs(a - b) <= rel_tol * max(abs(b), 1e-12))
 
 
-_FINAL = re.compile(r"(?:the correct answer is|therefore, the answer is|the answer is)\s*[:\-]?\s*(.+)",
-                    re.IGNORECASE)
+_FINAL_PHRASES = ("the correct answer is", "therefore, the answer is", "the answer is")
 
 
 def extract_final_answer(text: str) -> str | None:
-  """The text after the last 'The correct answer is' / 'Therefore, the answer is' (one line)."""
-  matches = _FINAL.findall(str(text)[-MAX_TEXT:])
-  if not matches:
+  """The first line after the last 'The correct answer is' / 'Therefore, the answer is' /
+  'The answer is' (case-insensitive; an optional ':' or '-' after it), or None when there is no
+  such phrase or nothing follows it. Plain scans: linear time on any input."""
+  text = str(text)[-MAX_TEXT:]
+  lower = text.lower()
+  ends = [i + len(p) for p in _FINAL_PHRASES for i in (lower.rfind(p),) if i >= 0]
+  if not ends:
     return None
-  ans = matches[-1].strip().splitlines()[0].strip()
-  ans = ans.strip("*").strip()
+  rest = text[max(ends):].lstrip()
+  if rest[:1] in (":", "-"):
+    rest = rest[1:].lstrip()
+  lines = rest.splitlines()
+  ans = lines[0].strip().strip("*").strip() if lines else ""
   if ans.startswith("(") and ans.endswith(")") and len(ans) > 2:
     ans = ans[1:-1]
   return ans.rstrip(".").strip() or None
 
 
-_CHOICE = re.compile(r"\(?\b([A-D])\b\)?")
+_ANSWER_IS = re.compile(r"\b(?i:answer)\s*(?i:is|:)\s*\(?([A-D])\b")
+_PAREN = re.compile(r"\(([A-D])\)")
+_LEADING = re.compile(r"^\s*\(?([A-D])(?:[.:)]|\s*$)")
+_TRAILING = re.compile(r"(?:^|\s)\(?([A-D])\)?[.!]?\s*$")
 
 
 def choice_letter(text: str) -> str | None:
-  """The option letter A-D of a multiple-choice answer ('(B)', 'B', 'B. Paris')."""
-  m = _CHOICE.search(str(text)[:200])
-  return m.group(1) if m else None
+  """The option letter A-D of a multiple-choice answer, from the explicit forms only, in order:
+  'answer is C', '(C)', a leading 'C.' / 'C)' / 'C', a lone final letter. The article 'A' in
+  'A good choice is (C)' is never taken for a letter."""
+  text = str(text)[:200]
+  for pattern in (_ANSWER_IS, _PAREN, _LEADING, _TRAILING):
+    m = pattern.search(text)
+    if m:
+      return m.group(1)
+  return None

@@ -17,7 +17,6 @@ LENGTH_FULL = 1024  # answers up to this many tokens keep the full rubric reward
 LENGTH_FLOOR_AT = 2048  # from here on the reward is scaled by LENGTH_FLOOR
 LENGTH_FLOOR = 0.05
 PRIORITIES = {"critical": 1.0, "important": 1.0, "bonus": 1.0}  # uniform weights (paper, w_k = 1)
-_THINK = re.compile(r"^\s*<think>.*?</think>", re.DOTALL)
 MAX_TEXT = 50_000
 
 
@@ -56,10 +55,16 @@ def turn_texts(traj: Trajectory) -> list[str]:
 
 
 def think_share(turns: Sequence[str]) -> float:
-  """Fraction of assistant turns that open with a <think>…</think> block."""
+  """Fraction of assistant turns with a <think>…</think> block anywhere in them (App. F.1)."""
   if not turns:
     return 0.0
-  return sum(bool(_THINK.match(t[:MAX_TEXT])) for t in turns) / len(turns)
+  return sum(_has_think(t[:MAX_TEXT]) for t in turns) / len(turns)
+
+
+def _has_think(text: str) -> bool:
+  """A '<think>' later closed by '</think>' (two linear scans, no regex backtracking)."""
+  start = text.find("<think>")
+  return start >= 0 and text.find("</think>", start + len("<think>")) >= 0
 
 
 def well_formed_task(text: str) -> bool:
@@ -99,9 +104,9 @@ class Criterion:
     return PRIORITIES.get(self.priority, 1.0)
 
 
-_RUBRIC_LINE = re.compile(
-    r"^\s*(?:[-*•]|\d+[.)])?\s*(?:\[(critical|important|bonus)\]|\((critical|important|bonus)\)|"
-    r"(critical|important|bonus)\s*[:\-–])?\s*(.+?)\s*$", re.IGNORECASE)
+_RUBRIC_LINE = re.compile(  # matched on a stripped line: no trailing-whitespace backtracking
+    r"(?:[-*•]|\d+[.)])?\s*(?:\[(critical|important|bonus)\]|\((critical|important|bonus)\)|"
+    r"(critical|important|bonus)\s*[:\-–])?\s*(.+)", re.IGNORECASE)
 
 
 def parse_rubrics(text: str, min_items: int = 3, max_items: int = 5) -> list[Criterion] | None:
@@ -113,9 +118,10 @@ def parse_rubrics(text: str, min_items: int = 3, max_items: int = 5) -> list[Cri
   body = extract_tag(str(text)[-MAX_TEXT:], "rubric") or str(text)[-MAX_TEXT:]
   items = []
   for line in body.splitlines():
-    if line.lstrip().startswith("<"):  # tags (<rubric>, stray special tokens) are no criteria
+    line = line.strip()
+    if line.startswith("<"):  # tags (<rubric>, stray special tokens) are no criteria
       continue
-    m = _RUBRIC_LINE.match(line)
+    m = _RUBRIC_LINE.fullmatch(line)
     if not m or not m.group(4) or len(m.group(4)) < 8:
       continue
     priority = (m.group(1) or m.group(2) or m.group(3) or "important").lower()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from typing import Sequence
 
@@ -36,16 +37,17 @@ class Proposal:
 
 
 def _json_objects(text: str):
-  """Candidate {...} spans, last first (the answer's JSON closes the response)."""
+  """Candidate {...} spans, last closed first (the answer's JSON closes the response): one
+  linear pass pairs each '}' with its '{'; at most 20 candidates are tried."""
   text = text[-MAX_JSON:]
-  ends = [i for i, c in enumerate(text) if c == "}"]
-  for end in reversed(ends[-20:]):
-    depth = 0
-    for start in range(end, -1, -1):
-      depth += {"}": 1, "{": -1}.get(text[start], 0)
-      if depth == 0:
-        yield text[start:end + 1]
-        break
+  stack, spans = [], []
+  for i, c in enumerate(text):
+    if c == "{":
+      stack.append(i)
+    elif c == "}" and stack:
+      spans.append((stack.pop(), i))
+  for start, end in reversed(spans[-20:]):
+    yield text[start:end + 1]
 
 
 def parse_proposal(text: str, task: str) -> Proposal | None:
@@ -59,8 +61,9 @@ def parse_proposal(text: str, task: str) -> Proposal | None:
     if not isinstance(obj, dict):
       continue
     q, a = obj.get("question"), obj.get("answer")
-    if not isinstance(q, str) or not q.strip() or not isinstance(a, (str, int, float)):
-      continue
+    if not isinstance(q, str) or not q.strip() or isinstance(a, bool) or not (
+        isinstance(a, str) or (isinstance(a, (int, float)) and math.isfinite(a))):
+      continue  # booleans, NaN and infinities are not answers
     a = str(a).strip()
     if not a:
       continue
@@ -116,6 +119,8 @@ def responder_reward(rule: float, vote: int) -> float:
 
 
 def questioner_reward(responder_rewards: Sequence[float], mapping: str = "gaussian") -> float:
-  """r_que from the mean responder reward p̄ (0 when all right or all wrong)."""
+  """r_que from the mean responder reward p̄ (0 when all right, all wrong, or no responses)."""
+  if not len(responder_rewards):
+    return 0.0
   p = sum(responder_rewards) / len(responder_rewards)
   return questioner_difficulty(p, mapping)

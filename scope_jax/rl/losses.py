@@ -45,8 +45,11 @@ def aggregate(per_token, mask, mode: str, norm_length: int | None = None):
   token-mean:              Σ_bt L·m                     / Σ_bt m
   seq-mean-token-mean:     Σ_b [n_b>0] Σ_t L·m / n_b    / #{b: n_b > 0}
   seq-mean-token-sum:      Σ_b Σ_t L·m                  / #{b: n_b > 0}
-  seq-mean-token-sum-norm: Σ_bt L·m                     / (B · norm_length)   (Dr.GRPO; norm_length
-                                                                               defaults to T)
+  seq-mean-token-sum-norm: Σ_bt L·m                     / (#{b: n_b > 0} · norm_length)   (Dr.GRPO)
+
+  Dr.GRPO divides by a constant length, not by the padded width: rows without loss tokens
+  (padding) do not count, and `norm_length` is the run's fixed response budget (it defaults to
+  the array's width only for direct calls on unpadded data).
   """
   mask = mask.astype(jnp.float32)
   per_token = per_token.astype(jnp.float32)
@@ -61,7 +64,7 @@ def aggregate(per_token, mask, mode: str, norm_length: int | None = None):
     return sums_B.sum(), nonempty.sum()
   if mode == "seq-mean-token-sum-norm":
     length = per_token.shape[-1] if norm_length is None else norm_length
-    return sums_B.sum(), jnp.asarray(per_token.shape[0] * length, jnp.float32)
+    return sums_B.sum(), nonempty.sum() * jnp.float32(length)
   raise ValueError(f"Unknown aggregation mode {mode!r}; valid: {', '.join(AGG_MODES)}.")
 
 

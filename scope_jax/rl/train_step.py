@@ -38,7 +38,7 @@ class LossConfig:
   distill_agg_mode: str = "seq-mean-token-mean"  # (1/|y|) Σ_t KL_t, averaged over sequences
   temperature: float = 1.0  # logits / T, as in the sampler
   chunk: int = 256  # sequence chunk for log-probs / distillation
-  norm_length: int | None = None  # Dr.GRPO normaliser (default: the batch's T)
+  norm_length: int | None = None  # Dr.GRPO's constant length (None: the batch's width, tests only)
 
   def __post_init__(self):
     for mode in (self.agg_mode, self.distill_agg_mode):
@@ -52,8 +52,8 @@ class LossConfig:
 class TrainState:
   params: transformer.Params
   opt_state: optax.OptState
-  step: jax.Array
-  skipped: jax.Array  # steps not applied because the loss or gradient was not finite
+  step: jax.Array  # updates applied (a skipped update does not advance it)
+  skipped: jax.Array  # updates not applied because the loss or gradient was not finite
 
 
 def init_train_state(params, optimizer) -> TrainState:
@@ -182,7 +182,8 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
     new_params = optax.apply_updates(state.params, updates)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     new_state = TrainState(params=keep(new_params, state.params),
-                           opt_state=keep(new_opt, state.opt_state), step=state.step + 1,
+                           opt_state=keep(new_opt, state.opt_state),
+                           step=state.step + finite.astype(jnp.int32),
                            skipped=state.skipped + (~finite).astype(jnp.int32))
     tokens = jnp.maximum(m.sum(), 1.0)
     metrics = {"loss": total, **parts, "grad_norm": grad_norm, "num_tokens": m.sum(),

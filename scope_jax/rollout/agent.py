@@ -15,6 +15,7 @@ import numpy as np
 from absl import logging
 
 from scope_jax.rollout import parsers
+from scope_jax.rollout.datums import context_tokens
 from scope_jax.rollout.types import SearchTool, Span, ToolCall, Trajectory
 
 INVALID_ACTION_XML = (
@@ -40,6 +41,9 @@ class RolloutConfig:
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
+  # Thinking models (Qwen3): later turns see earlier turns with their <think> blocks removed, as
+  # the chat template renders them; per-turn datums rebuild exactly this context.
+  strip_think: bool = False
   # Observation wrappers; the qwen form closes the assistant turn and opens it again.
   obs_prefix_xml: str = "\n\n<information>"
   obs_suffix_xml: str = "</information>\n\n"
@@ -68,8 +72,12 @@ class _Row:
   finish: str = ""
   final_tag: str | None = None
   answer: str | None = None
+  context: list[int] = dataclasses.field(default_factory=list)  # what the next turn is fed
 
-  def append(self, ids: Sequence[int], kind: str, text: str, logprobs=None) -> None:
+  def append(self, ids: Sequence[int], kind: str, text: str, logprobs=None,
+             context_ids: Sequence[int] | None = None) -> None:
+    """Records a piece; `context_ids` (default `ids`) is how it re-enters later turns."""
+    self.context += [int(t) for t in (ids if context_ids is None else context_ids)]
     start = len(self.tokens)
     self.tokens += [int(t) for t in ids]
     generated = kind == "generated"
@@ -114,18 +122,19 @@ def run_rollout(sampler, tokenizer, prompts: Sequence[Sequence[int]], tool: Sear
     search_allowed = turn < config.max_turns and tool is not None
     stop = [f"</{t}>" for t in config.final_tags] + ([search_stop] if search_allowed else [])
     budget = min(config.max_turn_tokens,
-                 max(config.max_total_tokens - max(len(rows[i].tokens) for i in active), 1))
+                 max(config.max_total_tokens - max(len(rows[i].context) for i in active), 1))
     if turn == 0:  # identical prompts: prefill once, fork num_samples ways
       results = sampler.generate(prompts, max_new_tokens=budget, stop=stop,
                                  num_samples=num_samples, seed=seed, **_sampling(config))
       results = [results[i] for i in active]
     else:
-      results = sampler.generate([rows[i].tokens for i in active], max_new_tokens=budget,
+      results = sampler.generate([rows[i].context for i in active], max_new_tokens=budget,
                                  stop=stop, seed=seed + 7919 * turn, **_sampling(config))
     pending: list[tuple[int, parsers.Action]] = []
     for i, res in zip(active, results):
       row = rows[i]
-      row.append(res.tokens, "generated", res.text or "", res.logprobs)
+      row.append(res.tokens, "generated", res.text or "", res.logprobs,
+                 context_tokens(res.text or "", tokenizer) if config.strip_think else None)
       action = parsers.parse_action(res.text or "", syntax=config.syntax,
                                     final_tags=config.final_tags, search_allowed=search_allowed)
       if res.finish_reason != "stop":
@@ -147,7 +156,7 @@ def run_rollout(sampler, tokenizer, prompts: Sequence[Sequence[int]], tool: Sear
           row.append(encode(tokenizer, msg), "observation", msg)
     _call_tool(tool, pending, rows, turn, tokenizer, config, prefix_ids, suffix_ids)
     for i in active:
-      if not rows[i].done and len(rows[i].tokens) >= config.max_total_tokens:
+      if not rows[i].done and len(rows[i].context) >= config.max_total_tokens:
         rows[i].done, rows[i].finish = True, "context"
     bar.update(sum(rows[i].done for i in active))
   bar.close()

@@ -6,17 +6,36 @@ turns' reasoning): one datum per assistant turn, whose context holds the earlier
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 
 from scope_jax.rollout.types import Span, Trajectory
 
-_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+OPEN, CLOSE = "<think>", "</think>"
 
 
 def strip_think(text: str) -> str:
-  return _THINK.sub("", text)
+  """Removes every closed <think>…</think> block and the whitespace after it, in linear time
+  (an unclosed <think> is kept: the model never finished it)."""
+  out, pos = [], 0
+  while True:
+    start = text.find(OPEN, pos)
+    end = text.find(CLOSE, start + len(OPEN)) if start >= 0 else -1
+    if end < 0:
+      break
+    out.append(text[pos:start])
+    pos = end + len(CLOSE)
+    while pos < len(text) and text[pos].isspace():
+      pos += 1
+  out.append(text[pos:])
+  return "".join(out)
+
+
+def context_tokens(text: str, tokenizer) -> list[int]:
+  """How an earlier generated turn re-enters the context of later turns: reasoning removed and
+  re-tokenized. The rollout (with `strip_think`) and `per_turn_datums` both use this, so a datum's
+  context is exactly what the sampler saw."""
+  return list(tokenizer.encode(strip_think(text), add_special_tokens=False))
 
 
 def per_turn_datums(traj: Trajectory, tokenizer) -> list[Trajectory]:
@@ -37,7 +56,7 @@ def per_turn_datums(traj: Trajectory, tokenizer) -> list[Trajectory]:
       turn_span = Span(n, len(tokens), "generated", span.text)
       out.append(dataclasses.replace(traj, tokens=tokens, loss_mask=mask, logprobs=logp,
                                      prompt_len=n, spans=spans_ctx + [turn_span]))
-      kept = tokenizer.encode(strip_think(span.text), add_special_tokens=False)
+      kept = context_tokens(span.text, tokenizer)
       spans_ctx = spans_ctx + [Span(n, n + len(kept), "context", strip_think(span.text))]
       context += kept
     else:

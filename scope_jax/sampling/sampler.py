@@ -203,7 +203,7 @@ class Sampler:
   def update_params(self, params) -> None:
     """Points the sampler at new weights (resharded for sampling when a mesh is set)."""
     if self.mesh is not None:
-      params = shd.shard_params(params, self.config, self.mesh, shd.SAMPLING_RULES)
+      params = transformer.shard_params(params, self.config, self.mesh, shd.SAMPLING_RULES)
     self.params = params
 
   def _batch_multiple(self) -> int:

@@ -7,6 +7,14 @@ import numpy as np
 from scope_jax.sampling import SampleResult
 
 
+def play_all_roles(rt, sampler) -> None:
+  """Every role (and every trained policy's sampler) of a runtime plays through `sampler`."""
+  for role in rt.roles.values():
+    role.sampler = sampler
+  for policy in rt.policies.values():
+    policy.sampler = sampler
+
+
 class ScriptedSpellSampler:
   """Questioner: a valid proposal about the first document; responder: right or wrong by a
   per-row coin; verifier: a noisy comparison. Deterministic given the seed."""

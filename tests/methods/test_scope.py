@@ -14,11 +14,11 @@ import pytest
 from configs import scope as scope_config
 from scope_jax import metrics as metrics_lib
 from scope_jax.data import demo
-from scope_jax.methods import common, scope
+from scope_jax.methods import runner, runtime, scope, scope_demos
 from scope_jax.methods import scope_prompts as P
 from scope_jax.rewards import scope as R
 from tests.methods.cli import kill_once_exists
-from tests.methods.scripted import ScriptedScopeSampler
+from tests.methods.scripted import ScriptedScopeSampler, play_all_roles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TITLES = {p.title for p in demo.demo_passages()}
@@ -26,7 +26,7 @@ TITLES = {p.title for p in demo.demo_passages()}
 
 def small_config(**overrides):
   c = scope_config.get_config("demo")
-  c.scope.warmup.steps = 0  # the scripted policy needs no warm-up
+  c.warmup.steps = 0  # the scripted policy needs no warm-up
   c.scope.prompt_style = "paper"  # the scripted policy reads the App. H prompts
   c.scope.iterations = 2
   c.scope.challenger_steps = 2
@@ -50,8 +50,7 @@ def small_config(**overrides):
 
 def scripted(rt, **kw):
   method = scope.Scope(rt)
-  fake = ScriptedScopeSampler(rt.tokenizer, **kw)
-  method.challenger.sampler = method.solver.sampler = method.judge_sampler = fake
+  play_all_roles(rt, ScriptedScopeSampler(rt.tokenizer, **kw))
   return method
 
 
@@ -75,7 +74,7 @@ def test_every_preset_loads(preset):
     assert (s.roles.rubric.temperature, s.roles.grader.temperature) == (0.0, 0.6)
     assert (s.roles.solver.max_obs_tokens, c.retrieval.topk, c.rollout.max_context) == (500, 3, 16384)
     assert s.search_ratio == (4, 3, 2) and s.search_choices == (1, 2, 3)
-    assert c.total_steps == 120 and s.warmup.steps == 0
+    assert c.total_steps == 120 and c.warmup.steps == 0
     assert (s.syntax, s.per_turn_datums) == (("xml", False) if preset == "paper" else ("qwen", True))
     assert c.model.source == ("preset:qwen2.5-7b" if preset == "paper" else "preset:qwen3-8b")
 
@@ -91,24 +90,24 @@ def test_total_steps_follow_the_schedule_unless_set():
 
 def test_validation_names_the_fix():
   with pytest.raises(ValueError, match="scope.syntax='json' is not valid; choose one of: xml, qwen"):
-    common.validate(small_config(**{"scope.syntax": "json"}))
+    runner.validate(small_config(**{"scope.syntax": "json"}))
   with pytest.raises(ValueError, match="scope.task_types='poetry' is not valid"):
-    common.validate(small_config(**{"scope.task_types": ("poetry",)}))
+    runner.validate(small_config(**{"scope.task_types": ("poetry",)}))
   with pytest.raises(ValueError, match="needs one weight per entry"):
-    common.validate(small_config(**{"scope.search_ratio": (1, 1)}))
+    runner.validate(small_config(**{"scope.search_ratio": (1, 1)}))
   with pytest.raises(ValueError, match="window"):
-    common.validate(small_config(**{"scope.task_set.window": (0.8, 0.2)}))
+    runner.validate(small_config(**{"scope.task_set.window": (0.8, 0.2)}))
   with pytest.raises(ValueError, match="scope.prompt_style='short' is not valid"):
-    common.validate(small_config(**{"scope.prompt_style": "short"}))
+    runner.validate(small_config(**{"scope.prompt_style": "short"}))
   with pytest.raises(ValueError, match="max_turns=1 is below the largest required search count 3"):
-    common.validate(small_config(**{"scope.roles.challenger.max_turns": 1}))
+    runner.validate(small_config(**{"scope.roles.challenger.max_turns": 1}))
   paper = scope_config.get_config("paper")
   paper.model.tokenizer = "/ckpt/qwen"
   with pytest.raises(ValueError, match="retrieval.encoder is empty"):
-    common.validate(paper)
+    runner.validate(paper)
   paper.retrieval.encoder = "/ckpt/e5"
-  with pytest.raises(ValueError, match="SCOPE needs a search index"):
-    common.validate(paper)
+  with pytest.raises(ValueError, match="Searching needs an index"):
+    runner.validate(paper)
 
 
 @pytest.mark.parametrize("style", sorted(P.STYLES))
@@ -144,7 +143,7 @@ def test_stratified_search_counts_and_task_types():
 
 
 def test_locate_and_documents(tmp_path):
-  rt = common.Runtime(small_config(), str(tmp_path))
+  rt = runtime.Runtime(small_config(), str(tmp_path))
   m = scripted(rt)
   assert [m.locate(s) for s in range(5)] == [(0, "challenger", 0), (0, "challenger", 1),
                                              (0, "solver", 0), (0, "solver", 1),
@@ -160,13 +159,13 @@ def test_locate_and_documents(tmp_path):
 # ------------------------------------------------------------------------------ the stages
 
 def test_challenger_step_uses_the_index_judge_and_solver(tmp_path):
-  rt = common.Runtime(small_config(), str(tmp_path))
+  rt = runtime.Runtime(small_config(), str(tmp_path))
   m = scripted(rt)
-  judge_before = leaves(m.judge_params)
+  judge_before = leaves(m.rt.frozen["judge"])
   challenger_before = leaves(m.challenger.state.params)
   b, g = 3, 2
   picks = m.stage1_prompts(0)[:b]
-  cands = m.propose(picks, g, seed=0)
+  cands = m.propose(picks, g)
   assert len(cands) == b * g
   for c in cands:
     assert c.traj.num_searches == c.required  # as many searches as the prompt asked for
@@ -175,7 +174,7 @@ def test_challenger_step_uses_the_index_judge_and_solver(tmp_path):
       assert all(t in TITLES for t in _titles(call.result))
     assert c.fmt == pytest.approx((1 / 1 + 1.0 + 1.0) / 3)  # every turn thinks; tool; structure
   stats = scope.GradeStats()
-  m.evaluate(cands, 2, seed=1, stats=stats)
+  m.evaluate(cands, 2, stats=stats)
   for c in cands:
     assert c.gate and len(c.criteria) == 3 and len(c.grades) == 2
     assert all(t.num_searches >= 1 for t in c.rollouts)
@@ -189,12 +188,12 @@ def test_challenger_step_uses_the_index_judge_and_solver(tmp_path):
   assert np.isfinite(metrics["challenger/train/loss"]) and metrics["challenger/train/kl"] >= 0
   assert any(not np.array_equal(a, b_) for a, b_ in zip(challenger_before,
                                                       leaves(m.challenger.state.params)))
-  for a, b_ in zip(judge_before, leaves(m.judge_params)):
+  for a, b_ in zip(judge_before, leaves(m.rt.frozen["judge"])):
     assert np.array_equal(a, b_)
 
 
 def test_task_set_and_solver_step(tmp_path):
-  rt = common.Runtime(small_config(), str(tmp_path))
+  rt = runtime.Runtime(small_config(), str(tmp_path))
   m = scripted(rt)
   solver_before = leaves(m.solver.state.params)
   metrics = m.step(2)  # the first Stage-2 step builds the task set
@@ -215,9 +214,9 @@ def test_task_set_and_solver_step(tmp_path):
 
 
 def test_solver_reward_parts_by_hand(tmp_path):
-  rt = common.Runtime(small_config(), str(tmp_path))
+  rt = runtime.Runtime(small_config(), str(tmp_path))
   m = scripted(rt)
-  traj = m.solve(["Explain how Paris relates to France."], 1, seed=0)[0]
+  traj = m.solve(["Explain how Paris relates to France."], 1)[0]
   parts = m.solver_parts(traj, 0.5)
   turns = R.turn_texts(traj)
   assert len(turns) == 2 and traj.num_searches == 1 and traj.final_tag == "answer"
@@ -227,7 +226,7 @@ def test_solver_reward_parts_by_hand(tmp_path):
 
 
 def test_malformed_judge_output_is_counted_not_raised(tmp_path):
-  rt = common.Runtime(small_config(), str(tmp_path))
+  rt = runtime.Runtime(small_config(), str(tmp_path))
   m = scripted(rt, garbage=True)
   metrics = m.step(0)
   assert metrics["challenger/share_gate_malformed"] == 1.0
@@ -238,10 +237,10 @@ def test_malformed_judge_output_is_counted_not_raised(tmp_path):
 
 
 def test_per_turn_datums_for_thinking_models(tmp_path):
-  rt = common.Runtime(small_config(**{"scope.per_turn_datums": True, "scope.syntax": "qwen"}),
+  rt = runtime.Runtime(small_config(**{"scope.per_turn_datums": True, "scope.syntax": "qwen"}),
                       str(tmp_path))
   m = scripted(rt)
-  trajs = m.solve(["Explain how Paris relates to France."], 2, seed=0)
+  trajs = m.solve(["Explain how Paris relates to France."], 2)
   seen = []
   real_train = rt.train
   rt.train = lambda policy, ts, advs, **kw: seen.append(ts) or real_train(policy, ts, advs, **kw)
@@ -261,10 +260,10 @@ def _run_scripted(config, workdir, monkeypatch, holder=None):
     method = scripted(rt)
     if holder is not None:
       holder["method"] = method
-      holder["judge_start"] = leaves(method.judge_params)
+      holder["judge_start"] = leaves(method.rt.frozen["judge"])
     return method
   monkeypatch.setattr(scope, "make_method", make)
-  return common.run(config, str(workdir))
+  return runner.run(config, str(workdir))
 
 
 def _comparable(rec):
@@ -275,10 +274,10 @@ def test_judge_is_bit_identical_after_a_run(tmp_path, monkeypatch):
   holder = {}
   _run_scripted(small_config(**{"scope.iterations": 1}), tmp_path, monkeypatch, holder)
   m = holder["method"]
-  end = leaves(m.judge_params)
+  end = leaves(m.rt.frozen["judge"])
   assert all(np.array_equal(a.view(np.uint8), b.view(np.uint8))
              for a, b in zip(holder["judge_start"], end))
-  assert m.judge_params is m.rt.base_params is m.rt.frozen["judge"]  # one M0: Judge and KL ref
+  assert m.rt.frozen["judge"] is m.rt.base_params is m.rt.frozen["judge"]  # one M0: Judge and KL ref
   for policy in (m.challenger, m.solver):  # both trained policies moved away from M0
     assert any(not np.array_equal(a, b) for a, b in zip(end, leaves(policy.state.params)))
 
@@ -313,7 +312,7 @@ def _cli(workdir, *extra, wait=True):
                           env=env)
 
 
-QUICK_WARMUP = ("--config.scope.warmup.steps=20", "--config.scope.warmup.documents=8")
+QUICK_WARMUP = ("--config.warmup.steps=20", "--config.warmup.documents=8")
 
 
 def test_cli_demo_runs_with_real_retrieval(tmp_path):
@@ -367,23 +366,12 @@ def test_cli_sigkill_and_resume(tmp_path):
   assert set(steps) == {0, 1, 2, 3}
 
 
-def test_warm_start_demonstrations_are_saved_cached_and_reloaded(tmp_path, monkeypatch):
-  monkeypatch.setenv("SCOPE_JAX_CACHE", str(tmp_path / "cache"))
-  c = small_config(**{"scope.warmup.steps": 2, "scope.warmup.documents": 2,
-                      "scope.warmup.batch_rows": 2})
-  first = scope.Scope(common.Runtime(c, str(tmp_path / "a")))
-  start = leaves(first.judge_params)
-  assert (tmp_path / "a" / "warm_start" / "model.safetensors").exists()
-  assert len(os.listdir(tmp_path / "cache" / "warm_start")) == 1
-  assert "warmup" in first.stage_seconds
-  for workdir in ("a", "b"):  # a resumed run (its own copy), a new run (the cache)
-    again = scope.Scope(common.Runtime(c, str(tmp_path / workdir)))
-    assert "warmup" not in again.stage_seconds  # nothing was fitted
-    assert all(np.array_equal(x, y) for x, y in zip(start, leaves(again.judge_params)))
-  # Ten demonstrations per document: a Challenger and a Solver for two task types, a rubric,
-  # 3 gate and 2 grade verdicts.
-  from scope_jax.methods import scope_warmup
-  demos = scope_warmup._Demos(first, np.random.default_rng(0)).build(2)
+def test_demonstrations_cover_every_role_with_real_search_results(tmp_path):
+  """Ten demonstrations per document: a Challenger and a Solver for two task types, a rubric,
+  3 gate and 2 grade verdicts; observations are real results from the bundled index."""
+  rt = runtime.Runtime(small_config(), str(tmp_path))
+  method = scope.Scope(rt)
+  demos = scope_demos._Demos(method, np.random.default_rng(0)).build(2)
   assert len(demos) == 20
   challenger = demos[0]
   obs = [s for s in challenger.spans if s.kind == "observation"]
@@ -391,3 +379,14 @@ def test_warm_start_demonstrations_are_saved_cached_and_reloaded(tmp_path, monke
   for s in obs:
     assert not challenger.loss_mask[s.start:s.end].any()
   assert "<task>" in challenger.spans[-1].text and challenger.loss_mask[-1] == 1
+
+
+def test_paper_solver_clip_is_symmetric_and_schedule_follows_overrides():
+  c = scope_config.get_config("paper")
+  assert c.scope.solver_loss.eps_high == 0.2 and c.scope.challenger_loss.eps_high == 0.2
+  assert (c.optim.total_steps, c.optim.warmup_steps) == (60, 2)
+  c.update_from_flattened_dict({"scope.iterations": 5, "scope.challenger_steps": 30,
+                                "scope.solver_steps": 30})
+  assert (c.optim.total_steps, c.optim.warmup_steps, c.total_steps) == (150, 5, 300)
+  roles = c.scope.roles
+  assert (roles.challenger.max_prompt_tokens, roles.solver.max_prompt_tokens) == (1024, 2048)

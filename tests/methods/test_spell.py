@@ -10,15 +10,18 @@ import pytest
 
 from configs import spell as spell_config
 from scope_jax import metrics as metrics_lib
-from scope_jax.methods import common, spell
+from scope_jax.data import clusters as clusters_lib
+from scope_jax.methods import runner, runtime, spell
 from tests.methods.cli import kill_once_exists
-from tests.methods.scripted import ScriptedSpellSampler
+from tests.methods.scripted import ScriptedSpellSampler, play_all_roles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def small_config(**overrides):
   c = spell_config.get_config("demo")
+  c.spell.prompt_style = "paper"  # the scripted sampler reads the paper's prompts
+  c.warmup.steps = 0
   c.spell.questions_per_step = 3
   c.spell.group_size = 3
   c.data.num_clusters = 20
@@ -47,9 +50,9 @@ def test_unknown_preset_lists_choices():
 
 
 def test_scripted_step_runs_every_phase(tmp_path):
-  rt = common.Runtime(small_config(), str(tmp_path))
+  rt = runtime.Runtime(small_config(), str(tmp_path))
   method = spell.Spell(rt)
-  method.policy.sampler = ScriptedSpellSampler(rt.tokenizer)
+  play_all_roles(rt, ScriptedSpellSampler(rt.tokenizer))
   before = np.asarray(method.policy.state.params["embed"]).copy()
   m = method.step(0)
   assert m["rounds"] >= 1 and m["questioner/share_bad_format"] == 0.0
@@ -62,17 +65,18 @@ def test_scripted_step_runs_every_phase(tmp_path):
 
 
 def test_questioner_history_prompt_grows_context(tmp_path):
-  rt = common.Runtime(small_config(), str(tmp_path))
+  rt = runtime.Runtime(small_config(), str(tmp_path))
   method = spell.Spell(rt)
   c = 0
   ids = [method.passages[i].id for i in method.clusters[c][:2]]
-  first, docs = method.questioner_prompt(c, "doc_qa", ids)
-  assert "Previous Examples" not in first and docs == ids
+  first = rt.tokenizer.decode(method.questioner_prompt(c, "doc_qa", ids))
+  assert "Previous Examples" not in first
+  assert all(method.by_id[d].title in first for d in ids)
   from scope_jax.data.clusters import HistoryEntry
   method.memory.push(str(c), HistoryEntry(["wiki-00001"], "Old question?", "Old answer"))
-  second, docs2 = method.questioner_prompt(c, "doc_qa", ids)
+  second = rt.tokenizer.decode(method.questioner_prompt(c, "doc_qa", ids))
   assert "### Example 1:\nQuestion: Old question?\nAnswer: Old answer" in second
-  assert docs2 == ["wiki-00001"] + ids
+  assert second.index(method.by_id["wiki-00001"].title) < second.index(method.by_id[ids[0]].title)
 
 
 def test_bad_override_and_empty_corpus(tmp_path):
@@ -83,15 +87,15 @@ def test_bad_override_and_empty_corpus(tmp_path):
   assert bad.returncode != 0 and "group_size" in bad.stderr
   (tmp_path / "empty.jsonl").write_text("")
   with pytest.raises(ValueError, match="empty"):
-    spell.build_clusters(small_config(**{"data.corpus": str(tmp_path / "empty.jsonl")}))
+    clusters_lib.from_config(small_config(**{"data.corpus": str(tmp_path / "empty.jsonl")}).data)
   with pytest.raises(ValueError, match="is not valid; choose one of: gaussian, reverse, rzero"):
     c = small_config()
     c.spell.reward_mapping = "linear"
-    common.validate(c)
+    runner.validate(c)
   with pytest.raises(ValueError, match="model.tokenizer is empty"):
-    common.validate(spell_config.get_config("paper"))
+    runner.validate(spell_config.get_config("paper"))
   with pytest.raises(ValueError, match="Unknown aggregation mode 'mean'; valid: "):
-    common.validate(small_config(**{"loss.agg_mode": "mean"}))
+    runner.validate(small_config(**{"loss.agg_mode": "mean"}))
   bad_choice = subprocess.run(
       [sys.executable, "-m", "scope_jax.main", "--config=configs/spell.py", f"--workdir={tmp_path}",
        "--config.model.remat=sometimes"], capture_output=True, text=True, cwd=ROOT, env=env)
@@ -133,7 +137,7 @@ def test_sigkill_and_resume_match_an_uninterrupted_run(tmp_path):
 def test_dynamic_sampling_counts(tmp_path):
   """Responder groups need reward variance; negatives match positives; verifier groups need
   agreement in [0.51, 0.99], conflicting ones capped at the number of questions."""
-  rt = common.Runtime(small_config(), str(tmp_path))
+  rt = runtime.Runtime(small_config(), str(tmp_path))
   method = spell.Spell(rt)
   from scope_jax.rollout.types import Span, Trajectory
 
@@ -164,3 +168,58 @@ def test_dynamic_sampling_counts(tmp_path):
   assert counts["train/verifier_groups"] == 3  # responses 0, 1 (conflicting), 3 of question 0
   assert len(trajs) == len(advs) == 4 + 2 + 3 * 4
   np.testing.assert_allclose(advs[:4], [1, -1, 1, -1], atol=1e-5)  # group z-score
+
+
+def test_paper_preset_matches_the_paper():
+  c = spell_config.get_config("paper")
+  assert c.spell.max_doc_chars == 0  # whole documents
+  assert (c.data.num_clusters, c.data.cluster_size, c.data.max_cluster_size) == (0, 20, 0)
+  assert c.spell.roles.verifier.max_new_tokens == 4096
+
+
+def test_task_types_are_drawn_uniformly(tmp_path):
+  rt = runtime.Runtime(small_config(), str(tmp_path))
+  method = spell.Spell(rt)
+  play_all_roles(rt, ScriptedSpellSampler(rt.tokenizer))
+  method.respond_and_verify = lambda qs: None
+  tasks = [q.task for _ in range(10) for q in method.propose(30)]
+  counts = {t: tasks.count(t) / len(tasks) for t in method.tasks}
+  assert set(counts) == {"doc_qa", "doc_mc", "doc_math"}  # every type has a cluster
+  assert all(abs(v - 1 / 3) < 0.06 for v in counts.values()), counts
+
+
+def test_cli_default_demo_runs_every_phase_on_the_models_own_output(tmp_path):
+  """The README's first command: the bundled demo model proposes questions that parse and pass
+  the grounding filter, responder groups are checked and voted on, and the policy trains."""
+  out = _run(tmp_path / "run", 2, dict(os.environ, PYTHONPATH=ROOT))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "Using the bundled warmed-up demo model" in out.stderr
+  records = metrics_lib.read_jsonl(tmp_path / "run" / "metrics.jsonl")
+  assert [r["step"] for r in records] == [0, 1]
+  total = lambda key: sum(r.get(key, 0) for r in records)
+  assert total("questioner/parsed") >= total("questioner/proposals") / 2
+  assert total("questioner/grounded") > 0 and total("responder/groups") > 0
+  assert total("verifier/votes") > 0 and total("train/responder_groups") > 0
+  assert any("train/loss" in r for r in records)
+  for role in ("questioner", "responder", "verifier"):
+    assert all(r[f"{role}/rollout/rows"] > 0 for r in records)
+
+
+def test_a_parser_exception_is_counted_not_raised(tmp_path, monkeypatch):
+  """An unexpected exception in a parser of model output scores that sample as malformed, is
+  counted in the step's metrics, and the run goes on."""
+  rt = runtime.Runtime(small_config(), str(tmp_path))
+  method = spell.Spell(rt)
+  play_all_roles(rt, ScriptedSpellSampler(rt.tokenizer))
+  real, calls = spell.R.rule_score, []
+
+  def flaky(text, gold, task):
+    calls.append(text)
+    if len(calls) % 3 == 0:
+      raise IndexError("list index out of range")
+    return real(text, gold, task)
+
+  monkeypatch.setattr(spell.R, "rule_score", flaky)
+  m = method.step(0)
+  assert m["parse_errors"] == len(calls) // 3 > 0
+  assert np.isfinite(m["questioner/reward/mean"])

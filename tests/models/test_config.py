@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from scope_jax.models import PRESETS, ModelConfig, RopeScaling, get_preset
+from scope_jax.models import PRESETS, ModelConfig, RopeScaling, get_preset, tiny_config
 from scope_jax.models.config import rope_inv_freq
 
 
@@ -75,3 +75,18 @@ def test_llama3_rope_matches_transformers():
   hf = transformers.LlamaConfig(**cfg.to_hf_config())
   inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")
   np.testing.assert_allclose(rope_inv_freq(cfg), inv_freq.numpy(), rtol=1e-6)
+
+
+def test_corrupt_checkpoint_files_name_the_file_and_tensor(tmp_path):
+  import jax
+  from scope_jax.models import hf_io, init_params
+  cfg = tiny_config()
+  hf_io.save_hf(cfg, init_params(cfg, jax.random.key(0)), tmp_path / "ok")
+  (tmp_path / "ok" / "config.json").write_text("{not json")
+  with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
+    hf_io.load_hf(tmp_path / "ok")
+  hf_io.save_hf(cfg, init_params(cfg, jax.random.key(0)), tmp_path / "cut")
+  st = tmp_path / "cut" / "model.safetensors"
+  st.write_bytes(st.read_bytes()[:len(st.read_bytes()) // 2])
+  with pytest.raises(ValueError, match=r"model.safetensors: tensor '.*' .* is cut short"):
+    hf_io.load_hf(tmp_path / "cut")

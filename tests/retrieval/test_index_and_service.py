@@ -1,6 +1,7 @@
 """Corpus formats, index build/save/load, real retrieval quality, and the HTTP service."""
 
 import json
+import socket
 import threading
 
 import numpy as np
@@ -108,6 +109,8 @@ def test_http_service_speaks_search_r1(server):
     (json.dumps({"queries": ["x"], "topk": 1000}).encode(), 400, "'topk' must be"),
     (json.dumps({"queries": ["x"] * 600}).encode(), 413, "at most 512 queries"),
     (b"[" + b" " * (2 << 20) + b"]", 413, "body over"),
+    (b'{"queries": ["\\ud800 lone surrogate"]}', 400, "valid Unicode"),
+    (json.dumps({"queries": ["x" * 2000] * 100, "topk": 50}).encode(), 413, "too much work"),
 ])
 def test_http_service_rejects_bad_requests(server, payload, status, message):
   url, _ = server
@@ -143,3 +146,27 @@ def test_index_kinds_find_exact_duplicates(kind, tmp_path):
   q = enc.encode([f"T{i}. passage text {i}" for i in (3, 150, 299)])
   _, ids = loaded.search(q, 1)
   assert ids[:, 0].tolist() == [3, 150, 299] and loaded.kind == kind
+
+
+@pytest.mark.parametrize("length,status,message", [
+    ("-5", 400, "negative"), ("abc", 400, "not an integer"), (str(2 << 20), 413, "body over")])
+def test_http_service_checks_content_length(server, length, status, message):
+  url, _ = server
+  host, port = url.removeprefix("http://").split(":")
+  with socket.create_connection((host, int(port)), timeout=30) as sock:
+    sock.sendall(f"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n{{}}"
+                 .encode())
+    reply = sock.recv(65536).decode()
+  assert f" {status} " in reply.splitlines()[0] and message in reply
+
+
+def test_http_service_drops_a_short_body_after_its_timeout(server, monkeypatch):
+  from scope_jax.retrieval import service
+  url, srv = server
+  srv.RequestHandlerClass.timeout = 0.5
+  host, port = url.removeprefix("http://").split(":")
+  with socket.create_connection((host, int(port)), timeout=30) as sock:
+    sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+    reply = sock.recv(65536).decode()
+  assert " 408 " in reply.splitlines()[0]
+  srv.RequestHandlerClass.timeout = service.SOCKET_TIMEOUT_S

@@ -93,3 +93,12 @@ def test_quality_gate_from_two_verdicts():
 def test_rubric_tag_lines_are_not_criteria():
   text = "<rubric>\n1. [critical] Identifies Ada Lovelace.\n2. [important] Explains Librubric><|im_end|>"
   assert S.parse_rubrics(text) is None  # two criteria: malformed, the tag line does not count
+
+
+def test_think_counts_anywhere_in_a_turn():
+  """App. F.1: a turn thinks if it has <think>…</think> anywhere, not only at its start."""
+  t = _traj(["Let me plan. <think>plan</think><search>a</search>",
+             "<search>b</search> <think>late</think>", "<think>never closed <search>c</search>"],
+            [0, 1])
+  assert S.think_share(S.turn_texts(t)) == pytest.approx(2 / 3)
+  assert S.think_share(["</think> before <think>"]) == 0.0

@@ -91,3 +91,36 @@ def test_history_memory_fifo_and_growing_context():
   assert mem.context_doc_ids("c", ["d9", "d2"]) == ["d1", "d2", "d3", "d4", "d9"]
   again = HistoryMemory.from_json(3, mem.to_json())
   assert [e.question for e in again.get("c")] == ["q1", "q2", "q3"]
+
+
+@pytest.mark.parametrize("text,letter", [
+    ("A good choice is (C)", "C"), ("The answer is D, not A", "D"), ("answer: b", None),
+    ("(B) Paris", "B"), ("B. Paris", "B"), ("B", "B"), ("I would pick C", "C"),
+    ("A dog ran", None), ("a", None), ("Answer is (A)", "A")])
+def test_choice_letter_prefers_explicit_forms(text, letter):
+  assert match.choice_letter(text) == letter
+
+
+@pytest.mark.parametrize("text,answer", [
+    ("The answer is ", None), ("Therefore, the answer is:\r\n", None), ("the answer is\x85", None),
+    ("The correct answer is (Paris).", "Paris"), ("the answer is\nBerlin", "Berlin"),
+    ("The answer is A. Actually, the answer is B.", "B"), ("Therefore, the answer is: 42.", "42"),
+    ("no phrase here", None)])
+def test_extract_final_answer_on_cut_and_odd_endings(text, answer):
+  assert match.extract_final_answer(text) == answer
+  assert R.rule_score(text, "Paris", "doc_qa") in (0.0, 1.0)  # never raises
+
+
+def test_extract_final_answer_is_linear_on_long_whitespace():
+  import time
+  start = time.perf_counter()
+  assert match.extract_final_answer("the answer is" + "\n" * 20000) is None
+  assert match.extract_final_answer("the answer is" + " " * 50000 + "x") == "x"
+  assert time.perf_counter() - start < 0.05
+
+
+def test_questioner_reward_without_responses_and_odd_answers():
+  assert R.questioner_reward([]) == 0.0
+  for answer in ("NaN", "Infinity", "true", "-Infinity"):
+    assert R.parse_proposal('{"question": "Which?", "answer": %s}' % answer, "doc_qa") is None
+  assert R.parse_proposal('{"question": "Which?", "answer": 42}', "doc_qa").answer == "42"

@@ -43,12 +43,21 @@ def test_policy_loss_matches_numpy_reference():
 
 @pytest.mark.parametrize("mode,expected", [
     ("token-mean", (7.0, 3.0)), ("seq-mean-token-mean", (5.5, 2.0)),
-    ("seq-mean-token-sum", (7.0, 2.0)), ("seq-mean-token-sum-norm", (7.0, 9.0))])
+    ("seq-mean-token-sum", (7.0, 2.0)), ("seq-mean-token-sum-norm", (7.0, 6.0))])
 def test_aggregation_hand_values(mode, expected):
   loss = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
   mask = jnp.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
   s, c = losses.aggregate(loss, mask, mode)
   np.testing.assert_allclose((float(s), float(c)), expected)
+
+
+def test_dr_grpo_divides_by_real_rows_times_a_constant_length():
+  """Dr.GRPO: Σ L·m / (rows with loss tokens × norm_length); the padded row (no loss tokens)
+  and the array's width do not count: (1+2+4) / (2 × 100)."""
+  loss = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+  mask = jnp.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+  s, c = losses.aggregate(loss, mask, "seq-mean-token-sum-norm", norm_length=100)
+  np.testing.assert_allclose((float(s), float(c)), (7.0, 200.0))
 
 
 def test_aggregation_is_additive_over_row_splits():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from scope_jax import sharding as shd
-from scope_jax.models import tiny_config
+from scope_jax.models import tiny_config, transformer
 from scope_jax.rl import sft
 from tests.rollout.fakes import CharTokenizer
 
@@ -25,7 +25,7 @@ def test_demonstration_masks_only_generated_pieces():
 def _setup(vocab=256):
   config = tiny_config("qwen2", vocab_size=vocab)
   mesh = shd.make_mesh((1, -1, 1))
-  params = shd.init_sharded_params(config, jax.random.key(0), mesh)
+  params = transformer.init_sharded_params(config, jax.random.key(0), mesh)
   return config, mesh, params
 
 

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from scope_jax import sharding as shd
-from scope_jax.models import init_params, tiny_config
+from scope_jax.models import init_params, tiny_config, transformer
 from scope_jax.rl.batch import make_batch
 from scope_jax.rl.train_step import (LossConfig, compute_logprobs, init_train_state,
                                      make_train_step, place_batch)
@@ -46,7 +46,7 @@ def _grads(lc, micro, batch, params, ref=None, teacher=None, mesh=None):
   step = make_train_step(CFG, lc, capture_grads(), micro_batches=micro)
   params = jax.tree.map(jnp.copy, params)
   if mesh is not None:
-    params = shd.shard_params(params, CFG, mesh)
+    params = transformer.shard_params(params, CFG, mesh)
   new, metrics = step(init_train_state(params, capture_grads()), place_batch(batch, mesh), ref,
                       teacher)
   return jax.tree.map(np.asarray, new.opt_state), metrics
@@ -57,7 +57,7 @@ def _updates(lc, micro, batch, params, ref=None, teacher=None, mesh=None):
   before = jax.tree.map(np.asarray, params)
   params = jax.tree.map(jnp.copy, params)  # the step donates its state
   if mesh is not None:
-    params = shd.shard_params(params, CFG, mesh)
+    params = transformer.shard_params(params, CFG, mesh)
   state = init_train_state(params, optax.sgd(1.0))
   new, metrics = step(state, place_batch(batch, mesh), ref, teacher)
   return jax.tree.map(lambda a, b: np.asarray(a) - b, new.params, before), metrics

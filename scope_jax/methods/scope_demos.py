@@ -1,31 +1,19 @@
-"""Format warm-up (cold start) for models that do not yet follow SCOPE's formats.
+"""Format demonstrations of every SCOPE role for the demo warm-up (`methods/warmup.py`).
 
 SCOPE starts from instruction-tuned 7–8B models that already think, search, write <task>s,
-rubrics and <score>s when asked. The CPU demo's small random model does none of that, so every
-rollout would fail the format checks and never reach the index, the Judge or the Solver. With
-`scope.warmup.steps > 0` the base model M0 is first fine-tuned on short synthetic demonstrations
-of every role, built from the corpus with real retrieval results as observations; M0 (hence the
-Judge, the KL reference and both policies' initialisation) is that warmed model. It is saved to
-`<workdir>/warm_start` (safetensors) and reloaded on resume, so the Judge stays bit-identical.
-The paper's presets keep it off.
+rubrics and <score>s when asked. The CPU demo's small model does none of that, so the warm-up
+fine-tunes it on these short demonstrations, built from the corpus with real retrieval results
+as observations; M0 (hence the Judge, the KL reference and both policies' initialisation) is the
+warmed model.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import time
 from typing import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from absl import logging
-from etils import epath
 
-from scope_jax import assets
-from scope_jax.models import hf_io
 from scope_jax.retrieval.corpus import Passage, format_passages
 from scope_jax.rl import sft
 from scope_jax.rollout.agent import RolloutConfig
@@ -68,8 +56,8 @@ class _Demos:
     self.obs_prefix, self.obs_suffix = rc.observation_wrappers()
     self.max_obs = self.cfg.roles.solver.get("max_obs_tokens", 500)
 
-  def prompt(self, text: str) -> list[int]:
-    return self.scope._convs([text])[0]
+  def prompt(self, role: str, prompt) -> list[int]:
+    return self.scope.roles[role].prompt(prompt)
 
   def observation(self, hits: list[Passage]) -> list[int]:
     body = self.tok.encode(format_passages(hits), add_special_tokens=False)[:self.max_obs]
@@ -113,7 +101,7 @@ class _Demos:
                  ("observation", self.observation(hits))]
     pieces.append(("generated", f"<think>Write the task.</think>\n<task>\n<question>{question}"
                                 "</question>\n</task>" + self.eos))
-    prompt = self.prompt(self.prompts.challenger(doc, task_type, k))
+    prompt = self.prompt("challenger", self.prompts.challenger(doc, task_type, k))
     return sft.demonstration(prompt, pieces, self.tok)
 
   def solver(self, question, queries, results, answer) -> Trajectory:
@@ -124,7 +112,7 @@ class _Demos:
                                f"{_search_action(q, cfg.syntax)}"),
                  ("observation", self.observation(hits))]
     pieces.append(("generated", f"<think>Answer.</think>\n<answer>{answer}</answer>" + self.eos))
-    prompt = self.prompt(self.prompts.solver(question, cfg.roles.solver.max_turns))
+    prompt = self.prompt("solver", self.prompts.solver(question, cfg.roles.solver.max_turns))
     return sft.demonstration(prompt, pieces, self.tok)
 
   def judge(self, doc, other, question, answer) -> list[Trajectory]:
@@ -135,7 +123,7 @@ class _Demos:
                 ("important", "Explains how the entities are linked"),
                 ("bonus", "Ends with a short conclusion")]
     rubric = "<rubric>\n" + "\n".join(f"{i}. [{p}] {c}." for i, (p, c) in enumerate(criteria, 1))
-    out = [sft.demonstration(self.prompt(self.prompts.rubric(question, doc)),
+    out = [sft.demonstration(self.prompt("rubric", self.prompts.rubric(question, doc)),
                              [("generated", rubric + "\n</rubric>" + self.eos)], self.tok)]
     entity, source = self.prompts.gates(question, doc)
     generic, _ = self.prompts.gates(GENERIC_QUESTION, doc)
@@ -144,12 +132,13 @@ class _Demos:
     criterion = criteria[0][1]
     good = int(doc.title.lower() in answer.lower())
     wrong = f"{_first_words(other.text, 12)}."
-    verdicts = [(entity, "Named.", 1), (source, "Grounded.", 1), (*negative, 0),
-                (self.prompts.grader(question, criterion + ".", answer),
+    verdicts = [("gate", entity, "Named.", 1), ("gate", source, "Grounded.", 1),
+                ("gate", *negative, 0),
+                ("grader", self.prompts.grader(question, criterion + ".", answer),
                  "Covered." if good else "Missed.", good),
-                (self.prompts.grader(question, criterion + ".", wrong), "Missed.", 0)]
-    for text, why, score in verdicts:
-      out.append(sft.demonstration(self.prompt(text), [
+                ("grader", self.prompts.grader(question, criterion + ".", wrong), "Missed.", 0)]
+    for role, prompt, why, score in verdicts:
+      out.append(sft.demonstration(self.prompt(role, prompt), [
           ("generated", f"<think>{why}</think>\n<score>{score}</score>{self.eos}")], self.tok))
     return out
 
@@ -167,72 +156,5 @@ class _Demos:
     return demos
 
 
-def warm_start(rt, scope):
-  """The warmed base params. Order: `<workdir>/warm_start` (a resumed run), the asset cache (keyed
-  by a hash of the demonstrations' tokens, the model config and the warm-up settings, so a
-  changed template or setting warms up again), else fitted now and saved to both."""
-  cfg = scope.cfg.warmup
-  dtype = jnp.dtype(rt.config.model.param_dtype)
-  local = epath.Path(rt.workdir) / "warm_start"
-  if (local / "config.json").exists():
-    logging.info("Loading the warmed-up base model of this run from %s", local)
-    return _load(local, rt, dtype)
-  demos = _Demos(scope, np.random.default_rng([rt.config.seed, 99])).build(cfg.documents)
-  key = _key(rt, cfg, demos)
-  cached = assets.cache_dir() / "warm_start" / key
-  if (cached / "config.json").exists():
-    logging.info("Using the cached warmed-up base model %s", cached)
-    params = _load(cached, rt, dtype)
-  else:
-    logging.info("Format warm-up: %d demonstrations, %d steps (cached in %s afterwards)",
-                 len(demos), cfg.steps, cached)
-    start = time.perf_counter()
-    params, losses = sft.fit(rt.model_config, jax.tree.map(jnp.copy, rt.base_params), demos,
-                             steps=cfg.steps, lr=cfg.lr, batch_rows=cfg.batch_rows,
-                             seed=rt.config.seed, mesh=rt.mesh, pad_id=_pad_id(rt.tokenizer),
-                             dtype=rt.dtype, log_every=max(cfg.steps // 5, 1))
-    scope.stage_seconds["warmup"] = time.perf_counter() - start
-    logging.info("Format warm-up done in %.1fs: nll %.3f → %.3f", scope.stage_seconds["warmup"],
-                 losses[0], losses[-1])
-    _save(rt, params, cached)
-  _save(rt, params, local)
-  return params
-
-
-def _key(rt, cfg, demos) -> str:
-  h = hashlib.sha256()
-  h.update(json.dumps([repr(rt.model_config), cfg.to_dict(), rt.config.seed,
-                       rt.config.model.param_dtype, rt.config.model.dtype], sort_keys=True,
-                      default=str).encode())
-  for d in demos:
-    h.update(d.tokens.tobytes())
-    h.update(d.loss_mask.tobytes())
-  return h.hexdigest()[:24]
-
-
-def _load(path, rt, dtype):
-  _, params = hf_io.load_hf(path, mesh=rt.mesh, dtype=dtype)
-  same = jax.tree.map(lambda a, b: a.shape == b.shape, params, rt.base_params)
-  if not all(jax.tree.leaves(same)):
-    raise ValueError(f"{path} holds a model of a different shape than model.source; use a new "
-                     "workdir (or delete that directory to warm up again).")
-  return params
-
-
-def _save(rt, params, path) -> None:
-  """Writes to a temporary sibling, then renames: an interrupted save is never picked up."""
-  path = epath.Path(path)
-  tmp = epath.Path(f"{path}.tmp{os.getpid()}")
-  hf_io.save_hf(rt.model_config, params, tmp)
-  if jax.process_index() != 0:
-    return
-  if path.exists():
-    tmp.rmtree()  # another process got there first with the same content
-    return
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp.rename(path)
-
-
-def _pad_id(tokenizer) -> int:
-  pid = getattr(tokenizer, "pad_token_id", None)
-  return int(pid) if pid is not None else 0
+def demonstrations(scope, rng: np.random.Generator) -> list[Trajectory]:
+  return _Demos(scope, rng).build(scope.rt.config.warmup.documents)

@@ -1,0 +1,181 @@
+"""The run loop shared by every method: validation, the demo warm-up, resume, checkpoints, metrics.
+
+A method module provides `make_method(rt) -> Method` (and optionally `validate_config(config)`).
+Its `Method` declares its roles in `__init__` and runs one self-play step at a time; the runner
+adds every role's rollout metrics and the timers to each step's metrics.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from typing import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from etils import epath
+from tqdm import tqdm
+
+from scope_jax import checkpoint as ckpt_lib
+from scope_jax import metrics as metrics_lib
+from scope_jax import tokenizer as tok_lib
+from scope_jax.methods import warmup as warmup_lib
+from scope_jax.methods.runtime import Runtime, loss_config
+from scope_jax.models import transformer
+from scope_jax.rl import optim
+from scope_jax.rollout.types import Trajectory
+
+METHODS = ("spell", "scope", "opensir", "asl", "piplay")
+
+
+class Method:
+  """One self-play method: declares its roles in `__init__`, then runs one step at a time."""
+
+  def __init__(self, rt: Runtime):
+    self.rt = rt
+
+  def demonstrations(self, rng: np.random.Generator) -> Sequence[Trajectory]:
+    """Format demonstrations of every role for the demo warm-up (`warmup.steps > 0`)."""
+    raise NotImplementedError(f"{type(self).__name__} has no format demonstrations; set "
+                              "--config.warmup.steps=0.")
+
+  def step(self, step: int) -> dict[str, float]:
+    raise NotImplementedError
+
+  def host_state(self) -> dict:
+    """JSON-able method state (memories, pools, RNG) saved with every checkpoint."""
+    return {}
+
+  def load_host_state(self, state: dict) -> None:
+    del state
+
+  def summary(self) -> str:
+    return ""
+
+
+def check_choice(name: str, value, choices) -> None:
+  if value not in choices:
+    raise ValueError(f"{name}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}.")
+
+
+def validate(config: ml_collections.ConfigDict):
+  """Fails fast (before loading anything) on settings that are typed right but invalid."""
+  check_choice("method", config.method, METHODS)
+  if config.total_steps < 0:
+    raise ValueError(f"total_steps={config.total_steps} must be at least 0.")
+  if config.checkpoint_every < 1:
+    raise ValueError(f"checkpoint_every={config.checkpoint_every} must be at least 1 (save every "
+                     "that many steps, and always at the end).")
+  if config.keep_checkpoints < 1:
+    raise ValueError(f"keep_checkpoints={config.keep_checkpoints} would keep no checkpoint (and "
+                     "delete the ones there); keep at least 1.")
+  if not config.model.tokenizer:
+    raise ValueError("model.tokenizer is empty: set --config.model.tokenizer to the checkpoint's "
+                     "directory (models are never downloaded at run time), 'demo' or 'gguf:<file>'.")
+  tok_lib.check_spec(config.model.tokenizer)
+  check_choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
+  check_choice("model.remat", config.model.remat, tuple(transformer.REMAT_POLICIES))
+  check_choice("model.dtype", config.model.dtype, ("float32", "bfloat16"))
+  if len(tuple(config.mesh.shape)) != 3:
+    raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} needs 3 entries (data, fsdp, tensor).")
+  if config.rollout.max_prompt_tokens >= config.rollout.max_context:
+    raise ValueError(f"rollout.max_prompt_tokens={config.rollout.max_prompt_tokens} leaves no room "
+                     f"for a response within rollout.max_context={config.rollout.max_context}.")
+  loss_config(config)  # checks the names and values of the loss settings
+  roles = config.get(config.method, {}).get("roles", {})
+  for name, role in roles.items():
+    limit = role.get("max_prompt_tokens", 0) or config.rollout.max_prompt_tokens
+    if limit >= config.rollout.max_context:
+      raise ValueError(f"{config.method}.roles.{name}.max_prompt_tokens={limit} leaves no room for "
+                       f"a response within rollout.max_context={config.rollout.max_context}.")
+  warmup_lib.validate(config)
+  module = importlib.import_module(f"scope_jax.methods.{config.method}")
+  if hasattr(module, "validate_config"):
+    module.validate_config(config)
+  return module
+
+
+def build(config: ml_collections.ConfigDict, workdir: str, *, warm_start: bool = True):
+  """(runtime, method): the method's roles, rebased on the warmed-up demo model when the
+  config asks for the warm-up (`warmup.steps > 0`) and `warm_start` is set."""
+  module = validate(config)
+  workdir = ckpt_lib.absolute(workdir)
+  check_writable(workdir)
+  metrics_lib.check_fresh(workdir, bool(ckpt_lib.Checkpointer.list_steps(f"{workdir}/checkpoints")),
+                          config.overwrite)
+  rt = Runtime(config, workdir)
+  method = module.make_method(rt)
+  if warm_start:
+    info = warmup_lib.warm_start(rt, method)
+    if info:
+      logging.info("Warm-up: %s", info)
+  return rt, method
+
+
+def check_writable(workdir: str) -> None:
+  """Fails at once (before any model loads) when the workdir, local or gs://, cannot be written."""
+  probe = epath.Path(workdir) / f".write_check_{os.getpid()}"
+  try:
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text("ok")
+    probe.unlink()
+  except Exception as e:  # noqa: BLE001 — permissions, read-only or missing file systems, auth
+    raise ValueError(f"The workdir {workdir} is not writable ({type(e).__name__}: {e}); choose "
+                     "another --workdir.") from e
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Runs `config.total_steps` steps of `config.method`, resuming from `workdir` if possible."""
+  rt, method = build(config, workdir)
+  workdir = rt.workdir
+  checkpointer = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", keep=config.keep_checkpoints,
+                                       async_save=config.async_checkpoint)
+  start = 0
+  restored = checkpointer.restore_latest(rt.device_state())
+  if restored is not None:
+    step, state, host = restored
+    rt.load_device_state(state)
+    method.load_host_state(host)
+    start = step + 1
+  rt.metrics.start(start - 1 if restored is not None else None, overwrite=config.overwrite)
+  last: dict[str, float] = {}
+  run_start = time.perf_counter()
+  bar = tqdm(total=config.total_steps, initial=start, desc=f"{config.method} steps", unit="step",
+             disable=jax.process_index() != 0)
+  for step in range(start, config.total_steps):
+    rt.timer.reset()
+    rt.begin_step(step)
+    t0 = time.perf_counter()
+    metrics = method.step(step)
+    metrics.update(rt.role_metrics())
+    metrics.update(rt.timer.metrics())
+    metrics["time/step"] = time.perf_counter() - t0
+    metrics["train/skipped_updates"] = float(rt.learner.counters["skipped_updates"])
+    last = rt.metrics.write(step, metrics)
+    logging.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())
+                                                  if not k.startswith("time/")))
+    if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.total_steps:
+      checkpointer.save(step, rt.device_state(), method.host_state())
+    bar.set_postfix({k.split("/")[0]: f"{v:.3g}" for k, v in last.items()
+                     if k.endswith("reward/mean")}, refresh=False)
+    bar.update(1)
+  bar.close()
+  checkpointer.close()
+  rt.metrics.close()
+  wall = time.perf_counter() - run_start
+  if start >= config.total_steps:
+    print(f"Nothing to run: {config.total_steps} steps of {config.method} are already done in "
+          f"{workdir} (raise --config.total_steps to continue).")
+    return last
+  print(f"Finished {config.method} ({config.preset}): steps {start}..{config.total_steps - 1} in "
+        f"{wall:.1f}s; workdir {workdir}")
+  if last:
+    keys = [k for k in sorted(last) if k.startswith("time/") or k.endswith("/reward/mean")]
+    print("  " + "; ".join(f"{k} {last[k]:.3g}" for k in keys))
+  text = method.summary()
+  if text:
+    print(text)
+  return last

@@ -1,0 +1,163 @@
+"""The learner: trajectories and advantages → one jitted, sharded update of a trained policy.
+
+It owns what every method's update shares: packing rows into a `TrainBatch`, bucketing the
+micro-batch count (1, 2, 4, 8, then multiples of 8) so few shapes compile, padding rows so each
+device gets whole micro-batches, the compiled-step cache keyed on the whole `LossConfig` and the
+micro-batch count (a changed β, λ or temperature compiles a new step, it is never ignored),
+optionally recomputing π_old with the trainer's own forward, and the token counters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from scope_jax.models.config import ModelConfig
+from scope_jax.rl import batch as batch_lib
+from scope_jax.rl import train_step
+from scope_jax.rollout.types import Trajectory
+
+
+@dataclasses.dataclass
+class Policy:
+  """A trained params pytree: its train state, its loss settings and the sampler that plays it."""
+
+  name: str
+  state: train_step.TrainState
+  loss: train_step.LossConfig
+  sampler: Any = None  # a sampling.Sampler kept in sync with state.params after each update
+
+
+def micro_batch_count(rows: int, rows_per_micro: int) -> int:
+  """Micro-batches for `rows` rows: 1, 2, 4, 8, then multiples of 8 (few compiles, little padding)."""
+  micro = max(1, -(-rows // rows_per_micro))
+  return 1 << (micro - 1).bit_length() if micro <= 8 else -(-micro // 8) * 8
+
+
+def pad_rows(batch: batch_lib.TrainBatch, rows: int) -> batch_lib.TrainBatch:
+  """Appends all-zero rows (no tokens, no loss) until the batch has `rows` rows."""
+  def pad(x):
+    extra = np.zeros((rows - x.shape[0],) + x.shape[1:], x.dtype)
+    return np.concatenate([x, extra])
+  return jax.tree.map(pad, batch)
+
+
+class Learner:
+  """Updates trained policies; one instance per run, shared by every policy of the method."""
+
+  def __init__(self, model_config: ModelConfig, optimizer, mesh, *, dtype=jnp.float32,
+               remat: str = "none", micro_batch_rows: int = 8, recompute_old_logp: bool = False,
+               pad_id: int = 0):
+    if micro_batch_rows < 1:
+      raise ValueError(f"micro_batch_rows must be at least 1, got {micro_batch_rows}.")
+    self.model_config, self.optimizer, self.mesh = model_config, optimizer, mesh
+    self.dtype, self.remat, self.pad_id = dtype, remat, pad_id
+    self.micro_batch_rows, self.recompute_old_logp = micro_batch_rows, recompute_old_logp
+    self._steps: dict[tuple[train_step.LossConfig, int], Any] = {}
+    self.counters = {"train_tokens": 0, "train_seconds": 0.0, "skipped_updates": 0}
+
+  def init_policy(self, name: str, params, loss: train_step.LossConfig, sampler=None) -> Policy:
+    return Policy(name, train_step.init_train_state(params, self.optimizer), loss, sampler)
+
+  def compiled_step(self, loss: train_step.LossConfig, micro: int):
+    """The jitted step for this exact loss configuration and micro-batch count (cached)."""
+    key = (loss, micro)
+    if key not in self._steps:
+      self._steps[key] = train_step.make_train_step(self.model_config, loss, self.optimizer,
+                                                    dtype=self.dtype, remat=self.remat,
+                                                    micro_batches=micro)
+    return self._steps[key]
+
+  @property
+  def num_compiled(self) -> int:
+    return len(self._steps)
+
+  def _row_multiple(self) -> int:
+    if self.mesh is None:
+      return self.micro_batch_rows
+    return self.micro_batch_rows * int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")]))
+
+  def make_batch(self, trajectories: Sequence[Trajectory], advantages: Sequence,
+                 teacher_prompts=None) -> tuple[batch_lib.TrainBatch, int]:
+    """Host batch padded to whole micro-batches on every device, and the micro-batch count."""
+    host = batch_lib.make_batch(trajectories, advantages, teacher_prompts=teacher_prompts,
+                                pad_id=self.pad_id, row_multiple=self._row_multiple())
+    rows = self.micro_batch_rows
+    micro = micro_batch_count(len(trajectories), rows)
+    if host.num_rows < micro * rows:
+      host = pad_rows(host, micro * rows)
+    return host, host.num_rows // rows
+
+  def train(self, policy: Policy, trajectories: Sequence[Trajectory], advantages: Sequence, *,
+            ref_params=None, teacher_params=None, teacher_prompts=None,
+            loss: train_step.LossConfig | None = None) -> dict[str, float]:
+    """One update of `policy` (with `loss`, default the policy's own); returns its metrics.
+
+    With `recompute_old_logp`, π_old is the trainer's log-prob of the batch (ratio 1 at the first
+    update) instead of the sampler's; the sampler-vs-trainer gap is still reported.
+    """
+    if not trajectories:
+      return {}
+    loss = loss or policy.loss
+    advantages, dropped = finite_advantages(trajectories, advantages, policy.name)
+    host, micro = self.make_batch(trajectories, advantages, teacher_prompts)
+    step_fn = self.compiled_step(loss, micro)
+    start = time.perf_counter()
+    batch = train_step.place_batch(host, self.mesh)
+    out: dict[str, float] = {}
+    if self.recompute_old_logp:
+      logp = _logprobs_fn(self.model_config, loss.temperature, loss.chunk, self.dtype)(
+          policy.state.params, batch)
+      gap = jnp.abs(logp - batch.old_logp) * batch.loss_mask
+      out["recomputed_gap"] = float(gap.sum() / jnp.maximum(batch.loss_mask.sum(), 1.0))
+      batch = batch.replace(old_logp=logp * batch.loss_mask)
+    policy.state, metrics = step_fn(policy.state, batch, ref_params, teacher_params)
+    out.update({k: float(v) for k, v in jax.device_get(metrics).items()})
+    seconds = time.perf_counter() - start
+    tokens = int(np.asarray(host.mask).sum())
+    self.counters["train_tokens"] += tokens
+    self.counters["train_seconds"] += seconds
+    out["train_tokens_per_s"] = tokens / max(seconds, 1e-9)
+    out["loss_tokens"] = float(np.asarray(host.loss_mask).sum())
+    out["micro_batches"] = float(micro)
+    out["nonfinite_advantage_rows"] = float(dropped)
+    out["applied"] = out.pop("finite")
+    if not out["applied"]:
+      self.counters["skipped_updates"] += 1
+      logging.warning("Policy %r: skipped a non-finite update (loss %s, grad norm %s); %d skipped "
+                      "so far, %d applied.", policy.name, out["loss"], out["grad_norm"],
+                      int(out["skipped"]), int(policy.state.step))
+    if policy.sampler is not None:
+      policy.sampler.update_params(policy.state.params)
+    return out
+
+
+def finite_advantages(trajectories: Sequence[Trajectory], advantages: Sequence, name: str = ""):
+  """(advantages, dropped): rows whose advantage is NaN or inf (a non-finite reward, say) get
+  advantage 0, so they add no gradient instead of turning the whole update into NaN; each is
+  logged with its sample."""
+  out, dropped = [], 0
+  for traj, adv in zip(trajectories, advantages):
+    a = np.asarray(adv, np.float32)
+    if np.all(np.isfinite(a)):
+      out.append(adv)
+      continue
+    dropped += 1
+    logging.warning("Policy %r: non-finite advantage %s; the row is left out of the update. "
+                    "Sample (last 300 characters): %r", name, a if a.ndim == 0 else "(per token)",
+                    traj.response_text()[-300:])
+    out.append(np.zeros_like(a))
+  return out, dropped
+
+
+@functools.lru_cache(maxsize=8)
+def _logprobs_fn(model_config, temperature, chunk, dtype):
+  return jax.jit(lambda params, batch: train_step.compute_logprobs(
+      model_config, params, batch, temperature=temperature, chunk=chunk, dtype=dtype))

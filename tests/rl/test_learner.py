@@ -1,0 +1,102 @@
+"""The learner: the Dr.GRPO normaliser through a real update, skipped non-finite updates, and the
+compiled-step cache keyed on the whole loss configuration."""
+
+import dataclasses
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from scope_jax import sharding as shd
+from scope_jax.models import tiny_config, transformer
+from scope_jax.rl import learner as learner_lib
+from scope_jax.rl import optim, train_step
+from scope_jax.rollout.types import Span, Trajectory
+
+CFG = tiny_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1,
+                  head_dim=16)
+
+
+def _traj(rng, prompt_len, response_len):
+  tokens = rng.integers(1, CFG.vocab_size, prompt_len + response_len).astype(np.int32)
+  mask = np.r_[np.zeros(prompt_len), np.ones(response_len)].astype(np.int32)
+  logp = np.where(mask > 0, -1.0, 0.0).astype(np.float32)
+  return Trajectory(tokens, mask, logp, prompt_len, [Span(0, prompt_len, "prompt")], [], None,
+                    None, "eos")
+
+
+def _learner(mesh, **kw):
+  opt = optim.make_optimizer(1e-3, grad_clip=None)
+  return learner_lib.Learner(CFG, opt, mesh, micro_batch_rows=2, **kw)
+
+
+def _policy(learner, mesh, loss):
+  params = transformer.init_sharded_params(CFG, jax.random.key(0), mesh)
+  return learner.init_policy("p", params, loss)
+
+
+def test_dr_grpo_normaliser_through_an_update():
+  """Σ L·m / (real rows × norm_length): with π_old recomputed (ρ = 1) each token's loss is −A, so
+  pg_loss = −(3·1 − 5·0.5 + 2·2) / (3 × 100) whatever the padding (13 padded rows on 8 devices)
+  and whatever the batch's width (prompt columns included)."""
+  mesh = shd.make_mesh((1, -1, 1))
+  rng = np.random.default_rng(0)
+  trajs = [_traj(rng, 7, 3), _traj(rng, 4, 5), _traj(rng, 9, 2)]
+  loss = train_step.LossConfig(agg_mode="seq-mean-token-sum-norm", norm_length=100)
+  learner = _learner(mesh, recompute_old_logp=True)
+  policy = _policy(learner, mesh, loss)
+  out = learner.train(policy, trajs, [1.0, -0.5, 2.0])
+  np.testing.assert_allclose(out["pg_loss"], -4.5 / 300, rtol=1e-5)
+  np.testing.assert_allclose(out["recomputed_gap"] >= 0, True)
+
+
+def test_a_skipped_update_does_not_advance_the_step():
+  mesh = shd.make_mesh((1, -1, 1))
+  rng = np.random.default_rng(1)
+  learner = _learner(mesh)
+  policy = _policy(learner, mesh, train_step.LossConfig())
+  before = jax.tree.map(np.asarray, policy.state.params)
+  huge = [3e38, 3e38]  # finite advantages whose loss sum overflows: a non-finite update
+  out = learner.train(policy, [_traj(rng, 4, 3), _traj(rng, 5, 2)], huge)
+  assert out["applied"] == 0.0 and out["skipped"] == 1.0
+  assert int(policy.state.step) == 0 and int(policy.state.skipped) == 1
+  assert learner.counters["skipped_updates"] == 1
+  chex.assert_trees_all_equal(before, jax.tree.map(np.asarray, policy.state.params))
+  out = learner.train(policy, [_traj(rng, 4, 3), _traj(rng, 5, 2)], [-1.0, 1.0])
+  assert out["applied"] == 1.0 and int(policy.state.step) == 1 and int(policy.state.skipped) == 1
+
+
+def test_compiled_step_is_keyed_on_the_whole_loss_config():
+  """A changed temperature (or β, λ, ...) gets its own compiled step instead of being ignored."""
+  mesh = shd.make_mesh((1, -1, 1))
+  rng = np.random.default_rng(2)
+  trajs = [_traj(rng, 4, 3), _traj(rng, 5, 2)]
+  learner = _learner(mesh)
+  loss = train_step.LossConfig(temperature=1.0)
+  policy = _policy(learner, mesh, loss)
+  hot = dataclasses.replace(loss, temperature=0.25)
+  a = learner.train(policy, trajs, [1.0, -1.0])
+  learner.train(policy, trajs, [1.0, -1.0])
+  assert learner.num_compiled == 1
+  b = learner.train(policy, trajs, [1.0, -1.0], loss=hot)
+  assert learner.num_compiled == 2
+  assert not np.isclose(a["logp_mean"], b["logp_mean"])  # the new temperature took effect
+
+
+@pytest.mark.parametrize("rows,expected", [(1, 1), (3, 2), (5, 4), (9, 8), (17, 16), (33, 24)])
+def test_micro_batch_buckets(rows, expected):
+  assert learner_lib.micro_batch_count(rows, 2) == expected
+
+
+def test_a_nan_reward_drops_its_rows_not_the_update():
+  """One group's NaN reward makes its advantages NaN: those rows add no gradient and are counted;
+  the rest of the batch still trains (before, the whole update was skipped)."""
+  mesh = shd.make_mesh((1, -1, 1))
+  rng = np.random.default_rng(3)
+  learner = _learner(mesh)
+  policy = _policy(learner, mesh, train_step.LossConfig())
+  trajs = [_traj(rng, 4, 3), _traj(rng, 5, 2), _traj(rng, 3, 4)]
+  out = learner.train(policy, trajs, [np.nan, np.nan, 1.0])
+  assert out["applied"] == 1.0 and out["nonfinite_advantage_rows"] == 2.0
+  assert int(policy.state.step) == 1 and np.isfinite(out["loss"])

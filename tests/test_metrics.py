@@ -1,0 +1,40 @@
+"""Metrics files: whole-file writes (object stores cannot append), records after the resumed
+checkpoint dropped, TensorBoard purged to match, and no silent second run in one workdir."""
+
+import json
+
+import pytest
+
+from scope_jax import metrics as metrics_lib
+
+
+def _run(workdir, steps, resume=None, overwrite=False):
+  w = metrics_lib.MetricsWriter(workdir)
+  w.start(resume, overwrite=overwrite)
+  for step in steps:
+    w.samples(step, [{"output": f"sample of step {step}\n=== not a header"}])
+    w.write(step, {"reward/mean": float(step), "bad": float("nan")})
+  w.close()
+
+
+def test_resume_drops_the_steps_that_run_again(tmp_path):
+  _run(tmp_path, range(5))  # steps 3 and 4 came after the last checkpoint (step 2), then a crash
+  _run(tmp_path, range(3, 6), resume=2)
+  records = metrics_lib.read_jsonl(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in records] == [0, 1, 2, 3, 4, 5]
+  assert records[0]["metrics/nonfinite"] == 1.0 and "bad" not in records[0]
+  samples = (tmp_path / "samples.log").read_text()
+  assert [samples.count(f"sample of step {s}") for s in range(6)] == [1] * 6
+  tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+  acc = tb.EventAccumulator(str(tmp_path / "tb"))
+  acc.Reload()
+  assert [e.step for e in acc.Scalars("reward/mean")] == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_workdir_with_metrics_but_no_checkpoint_is_refused(tmp_path):
+  _run(tmp_path, range(2))
+  with pytest.raises(ValueError, match="no checkpoint to resume from.*--config.overwrite=true"):
+    _run(tmp_path, range(2))
+  _run(tmp_path, range(1), overwrite=True)
+  assert [r["step"] for r in metrics_lib.read_jsonl(tmp_path / "metrics.jsonl")] == [0]
+  json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
