@@ -31,7 +31,8 @@ setup(
         "requests>=2.31",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "torch==2.13.0", "gguf>=0.10"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "torch==2.13.0", "gguf>=0.10",
+                 "tensorboard>=2.15"],
         "tf": ["tensorflow-text"],
     },
 )

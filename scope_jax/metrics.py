@@ -90,7 +90,9 @@ class MetricsWriter:
     if self.tensorboard:
       try:
         from tensorboardX import SummaryWriter  # optional dependency
-        self._tb = SummaryWriter(str(self.workdir / "tb"), purge_step=keep + 1)
+        self._tb = SummaryWriter(str(self.workdir / "tb"),  # a new events file per start
+                                 purge_step=keep + 1 if resume_step is not None else None,
+                                 filename_suffix=f".{time.time_ns()}")
       except ImportError:
         logging.warning("tensorboardX is not installed; writing JSONL metrics only.")
 

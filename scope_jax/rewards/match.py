@@ -72,10 +72,10 @@ def extract_final_answer(text: str) -> str | None:
   if rest[:1] in (":", "-"):
     rest = rest[1:].lstrip()
   lines = rest.splitlines()
-  ans = lines[0].strip().strip("*").strip() if lines else ""
+  ans = lines[0].strip().strip("*").strip().rstrip(".").strip() if lines else ""
   if ans.startswith("(") and ans.endswith(")") and len(ans) > 2:
-    ans = ans[1:-1]
-  return ans.rstrip(".").strip() or None
+    ans = ans[1:-1].strip()
+  return ans or None
 
 
 _ANSWER_IS = re.compile(r"\b(?i:answer)\s*(?i:is|:)\s*\(?([A-D])\b")

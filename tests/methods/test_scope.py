@@ -88,7 +88,7 @@ def test_total_steps_follow_the_schedule_unless_set():
   assert c.total_steps == 3
 
 
-def test_validation_names_the_fix():
+def test_validation_names_the_fix(tmp_path):
   with pytest.raises(ValueError, match="scope.syntax='json' is not valid; choose one of: xml, qwen"):
     runner.validate(small_config(**{"scope.syntax": "json"}))
   with pytest.raises(ValueError, match="scope.task_types='poetry' is not valid"):
@@ -102,10 +102,10 @@ def test_validation_names_the_fix():
   with pytest.raises(ValueError, match="max_turns=1 is below the largest required search count 3"):
     runner.validate(small_config(**{"scope.roles.challenger.max_turns": 1}))
   paper = scope_config.get_config("paper")
-  paper.model.tokenizer = "/ckpt/qwen"
+  paper.model.tokenizer = str(tmp_path)
   with pytest.raises(ValueError, match="retrieval.encoder is empty"):
     runner.validate(paper)
-  paper.retrieval.encoder = "/ckpt/e5"
+  paper.retrieval.encoder = str(tmp_path)
   with pytest.raises(ValueError, match="Searching needs an index"):
     runner.validate(paper)
 
@@ -115,16 +115,18 @@ def test_validation_names_the_fix():
 def test_prompt_styles_carry_the_same_fields_and_tags(style, syntax):
   doc = demo.demo_passages()[0]
   p = P.Prompts(style, syntax, max_doc_chars=50)
-  challenger = p.challenger(doc, "planning", 2)
+  challenger = p.challenger(doc, "planning", 2).text()
   for part in (doc.title, doc.text[:50], "exactly 2 search turn(s)", "<task>", "<question>",
                P.search_instructions(syntax), P.TASK_TYPES["planning"]):
     assert part in challenger
   assert doc.text[:51] not in challenger  # the document is cut to max_doc_chars
-  assert "up to 3" in p.solver("Plan a trip.", 3) and "<answer>" in p.solver("Plan a trip.", 3)
-  entity, source = p.gates("Plan a trip.", doc)
+  solver = p.solver("Plan a trip.", 3).text()
+  assert "up to 3" in solver and "<answer>" in solver
+  entity, source = (q.text() for q in p.gates("Plan a trip.", doc))
   assert "<score>1</score>" in entity and doc.title in source and "Plan a trip." in source
-  assert "<rubric>" in p.rubric("Plan a trip.", doc) and "[critical]" in p.rubric("Plan a trip.", doc)
-  grader = p.grader("Plan a trip.", "Names a city.", "Oslo.")
+  rubric = p.rubric("Plan a trip.", doc).text()
+  assert "<rubric>" in rubric and "[critical]" in rubric
+  grader = p.grader("Plan a trip.", "Names a city.", "Oslo.").text()
   assert "Names a city." in grader and "Oslo." in grader and "<score>1</score>" in grader
   with pytest.raises(ValueError, match="Unknown prompt style 'long'"):
     P.Prompts("long")
