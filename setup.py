@@ -32,7 +32,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "torch==2.13.0", "gguf>=0.10",
-                 "tensorboard>=2.15"],
+                 "tensorboard>=2.15", "gcsfs>=2024.2", "gcp-storage-emulator>=2024.8"],
+        "gcs": ["gcsfs>=2024.2"],  # gs:// workdirs without TensorFlow (EPATH_USE_TF=false)
         "tf": ["tensorflow-text"],
     },
 )

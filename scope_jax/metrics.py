@@ -1,5 +1,5 @@
-"""Run metrics: per-step JSONL, TensorBoard event files (tensorboardX, no TensorFlow), phase
-timers, and a human-readable samples log.
+"""Run metrics: per-step JSONL, TensorBoard event files, phase timers, and a human-readable
+samples log, all written whole so they survive object stores.
 
     <workdir>/metrics.jsonl   one JSON object per step: {"step": n, "role/name": value, ...}
     <workdir>/tb/             TensorBoard scalars
@@ -18,6 +18,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from absl import logging
 from etils import epath
+
+from scope_jax import events
 
 
 def _scalar(v: Any) -> float | None:
@@ -88,13 +90,8 @@ class MetricsWriter:
                    len(records) - len(self._lines), keep)
     self._flush()
     if self.tensorboard:
-      try:
-        from tensorboardX import SummaryWriter  # optional dependency
-        self._tb = SummaryWriter(str(self.workdir / "tb"),  # a new events file per start
-                                 purge_step=keep + 1 if resume_step is not None else None,
-                                 filename_suffix=f".{time.time_ns()}")
-      except ImportError:
-        logging.warning("tensorboardX is not installed; writing JSONL metrics only.")
+      self._tb = events.EventsWriter(self.workdir / "tb",  # a new events file per start
+                                     purge_step=keep + 1 if resume_step is not None else None)
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
     clean = {k: s for k, v in metrics.items() if (s := _scalar(v)) is not None}
@@ -109,8 +106,7 @@ class MetricsWriter:
     self._lines.append(json.dumps({"step": step, **clean}, sort_keys=True))
     self._flush()
     if self._tb is not None:
-      for k, v in clean.items():
-        self._tb.add_scalar(k, v, step)
+      self._tb.scalars(step, clean)
       self._tb.flush()
     return clean
 
@@ -143,13 +139,7 @@ def check_fresh(workdir, has_checkpoint: bool, overwrite: bool, records=None) ->
 
 
 def _write_whole(path: epath.Path, text: str) -> None:
-  """Replaces the file's content at once: one object write on gs://, rename of a temp locally."""
-  if "://" in str(path):
-    path.write_text(text)
-    return
-  tmp = path.parent / f".{path.name}.tmp"
-  tmp.write_text(text)
-  tmp.replace(path)
+  events.write_whole(path, text.encode())
 
 
 def _read_samples(path: epath.Path) -> list[tuple[int, str]]:

@@ -23,7 +23,7 @@ PIECES = ["<think>", "</think>", "<search>", "</search>", "<tool_call>", "</tool
           "The correct answer is ", "Therefore, the answer is", "the answer is:", "(A)", "(B)",
           " C ", "D.", "1. [critical] ", "- (bonus) ", "important: ", "\\boxed{", "NaN",
           "Infinity", "true", "1e308", "9" * 400, "-", "\n", "\r\n", "\x85", "\t", " " * 64, "é",
-          "\ud800", "😀", "\x00", "<|im_end|>"]
+          "\ud800", "😀", "\x00", "<|im_end|>", "\\boxed", "\\fbox{", "\\boxed ", "{\\frac{1}{2}}"]
 
 
 def _random_text(rng: np.random.Generator) -> str:
@@ -40,7 +40,8 @@ def _adversarial() -> list[str]:
       "- " + " " * CAP + "criterion text here", "<rubric>\n" + ("1. [bonus] text\n" * 5000),
       "<score>" * 8000, "[[YES" * 8000, "(" * CAP, "A" * CAP, "x" * (1 << 20),
       '{"question": "' + "q" * CAP + '", "answer": "a"}', "<answer>" + "a" * CAP,
-      "<task><question>" * 3000 + "</question></task>", "\ud800" * 1000]
+      "<task><question>" * 3000 + "</question></task>", "\ud800" * 1000,
+      "\\boxed{" * (CAP // 7), "\\boxed{" + "{" * CAP, "\\boxed " + " " * CAP]
 
 
 PARSERS = {
@@ -55,6 +56,7 @@ PARSERS = {
     "final_answer": match.extract_final_answer,
     "mc_letter": match.choice_letter,
     "numbers": match.numbers,
+    "boxed": match.last_boxed,
     "action_xml": functools.partial(parsers.parse_action, syntax="xml",
                                     final_tags=("answer", "task")),
     "action_qwen": functools.partial(parsers.parse_action, syntax="qwen"),

@@ -38,3 +38,30 @@ def test_a_workdir_with_metrics_but_no_checkpoint_is_refused(tmp_path):
   _run(tmp_path, range(1), overwrite=True)
   assert [r["step"] for r in metrics_lib.read_jsonl(tmp_path / "metrics.jsonl")] == [0]
   json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+
+
+def test_event_records_match_tensorboardx(tmp_path):
+  record_writer = pytest.importorskip("tensorboardX.record_writer")
+  from scope_jax import events
+  payload = events.scalar_event(7, {"a/b": 1.5, "c": -2.0}, wall_time=123.0).SerializeToString()
+  writer = record_writer.RecordWriter(str(tmp_path / "ref"))
+  writer.write(payload)
+  writer.close()
+  assert events.frame(payload) == (tmp_path / "ref").read_bytes()
+  assert events.masked_crc(b"") == 0xA282EAD8  # crc32c("") = 0, rotated, plus the mask
+
+
+def test_events_files_roll_over_and_read_as_one_run(tmp_path):
+  tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+  from scope_jax import events
+  w = events.EventsWriter(tmp_path / "tb", max_bytes=300)
+  for step in range(20):
+    w.scalars(step, {"reward/mean": float(step), "loss": 1.0 / (step + 1)})
+    w.flush()
+  w.close()
+  files = sorted(p.name for p in (tmp_path / "tb").iterdir())
+  assert len(files) > 2 and not any(name.startswith(".") for name in files)
+  acc = tb.EventAccumulator(str(tmp_path / "tb"))
+  acc.Reload()
+  assert [e.step for e in acc.Scalars("reward/mean")] == list(range(20))
+  assert [e.value for e in acc.Scalars("reward/mean")] == [float(s) for s in range(20)]

@@ -94,3 +94,28 @@ def choice_letter(text: str) -> str | None:
     if m:
       return m.group(1)
   return None
+
+
+_BOXED = ("\\boxed", "\\fbox")
+
+
+def last_boxed(text: str) -> str | None:
+  """The content of the last `\\boxed{...}` (or `\\fbox{...}`, or `\\boxed 7`) in `text`, with
+  nested braces kept, or None when there is none or its braces never close. One forward scan
+  from the last marker: linear time on any input."""
+  text = str(text)[-MAX_TEXT:]
+  start = max(text.rfind(m) for m in _BOXED)
+  if start < 0:
+    return None
+  rest = text[start:].removeprefix("\\boxed").removeprefix("\\fbox")
+  if rest.startswith(" "):  # `\boxed 7`: the token up to the next space or `$`
+    ans = rest[1:].split("$", 1)[0].split(None, 1)
+    return ans[0] if ans else None
+  if not rest.startswith("{"):
+    return None
+  depth = 0
+  for i, ch in enumerate(rest):
+    depth += (ch == "{") - (ch == "}")
+    if depth == 0:
+      return rest[1:i].strip() or None
+  return None

@@ -119,13 +119,15 @@ def parse_rubrics(text: str, min_items: int = 3, max_items: int = 5) -> list[Cri
   items = []
   for line in body.splitlines():
     line = line.strip()
-    if line.startswith("<"):  # tags (<rubric>, stray special tokens) are no criteria
+    if len(line) < 8 or line.startswith("<"):  # too short, or a tag (<rubric>, special tokens)
       continue
     m = _RUBRIC_LINE.fullmatch(line)
     if not m or not m.group(4) or len(m.group(4)) < 8:
       continue
     priority = (m.group(1) or m.group(2) or m.group(3) or "important").lower()
     items.append(Criterion(m.group(4).strip(), priority))
+    if len(items) == max_items:
+      break
   if len(items) < min_items:
     return None
   return items[:max_items]

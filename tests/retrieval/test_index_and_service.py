@@ -148,6 +148,15 @@ def test_index_kinds_find_exact_duplicates(kind, tmp_path):
   assert ids[:, 0].tolist() == [3, 150, 299] and loaded.kind == kind
 
 
+def _read_reply(sock: socket.socket) -> str:
+  """The whole reply: the server closes the connection after it (headers and body may arrive
+  in separate packets, so one recv is not enough)."""
+  chunks = []
+  while chunk := sock.recv(65536):
+    chunks.append(chunk)
+  return b"".join(chunks).decode()
+
+
 @pytest.mark.parametrize("length,status,message", [
     ("-5", 400, "negative"), ("abc", 400, "not an integer"), (str(2 << 20), 413, "body over")])
 def test_http_service_checks_content_length(server, length, status, message):
@@ -156,7 +165,7 @@ def test_http_service_checks_content_length(server, length, status, message):
   with socket.create_connection((host, int(port)), timeout=30) as sock:
     sock.sendall(f"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n{{}}"
                  .encode())
-    reply = sock.recv(65536).decode()
+    reply = _read_reply(sock)
   assert f" {status} " in reply.splitlines()[0] and message in reply
 
 
@@ -167,6 +176,6 @@ def test_http_service_drops_a_short_body_after_its_timeout(server, monkeypatch):
   host, port = url.removeprefix("http://").split(":")
   with socket.create_connection((host, int(port)), timeout=30) as sock:
     sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-    reply = sock.recv(65536).decode()
+    reply = _read_reply(sock)
   assert " 408 " in reply.splitlines()[0]
   srv.RequestHandlerClass.timeout = service.SOCKET_TIMEOUT_S

@@ -124,3 +124,18 @@ def test_questioner_reward_without_responses_and_odd_answers():
   for answer in ("NaN", "Infinity", "true", "-Infinity"):
     assert R.parse_proposal('{"question": "Which?", "answer": %s}' % answer, "doc_qa") is None
   assert R.parse_proposal('{"question": "Which?", "answer": 42}', "doc_qa").answer == "42"
+
+
+@pytest.mark.parametrize("text,answer", [
+    (r"so the total is \boxed{42}.", "42"),
+    (r"\boxed{\frac{1}{2}} first, then \boxed{3}", "3"),
+    (r"nested \boxed{\sqrt{\frac{a}{b}}} kept", r"\sqrt{\frac{a}{b}}"),
+    (r"$\boxed 7$", "7"),
+    (r"\fbox{x}", "x"),
+    (r"cut off \boxed{\frac{1}{2}", None),
+    (r"\boxed{}", None),
+    (r"\boxed", None),
+    ("no box at all", None),
+])
+def test_last_boxed(text, answer):
+  assert match.last_boxed(text) == answer
