@@ -2,6 +2,7 @@
 
 import math
 
+import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,32 +11,42 @@ from scope_jax.rl import advantages as adv
 from scope_jax.rl.ema import ema_update
 
 
-def test_group_zscore_population_and_unbiased():
-  r = [[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
-  a = adv.group_zscore(r, eps=0.0 + 1e-12)
-  np.testing.assert_allclose(a[0], [1, -1, -1, 1], rtol=1e-6)  # mean .5, population std .5
-  np.testing.assert_allclose(a[1], [0, 0, 0, 0])  # zero variance → 0
-  np.testing.assert_allclose((a[0] ** 2).sum(), 4.0, rtol=1e-6)  # Σ A² = G (SCOPE App. D)
-  u = adv.group_zscore(r, std="unbiased", eps=1e-4)
-  np.testing.assert_allclose(u[0], np.array([0.5, -0.5, -0.5, 0.5]) / (math.sqrt(1 / 3) + 1e-4),
-                             rtol=1e-6)
+class AdvantagesTest(chex.TestCase):
+  """The estimators are host numpy that group rewards by key in Python, so they have no jit
+  variants; the device variants check they give the same values for rewards on the device (as a
+  jitted reward would give them) and on the host."""
 
+  @chex.variants(with_device=True, without_device=True)
+  def test_group_zscore_population_and_unbiased(self):
+    r = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    a = self.variant(lambda x: adv.group_zscore(x, eps=0.0 + 1e-12))(r)
+    chex.assert_trees_all_close(a[0], np.array([1, -1, -1, 1]), rtol=1e-6, atol=0)  # std .5
+    chex.assert_trees_all_close(a[1], np.array([0, 0, 0, 0]), rtol=1e-7, atol=0)  # zero variance
+    chex.assert_trees_all_close((a[0] ** 2).sum(), 4.0, rtol=1e-6, atol=0)  # Σ A² = G (App. D)
+    u = self.variant(lambda x: adv.group_zscore(x, std="unbiased", eps=1e-4))(r)
+    chex.assert_trees_all_close(u[0],
+                                np.array([0.5, -0.5, -0.5, 0.5]) / (math.sqrt(1 / 3) + 1e-4),
+                                rtol=1e-6, atol=0)
 
-def test_batch_zscore_per_key_and_singletons():
-  a = adv.batch_zscore([2.0, 4.0, 10.0, 7.0], keys=["qa", "qa", "mc", "math"], eps=0.0)
-  np.testing.assert_allclose(a, [-1.0, 1.0, 0.0, 0.0])
-  b = adv.batch_zscore([1.0, 2.0, 3.0], eps=0.0)
-  np.testing.assert_allclose(b, np.array([-1, 0, 1]) / math.sqrt(2 / 3), rtol=1e-6)
+  @chex.variants(with_device=True, without_device=True)
+  def test_batch_zscore_per_key_and_singletons(self):
+    a = self.variant(lambda r: adv.batch_zscore(r, keys=["qa", "qa", "mc", "math"], eps=0.0))(
+        np.array([2.0, 4.0, 10.0, 7.0]))
+    chex.assert_trees_all_close(a, np.array([-1.0, 1.0, 0.0, 0.0]), rtol=1e-7, atol=0)
+    b = self.variant(lambda r: adv.batch_zscore(r, eps=0.0))(np.array([1.0, 2.0, 3.0]))
+    chex.assert_trees_all_close(b, np.array([-1, 0, 1]) / math.sqrt(2 / 3), rtol=1e-6, atol=0)
 
+  @chex.variants(with_device=True, without_device=True)
+  def test_keyed_zscore_hops(self):
+    a = self.variant(lambda r: adv.keyed_zscore(r, keys=[1, 1, 2, 2], delta=1e-6))(
+        np.array([1.0, 0.0, 0.5, 0.5]))
+    chex.assert_trees_all_close(a, np.array([0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6), 0, 0]),
+                                rtol=1e-6, atol=0)
 
-def test_keyed_zscore_hops():
-  a = adv.keyed_zscore([1.0, 0.0, 0.5, 0.5], keys=[1, 1, 2, 2], delta=1e-6)
-  np.testing.assert_allclose(a, [0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6), 0, 0], rtol=1e-6)
-
-
-def test_dynamic_sampling_filter():
-  keep = adv.nonzero_variance_groups([[1, 1, 1], [0, 0, 0], [0, 1, 0]])
-  np.testing.assert_array_equal(keep, [False, False, True])
+  @chex.variants(with_device=True, without_device=True)
+  def test_dynamic_sampling_filter(self):
+    keep = self.variant(adv.nonzero_variance_groups)(np.array([[1, 1, 1], [0, 0, 0], [0, 1, 0]]))
+    chex.assert_trees_all_equal(keep, np.array([False, False, True]))
 
 
 def test_bad_inputs():
@@ -49,5 +60,5 @@ def test_ema_update_hand_values():
   teacher = {"w": jnp.array([1.0, 2.0]), "b": jnp.array([0.0])}
   student = {"w": jnp.array([3.0, 2.0]), "b": jnp.array([10.0])}
   out = ema_update(teacher, student, 0.05)
-  np.testing.assert_allclose(out["w"], [1.1, 2.0], rtol=1e-6)
-  np.testing.assert_allclose(out["b"], [0.5], rtol=1e-6)
+  chex.assert_trees_all_close(out, {"w": np.array([1.1, 2.0]), "b": np.array([0.5])}, rtol=1e-6,
+                              atol=0)
