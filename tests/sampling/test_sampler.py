@@ -1,5 +1,6 @@
 """The sampler against a direct forward, against transformers.generate, and statistically."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +11,8 @@ from scope_jax import sharding as shd
 from scope_jax.models import init_params, save_hf, tiny_config
 from scope_jax.models.transformer import forward_jit
 from scope_jax.sampling import (Sampler, SamplingSpec, compile_counts, generate, length_bucket,
-                                select_tokens)
+                                select_tokens, truncate_logits)
+from scope_jax.sampling import sampler as sampler_lib
 from scope_jax.sampling.stops import find_stop
 
 PROMPTS = [[3, 17, 42, 9, 100, 7, 8, 11, 250], [5], [60, 61, 62, 63]]
@@ -39,7 +41,7 @@ def test_logprobs_equal_direct_forward(model, temperature, top_k, top_p):
   for r in results:
     assert len(r.tokens) > 0 and r.logprobs.dtype == np.float32
     ref = _direct_logprobs(cfg, params, PROMPTS[r.prompt_index], r.tokens, temperature)
-    np.testing.assert_allclose(r.logprobs, ref, atol=1e-5, rtol=0)
+    chex.assert_trees_all_close(r.logprobs, ref, atol=1e-5, rtol=0)
 
 
 def test_greedy_matches_transformers_generate(model, tmp_path):
@@ -54,7 +56,7 @@ def test_greedy_matches_transformers_generate(model, tmp_path):
       out = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                         do_sample=False, max_new_tokens=12, eos_token_id=2, pad_token_id=0)
     ref = out[0, len(p):].numpy()
-    np.testing.assert_array_equal(r.tokens, ref)
+    chex.assert_trees_all_equal(r.tokens, ref)
     assert r.finish_reason == ("eos" if ref[-1] == 2 else "length")
 
 
@@ -86,6 +88,61 @@ def test_top_k_top_p_frequencies(top_k, top_p):
   assert pvalue > 1e-4, (counts, n * expected)
 
 
+PROBS = np.array([0.1, 0.2, 0.3, 0.4])
+
+
+class TokenSelectionTest(chex.TestCase):
+  """Token selection on a hand-built distribution p = (.1, .2, .3, .4), eagerly and under jit (the
+  spec static, as in the decode): which tokens may be drawn, and each drawn token's log-prob under
+  the temperature-scaled full distribution."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_truncation_masks_outside_top_k_and_top_p(self):
+    truncate = self.variant(truncate_logits, static_argnames=("top_k", "top_p"))
+    logits = jnp.log(jnp.asarray(PROBS, jnp.float32))[None]
+    top2 = np.where(PROBS >= 0.3, np.asarray(logits[0]), sampler_lib.NEG)[None]
+    chex.assert_trees_all_equal(truncate(logits, 2, 1.0), top2)
+    chex.assert_trees_all_equal(truncate(logits, 0, 0.5), top2)  # mass before .3 is .4 < .5
+    chex.assert_trees_all_equal(truncate(logits, 3, 0.5), top2)
+    chex.assert_trees_all_equal(truncate(logits, 0, 1.0), logits)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_greedy_takes_the_argmax_with_its_untempered_logprob(self):
+    select = self.variant(select_tokens, static_argnames=("spec",))
+    logits = jnp.log(jnp.asarray([PROBS, PROBS[::-1]], jnp.float32))
+    token, logp = select(logits, jax.random.key(0), SamplingSpec(temperature=0.0))
+    chex.assert_trees_all_equal(token, np.array([3, 0], np.int32))
+    chex.assert_trees_all_close(logp, np.log([0.4, 0.4]), rtol=1e-6, atol=0)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_traced_temperature_scales_the_logprob(self):
+    """Top-1 at T = 0.5: always token 3, with log-prob log(.4² / Σ p²) = log(.16 / .30), whether
+    the temperature is traced (the decode's way) or in the spec."""
+    select = self.variant(select_tokens, static_argnames=("spec",))
+    logits = jnp.log(jnp.broadcast_to(jnp.asarray(PROBS, jnp.float32), (8, 4)))
+    expected = np.full(8, np.log(0.16 / 0.30))
+    token, logp = select(logits, jax.random.key(1), SamplingSpec(temperature=1.0, top_k=1),
+                         jnp.float32(0.5))
+    chex.assert_trees_all_equal(token, np.full(8, 3, np.int32))
+    chex.assert_trees_all_close(logp, expected, rtol=1e-6, atol=0)
+    token, logp = select(logits, jax.random.key(1), SamplingSpec(temperature=0.5, top_k=1))
+    chex.assert_trees_all_equal(token, np.full(8, 3, np.int32))
+    chex.assert_trees_all_close(logp, expected, rtol=1e-6, atol=0)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_sampling_draws_only_inside_the_truncated_support(self):
+    """At T = 1, top-p .35 keeps token 3 alone, and top-k 2 keeps tokens 2 and 3 (both drawn over
+    256 rows); top-k and top-p do not renormalise the log-prob: it stays log p."""
+    select = self.variant(select_tokens, static_argnames=("spec",))
+    logits = jnp.log(jnp.broadcast_to(jnp.asarray(PROBS, jnp.float32), (256, 4)))
+    token, logp = select(logits, jax.random.key(2), SamplingSpec(temperature=1.0, top_p=0.35))
+    chex.assert_trees_all_equal(token, np.full(256, 3, np.int32))
+    chex.assert_trees_all_close(logp, np.full(256, np.log(0.4)), rtol=1e-6, atol=0)
+    token, logp = select(logits, jax.random.key(3), SamplingSpec(temperature=1.0, top_k=2))
+    assert set(np.asarray(token).tolist()) == {2, 3}
+    chex.assert_trees_all_close(logp, np.log(PROBS[np.asarray(token)]), rtol=1e-6, atol=0)
+
+
 def _char_decoder(vocab):
   table = [f"<t{i}>" if i % 7 == 0 else chr(ord("a") + i % 26) * (1 + i % 3) for i in range(vocab)]
   return lambda ids: "".join(table[i] for i in ids)
@@ -109,8 +166,8 @@ def test_stop_string_spanning_tokens_truncates_exactly(model):
   assert stopped.text == full[:first + len(stop)]
   n = stopped.tokens.size
   assert n <= k + 1 and decode(toks[:n]).find(stop) >= 0 and decode(toks[:n - 1]).find(stop) < 0
-  np.testing.assert_array_equal(stopped.tokens, free.tokens[:n])
-  np.testing.assert_array_equal(stopped.logprobs, free.logprobs[:n])
+  chex.assert_trees_all_equal((stopped.tokens, stopped.logprobs),
+                              (free.tokens[:n], free.logprobs[:n]))
 
 
 def test_find_stop_unit():
@@ -159,8 +216,8 @@ def test_temperatures_share_one_decode_program(model):
   baked = select_tokens(logits, key, SamplingSpec(temperature=1.3))
   traced = jax.jit(lambda t: select_tokens(logits, key, SamplingSpec(temperature=1.0), t))(
       jnp.float32(1.3))
-  np.testing.assert_array_equal(baked[0], traced[0])
-  np.testing.assert_allclose(baked[1], traced[1], rtol=1e-6)
+  chex.assert_trees_all_equal(baked[0], traced[0])
+  chex.assert_trees_all_close(baked[1], traced[1], rtol=1e-6, atol=0)
   assert len(hot) == 2
 
 
@@ -173,8 +230,8 @@ def test_sharded_sampler_matches_single_device(model):
   sharded = generate(cfg, params, PROMPTS, max_new_tokens=8, temperature=0.8, seed=5,
                      num_samples=2, mesh=mesh)
   for a, b in zip(single, sharded):
-    np.testing.assert_array_equal(a.tokens, b.tokens)
-    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    chex.assert_trees_all_equal(a.tokens, b.tokens)
+    chex.assert_trees_all_close(a.logprobs, b.logprobs, atol=1e-5, rtol=1e-7)
 
 
 def test_bad_prompts_are_reported(model):
