@@ -6,6 +6,8 @@ Each field has a one-line comment; override any of them on the command line, e.g
 
 import ml_collections
 
+from scope_jax import sharding
+
 DEMO_TINY_MODEL = dict(  # a random-init Qwen2-shaped model over the bundled demo tokenizer
     model_type="qwen2", vocab_size=2048, hidden_size=128, intermediate_size=256, num_layers=2,
     num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10000.0, qkv_bias=True,
@@ -26,6 +28,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (1, -1, 1)  # ('data', 'fsdp', 'tensor'); -1 takes the remaining devices
+  c.mesh.rules = ml_collections.ConfigDict()  # logical axis -> mesh axes: 'fsdp', 'data,fsdp', ''
+  c.mesh.rules.train = sharding.rules_to_config(sharding.TRAIN_RULES)  # e.g. .train.mlp=fsdp
+  c.mesh.rules.sampling = sharding.rules_to_config(sharding.SAMPLING_RULES)  # weights whole on fsdp
 
   c.model = ml_collections.ConfigDict()
   c.model.source = "tiny"  # 'tiny' | 'preset:<name>' | 'hf:<dir or gs://>' | 'gguf:<file or asset>'

@@ -33,6 +33,31 @@ SAMPLING_RULES: Rules = {**TRAIN_RULES, "embed": None, "batch": ("data", "fsdp")
 _warned: set[tuple] = set()
 
 
+def rules_to_config(rules: Rules) -> dict[str, str]:
+  """Rules as flat strings for a config: a mesh axis, 'data,fsdp' for several, '' for none."""
+  return {name: ",".join((target,) if isinstance(target, str) else tuple(target or ()))
+          for name, target in rules.items()}
+
+
+def rules_from_config(values: Mapping[str, Any], *, what: str = "mesh.rules") -> Rules:
+  """Parses `rules_to_config`'s strings back into rules, refusing mesh axes the mesh lacks."""
+  rules: dict[str, Any] = {}
+  for name, value in values.items():
+    if value is None or isinstance(value, str):
+      axes = tuple(a.strip() for a in (value or "").split(",") if a.strip())
+    else:  # already a tuple of axis names
+      axes = tuple(value)
+    unknown = [a for a in axes if a not in MESH_AXES]
+    if unknown:
+      raise ValueError(f"{what}.{name}={value!r} names mesh axes {unknown} that the mesh lacks; "
+                       f"use any of {', '.join(MESH_AXES)} (comma-separated), or '' to replicate.")
+    rules[name] = axes[0] if len(axes) == 1 else (axes or None)
+  missing = sorted(set(TRAIN_RULES) - set(rules))
+  if missing:
+    raise ValueError(f"{what} has no rule for logical axes {missing}.")
+  return rules
+
+
 def make_mesh(shape: Sequence[int] | Mapping[str, int] = (1, -1, 1),
               devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A ('data', 'fsdp', 'tensor') mesh; one entry may be -1 for "all remaining devices"."""

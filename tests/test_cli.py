@@ -23,6 +23,8 @@ def _main(*args, workdir="/tmp/scope_jax_cli_test"):
     (("--config=configs/spell.py", "--config.keep_checkpoints=0"), "keep_checkpoints=0 would keep"),
     (("--config=configs/spell.py", "--config.checkpoint_every=0"), "checkpoint_every=0 must be"),
     (("--config=configs/spell.py", "--config.total_steps=-1"), "total_steps=-1 must be at least 0"),
+    (("--config=configs/spell.py", "--config.mesh.rules.train.mlp=fsdp,model"),
+     "mesh.rules.train.mlp='fsdp,model' names mesh axes ['model'] that the mesh lacks"),
     (("--config=configs/spell.py", "--config.model.tokenizer=data/Qwen2.5-7B-Instruct"),
      "model.tokenizer='data/Qwen2.5-7B-Instruct' is not a directory here"),
 ])

@@ -23,7 +23,7 @@ from scope_jax import checkpoint as ckpt_lib
 from scope_jax import metrics as metrics_lib
 from scope_jax import tokenizer as tok_lib
 from scope_jax.methods import warmup as warmup_lib
-from scope_jax.methods.runtime import Runtime, loss_config
+from scope_jax.methods.runtime import Runtime, loss_config, mesh_rules
 from scope_jax.models import transformer
 from scope_jax.rl import optim
 from scope_jax.rollout.types import Trajectory
@@ -81,6 +81,7 @@ def validate(config: ml_collections.ConfigDict):
   check_choice("model.dtype", config.model.dtype, ("float32", "bfloat16"))
   if len(tuple(config.mesh.shape)) != 3:
     raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} needs 3 entries (data, fsdp, tensor).")
+  mesh_rules(config)  # every rule names axes the mesh has
   if config.rollout.max_prompt_tokens >= config.rollout.max_context:
     raise ValueError(f"rollout.max_prompt_tokens={config.rollout.max_prompt_tokens} leaves no room "
                      f"for a response within rollout.max_context={config.rollout.max_context}.")

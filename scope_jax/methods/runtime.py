@@ -30,9 +30,15 @@ from scope_jax.sampling import Sampler
 LOSS_ONLY_RUNNER_KEYS = ("micro_batch_rows", "recompute_old_logp")
 
 
-def load_model(cfg: ml_collections.ConfigDict, mesh, seed: int):
+def mesh_rules(config: ml_collections.ConfigDict) -> tuple[shd.Rules, shd.Rules]:
+  """(training rules, sampling rules) from `config.mesh.rules`."""
+  return (shd.rules_from_config(config.mesh.rules.train, what="mesh.rules.train"),
+          shd.rules_from_config(config.mesh.rules.sampling, what="mesh.rules.sampling"))
+
+
+def load_model(cfg: ml_collections.ConfigDict, mesh, seed: int, rules: shd.Rules = shd.TRAIN_RULES):
   """(ModelConfig, params) from `model.source`: 'tiny', 'preset:<name>' (random init),
-  'hf:<dir or gs://>' or 'gguf:<file or asset>'."""
+  'hf:<dir or gs://>' or 'gguf:<file or asset>'; placed on `mesh` under `rules`."""
   dtype = jnp.dtype(cfg.param_dtype)
   source = cfg.source
   if source == "tiny":
@@ -40,15 +46,15 @@ def load_model(cfg: ml_collections.ConfigDict, mesh, seed: int):
   elif source.startswith("preset:"):
     config = get_preset(source[len("preset:"):])
   elif source.startswith("hf:"):
-    return hf_io.load_hf(source[len("hf:"):], mesh=mesh, dtype=dtype)
+    return hf_io.load_hf(source[len("hf:"):], mesh=mesh, dtype=dtype, rules=rules)
   elif source.startswith("gguf:"):
     target = source[len("gguf:"):]
     path = pathlib.Path(target) if pathlib.Path(target).exists() else assets.fetch(target)
-    return gguf_io.load_gguf(path, mesh=mesh, dtype=dtype)
+    return gguf_io.load_gguf(path, mesh=mesh, dtype=dtype, rules=rules)
   else:
     raise ValueError(f"Unknown model.source {source!r}; use 'tiny', 'preset:<name>', "
                      "'hf:<path>' or 'gguf:<path or asset>'.")
-  params = transformer.init_sharded_params(config, jax.random.key(seed), mesh, dtype=dtype)
+  params = transformer.init_sharded_params(config, jax.random.key(seed), mesh, rules, dtype)
   return config, params
 
 
@@ -92,8 +98,10 @@ class Runtime:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     self.config, self.workdir = config, workdir
     self.mesh = shd.make_mesh(tuple(config.mesh.shape))
+    self.train_rules, self.sampling_rules = mesh_rules(config)
     self.tokenizer = tok_lib.load_tokenizer(config.model.tokenizer)
-    self.model_config, self.base_params = load_model(config.model, self.mesh, config.seed)
+    self.model_config, self.base_params = load_model(config.model, self.mesh, config.seed,
+                                                     self.train_rules)
     if self.model_config.vocab_size < len(self.tokenizer):
       raise ValueError(f"The tokenizer has {len(self.tokenizer)} ids but the model's "
                        f"vocabulary is {self.model_config.vocab_size}.")
@@ -103,7 +111,8 @@ class Runtime:
     self.learner = learner_lib.Learner(
         self.model_config, make_optimizer(config), self.mesh, dtype=self.dtype,
         remat=config.model.remat, micro_batch_rows=config.loss.micro_batch_rows,
-        recompute_old_logp=config.loss.recompute_old_logp, pad_id=self.pad_id)
+        recompute_old_logp=config.loss.recompute_old_logp, pad_id=self.pad_id,
+        rules=self.train_rules)
     self.policies: dict[str, learner_lib.Policy] = {}
     self.frozen: dict[str, Any] = {}
     self.roles: dict[str, Role] = {}
@@ -115,12 +124,14 @@ class Runtime:
     logging.info("Model %s: %s parameters; devices %s; mesh %s", self.model_config.model_type,
                  f"{transformer.count_params(self.base_params):,}", jax.devices(),
                  dict(self.mesh.shape))
-    logging.info("Parameter shardings:\n%s", param_overview(self.base_params))
+    logging.info("Parameter shardings under mesh.rules.train %s:\n%s", self.train_rules,
+                 param_overview(self.base_params))
 
   # ---------------------------------------------------------------------------- players
   def sampler(self, params) -> Sampler:
     """A sampler over `params` in the sampling layout (weights whole along fsdp)."""
     return Sampler(self.model_config, params, dtype=self.dtype, mesh=self.mesh,
+                   rules=self.sampling_rules,
                    decode=lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=False),
                    max_context=self.config.rollout.max_context, pad_id=self.pad_id,
                    eos_ids=self.eos_ids)

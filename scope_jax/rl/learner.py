@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from scope_jax import sharding as shd
 from scope_jax.models.config import ModelConfig
 from scope_jax.rl import batch as batch_lib
 from scope_jax.rl import train_step
@@ -54,11 +55,11 @@ class Learner:
 
   def __init__(self, model_config: ModelConfig, optimizer, mesh, *, dtype=jnp.float32,
                remat: str = "none", micro_batch_rows: int = 8, recompute_old_logp: bool = False,
-               pad_id: int = 0):
+               pad_id: int = 0, rules: shd.Rules = shd.TRAIN_RULES):
     if micro_batch_rows < 1:
       raise ValueError(f"micro_batch_rows must be at least 1, got {micro_batch_rows}.")
     self.model_config, self.optimizer, self.mesh = model_config, optimizer, mesh
-    self.dtype, self.remat, self.pad_id = dtype, remat, pad_id
+    self.dtype, self.remat, self.pad_id, self.rules = dtype, remat, pad_id, rules
     self.micro_batch_rows, self.recompute_old_logp = micro_batch_rows, recompute_old_logp
     self._steps: dict[tuple[train_step.LossConfig, int], Any] = {}
     self.counters = {"train_tokens": 0, "train_seconds": 0.0, "skipped_updates": 0}
@@ -110,7 +111,7 @@ class Learner:
     host, micro = self.make_batch(trajectories, advantages, teacher_prompts)
     step_fn = self.compiled_step(loss, micro)
     start = time.perf_counter()
-    batch = train_step.place_batch(host, self.mesh)
+    batch = train_step.place_batch(host, self.mesh, self.rules)
     out: dict[str, float] = {}
     if self.recompute_old_logp:
       logp = _logprobs_fn(self.model_config, loss.temperature, loss.chunk, self.dtype)(

@@ -198,8 +198,8 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
   return jax.jit(step, donate_argnames=("state",))
 
 
-def place_batch(batch: TrainBatch, mesh) -> TrainBatch:
-  """Puts a host TrainBatch on the mesh with rows split over ('data', 'fsdp')."""
+def place_batch(batch: TrainBatch, mesh, rules: shd.Rules = shd.TRAIN_RULES) -> TrainBatch:
+  """Puts a host TrainBatch on the mesh with rows split over the `batch` rule's axes."""
   if mesh is None:
     return jax.tree.map(jnp.asarray, batch)
-  return shd.shard_batch(batch, mesh)
+  return shd.shard_batch(batch, mesh, rules)

@@ -185,13 +185,14 @@ class Sampler:
   """Samples from one params pytree; reuse it across calls (compiled shapes are cached)."""
 
   def __init__(self, config: ModelConfig, params, *, dtype=jnp.float32, cache_dtype=None,
-               mesh=None, decode: Callable[[Sequence[int]], str] | None = None,
+               mesh=None, rules: shd.Rules = shd.SAMPLING_RULES,
+               decode: Callable[[Sequence[int]], str] | None = None,
                stop_check_interval: int = 16, max_context: int | None = None,
                pad_id: int | None = None, eos_ids: Sequence[int] | None = None):
     self.config = config
     self.dtype = dtype
     self.cache_dtype = cache_dtype or dtype
-    self.mesh = mesh
+    self.mesh, self.rules = mesh, rules
     self.decode_text = decode
     self.stop_check_interval = stop_check_interval
     self.max_context = max_context or config.max_position_embeddings
@@ -203,7 +204,7 @@ class Sampler:
   def update_params(self, params) -> None:
     """Points the sampler at new weights (resharded for sampling when a mesh is set)."""
     if self.mesh is not None:
-      params = transformer.shard_params(params, self.config, self.mesh, shd.SAMPLING_RULES)
+      params = transformer.shard_params(params, self.config, self.mesh, self.rules)
     self.params = params
 
   def _batch_multiple(self) -> int:
@@ -214,7 +215,7 @@ class Sampler:
   def _put(self, x):
     if self.mesh is None:
       return jnp.asarray(x)
-    return jax.device_put(x, shd.batch_sharding(self.mesh, np.shape(x), shd.SAMPLING_RULES))
+    return jax.device_put(x, shd.batch_sharding(self.mesh, np.shape(x), self.rules))
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,

@@ -11,6 +11,8 @@ import chex
 import jax
 import numpy as np
 import pytest
+from absl import flags as absl_flags
+from ml_collections import config_flags
 
 from configs import scope as scope_config
 from configs import spell as spell_config
@@ -104,6 +106,26 @@ def test_role_samplers_use_the_sampling_layout(tmp_path):
   sample_spec = method.questioner.sampler.params["layers"]["q"].sharding.spec
   assert "fsdp" in jax.tree.leaves(tuple(train_spec))
   assert "fsdp" not in jax.tree.leaves(tuple(sample_spec))
+
+
+def test_mesh_rules_on_the_command_line_change_the_sharding(tmp_path):
+  """`--config.mesh.rules.<train|sampling>.<axis>=...` flags, parsed as the CLI parses them,
+  move the MLP weights on an 8-device fsdp mesh: in training and in the role samplers."""
+  def gate_specs(*flags):
+    argv = ["main", f"--config={ROOT}/configs/spell.py:demo", "--config.warmup.steps=0",
+            "--config.mesh.shape=(1,8,1)", *flags]
+    values = absl_flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+    values(argv)
+    rt = runtime.Runtime(values.config, str(tmp_path / str(len(flags))))
+    method = spell.Spell(rt)
+    return (tuple(method.policy.state.params["layers"]["gate"].sharding.spec),
+            tuple(method.questioner.sampler.params["layers"]["gate"].sharding.spec))
+
+  assert gate_specs() == ((None, "fsdp", None), (None, None, None))
+  assert gate_specs("--config.mesh.rules.train.embed=", "--config.mesh.rules.train.mlp=fsdp",
+                    "--config.mesh.rules.sampling.mlp=fsdp") == (
+                        (None, None, "fsdp"), (None, None, "fsdp"))
 
 
 def test_spell_one_step_through_the_core(tmp_path):

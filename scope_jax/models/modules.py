@@ -1,0 +1,220 @@
+"""The decoder of Llama-3, Qwen2, Qwen2.5 and Qwen3 as Flax NNX modules.
+
+Every parameter is an `nnx.Param` whose `out_sharding` metadata holds its logical axis names
+(`vocab`, `embed`, `heads`, ...): the one source of the layout, which `sharding.py`'s rules map
+to mesh axes. The layers are one `DecoderLayer` whose parameters are stacked on a leading
+`layers` axis (built under `nnx.vmap`) and run with `lax.scan`.
+
+Build and call a module directly, or use it functionally through `transformer.forward`, which
+merges a params pytree into the module inside the caller's jit (traced away):
+
+    model = Decoder(config, rngs=nnx.Rngs(0))
+    logits_BTV, _ = model(tokens_BT)
+
+Dimension letters: B batch, T query length, S key length, D model dim, N query heads, K kv heads,
+H head dim, F MLP dim, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scope_jax.models import kv_cache as kvc
+from scope_jax.models import ops
+from scope_jax.models.config import ModelConfig
+
+Init = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+
+
+def _normal(std: float) -> Init:
+  return lambda key, shape, dtype: (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def _near_one(key, shape, dtype):
+  """Norm scales around 1 (not exactly 1), so a test catches a norm applied in the wrong place."""
+  return (1.0 + 0.1 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def _param(rngs: nnx.Rngs, init: Init, shape: tuple[int, ...], axes: tuple[str, ...],
+           dtype) -> nnx.Param:
+  """A parameter tagged with its logical axes; placement is left to the caller's rules."""
+  return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False)
+
+
+class Embedder(nnx.Module):
+  """Token embedding [V, D] and the output projection (the embedding itself when tied)."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    shape = (config.vocab_size, config.hidden_size)
+    self.embed = _param(rngs, _normal(0.02), shape, ("vocab", "embed"), param_dtype)
+    self.lm_head = (None if config.tie_embeddings else
+                    _param(rngs, _normal(0.02), shape, ("vocab", "embed"), param_dtype))
+
+  def encode(self, tokens_BT: jax.Array, dtype) -> jax.Array:
+    return jnp.take(self.embed[...], tokens_BT, axis=0).astype(dtype)
+
+  @property
+  def unembed_VD(self) -> jax.Array:
+    return (self.embed if self.lm_head is None else self.lm_head)[...]
+
+  def decode(self, hidden_BTD: jax.Array) -> jax.Array:
+    """Logits [B, T, V] in float32."""
+    return jnp.einsum("BTD,VD->BTV", hidden_BTD, self.unembed_VD.astype(hidden_BTD.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with RoPE, optional q/k/v biases (Qwen2) and q/k norms (Qwen3).
+
+  With a KV cache the block's keys and values are written into the all-layer buffers at
+  `layer`, and the block attends to every slot the row wrote before.
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    c, w = config, _normal(0.02)
+    d, n, k, h = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+    self.eps, self.qkv_bias, self.qk_norm = c.rms_norm_eps, c.qkv_bias, c.qk_norm
+    self.q = _param(rngs, w, (d, n, h), ("embed", "heads", "head_dim"), param_dtype)
+    self.k = _param(rngs, w, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype)
+    self.v = _param(rngs, w, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype)
+    self.o = _param(rngs, w, (n, h, d), ("heads", "head_dim", "embed"), param_dtype)
+    if c.qkv_bias:
+      self.q_bias = _param(rngs, w, (n, h), ("heads", "head_dim"), param_dtype)
+      self.k_bias = _param(rngs, w, (k, h), ("kv_heads", "head_dim"), param_dtype)
+      self.v_bias = _param(rngs, w, (k, h), ("kv_heads", "head_dim"), param_dtype)
+    if c.qk_norm:
+      self.q_norm = _param(rngs, _near_one, (h,), ("head_dim",), param_dtype)
+      self.k_norm = _param(rngs, _near_one, (h,), ("head_dim",), param_dtype)
+
+  def project_qkv(self, h_BTD: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array):
+    dt = h_BTD.dtype
+    q = jnp.einsum("BTD,DNH->BTNH", h_BTD, self.q[...].astype(dt))
+    k = jnp.einsum("BTD,DKH->BTKH", h_BTD, self.k[...].astype(dt))
+    v = jnp.einsum("BTD,DKH->BTKH", h_BTD, self.v[...].astype(dt))
+    if self.qkv_bias:
+      q = q + self.q_bias[...].astype(dt)
+      k = k + self.k_bias[...].astype(dt)
+      v = v + self.v_bias[...].astype(dt)
+    if self.qk_norm:
+      q = ops.rms_norm(q, self.q_norm[...], self.eps)
+      k = ops.rms_norm(k, self.k_norm[...], self.eps)
+    return ops.apply_rope(q, cos_BTH, sin_BTH), ops.apply_rope(k, cos_BTH, sin_BTH), v
+
+  def __call__(self, h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, layer=None):
+    """Returns (output [B, T, D], (k_all, v_all)); the buffers pass through when kv is None."""
+    q, k, v = self.project_qkv(h_BTD, cos_BTH, sin_BTH)
+    if kv is not None:
+      k_all = kvc.write_layer(kv[0], layer, slots_BT, k)
+      v_all = kvc.write_layer(kv[1], layer, slots_BT, v)
+      kv = (k_all, v_all)
+      k, v = k_all[layer].astype(h_BTD.dtype), v_all[layer].astype(h_BTD.dtype)
+    out_BTNH = ops.attend(q, k, v, slots_BT, valid_BS)
+    return jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(out_BTNH.dtype)), kv
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    d, f, w = config.hidden_size, config.intermediate_size, _normal(0.02)
+    self.gate = _param(rngs, w, (d, f), ("embed", "mlp"), param_dtype)
+    self.up = _param(rngs, w, (d, f), ("embed", "mlp"), param_dtype)
+    self.down = _param(rngs, w, (f, d), ("mlp", "embed"), param_dtype)
+
+  def __call__(self, h_BTD: jax.Array) -> jax.Array:
+    dt = h_BTD.dtype
+    gate_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, self.gate[...].astype(dt))
+    up_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, self.up[...].astype(dt))
+    return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate_BTF) * up_BTF, self.down[...].astype(dt))
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    d = config.hidden_size
+    self.eps = config.rms_norm_eps
+    self.attn_norm = _param(rngs, _near_one, (d,), ("norm",), param_dtype)
+    self.attn = Attention(config, rngs=rngs, param_dtype=param_dtype)
+    self.mlp_norm = _param(rngs, _near_one, (d,), ("norm",), param_dtype)
+    self.mlp = MLP(config, rngs=rngs, param_dtype=param_dtype)
+
+  def __call__(self, x_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, layer=None):
+    h_BTD = ops.rms_norm(x_BTD, self.attn_norm[...], self.eps)
+    attn_BTD, kv = self.attn(h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv, layer)
+    x_BTD = x_BTD + attn_BTD
+    x_BTD = x_BTD + self.mlp(ops.rms_norm(x_BTD, self.mlp_norm[...], self.eps))
+    return x_BTD, kv
+
+
+def stacked_layers(config: ModelConfig, rngs: nnx.Rngs, param_dtype=jnp.float32) -> DecoderLayer:
+  """One DecoderLayer whose parameters carry a leading `layers` axis of size L."""
+
+  @nnx.split_rngs(splits=config.num_layers)
+  @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+  def make(layer_rngs: nnx.Rngs) -> DecoderLayer:
+    return DecoderLayer(config, rngs=layer_rngs, param_dtype=param_dtype)
+
+  return make(rngs)
+
+
+class Decoder(nnx.Module):
+  """The whole model: embedding, L scanned decoder layers, final norm and output projection."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    self.config = config
+    self.embedder = Embedder(config, rngs=rngs, param_dtype=param_dtype)
+    self.layers = stacked_layers(config, rngs, param_dtype)
+    self.final_norm = _param(rngs, _near_one, (config.hidden_size,), ("norm",), param_dtype)
+
+  def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
+               attention_mask: jax.Array | None = None, cache: kvc.KVCache | None = None, *,
+               return_hidden: bool = False, dtype=jnp.float32, remat: str = "none"):
+    """Runs the decoder on tokens [B, T]; see `transformer.forward` for the arguments.
+
+    Returns (logits [B, T, V] float32 or hidden [B, T, D], updated cache or None).
+    """
+    c = self.config
+    b, t = tokens.shape
+    mask_BT = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+    if positions is None:
+      positions = kvc.positions_for_block(cache, mask_BT)
+    cos, sin = ops.rope_tables(c, positions)
+    x_BTD = self.embedder.encode(tokens, dtype)
+    if cache is None:
+      slots_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
+      valid_BC = mask_BT  # keys are the block itself
+    else:
+      slots_BT = kvc.block_slots(cache, t)
+      valid_BC = kvc.written_valid(cache, slots_BT, mask_BT)
+
+    layer_def, layer_state = nnx.split(self.layers)
+
+    def layer(carry, xs):
+      x, k_all, v_all = carry
+      state, i = xs
+      kv = None if cache is None else (k_all, v_all)
+      x, kv = nnx.merge(layer_def, state)(x, cos, sin, slots_BT, valid_BC, kv, i)
+      if kv is not None:
+        k_all, v_all = kv
+      return (x, k_all, v_all), None
+
+    if remat != "none":
+      layer = jax.checkpoint(layer, policy=ops.REMAT_POLICIES[remat])
+    k0 = v0 = jnp.zeros((), dtype)
+    if cache is not None:
+      k0, v0 = cache.k, cache.v
+    layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
+    (x_BTD, k_all, v_all), _ = jax.lax.scan(layer, (x_BTD, k0, v0), (layer_state, layer_ids))
+    hidden_BTD = ops.rms_norm(x_BTD, self.final_norm[...], c.rms_norm_eps)
+
+    new_cache = None
+    if cache is not None:
+      new_cache = kvc.advance(cache, k_all, v_all, valid_BC, mask_BT)
+    if return_hidden:
+      return hidden_BTD, new_cache
+    return self.embedder.decode(hidden_BTD), new_cache

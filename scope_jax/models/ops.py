@@ -1,0 +1,80 @@
+"""Pure building blocks of the decoder: RMSNorm, RoPE and causal grouped-query attention.
+
+Dimension letters: B batch, T query length, S key length, D model dim, N query heads, K kv heads,
+G = N / K, H head dim. Softmax and norms run in float32; masks use a large finite negative value.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from scope_jax.models.config import ModelConfig, rope_inv_freq
+
+K_MASK = -2.3819763e38
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm in float32, cast back to x's dtype before the scale (as Hugging Face does)."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+def rope_tables(config: ModelConfig, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """cos, sin [B, T, H] in float32 for the rotate-half RoPE convention."""
+  inv_freq = jnp.asarray(rope_inv_freq(config))
+  freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+  emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)
+  return jnp.cos(emb_BTH), jnp.sin(emb_BTH)
+
+
+def apply_rope(x_BTNH: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array) -> jax.Array:
+  half = x_BTNH.shape[-1] // 2
+  rotated = jnp.concatenate([-x_BTNH[..., half:], x_BTNH[..., :half]], axis=-1)
+  cos, sin = cos_BTH[:, :, None, :].astype(x_BTNH.dtype), sin_BTH[:, :, None, :].astype(x_BTNH.dtype)
+  return x_BTNH * cos + rotated * sin
+
+
+def _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS):
+  """Grouped-query attention for one query block; the causal mask comes from slot indices."""
+  b, t, n, h = q_BTNH.shape
+  s, kv = k_BSKH.shape[1], k_BSKH.shape[2]
+  q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
+  scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+                            preferred_element_type=jnp.float32) * (h ** -0.5)
+  k_slot_S = jnp.arange(s, dtype=jnp.int32)
+  mask_BTS = (k_slot_S[None, None, :] <= q_slot_BT[:, :, None]) & k_valid_BS[:, None, :]
+  scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, K_MASK)
+  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
+  out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
+  return out_BTKGH.reshape(b, t, n, h)
+
+
+def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, q_slot_BT: jax.Array,
+           k_valid_BS: jax.Array, *, q_chunk: int = 512) -> jax.Array:
+  """Causal grouped-query attention; scores and softmax in float32.
+
+  Query t (at key slot q_slot[t]) attends to valid key slots s <= q_slot[t]. Long query blocks
+  are processed `q_chunk` rows at a time under rematerialisation, so memory is O(q_chunk · S),
+  not O(T · S), in the forward and the backward pass.
+  """
+  b, t, n, h = q_BTNH.shape
+  if t <= q_chunk:
+    return _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS)
+  pad = -t % q_chunk
+  q = jnp.pad(q_BTNH, ((0, 0), (0, pad), (0, 0), (0, 0)))
+  slots = jnp.pad(q_slot_BT, ((0, 0), (0, pad)))
+  n_chunks = (t + pad) // q_chunk
+  q_cBcNH = jnp.moveaxis(q.reshape(b, n_chunks, q_chunk, n, h), 1, 0)
+  slots_cBc = jnp.moveaxis(slots.reshape(b, n_chunks, q_chunk), 1, 0)
+  block = jax.checkpoint(lambda xs: _attend_block(xs[0], k_BSKH, v_BSKH, xs[1], k_valid_BS))
+  out = jax.lax.map(block, (q_cBcNH, slots_cBc))
+  return jnp.moveaxis(out, 0, 1).reshape(b, t + pad, n, h)[:, :t]
