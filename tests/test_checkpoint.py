@@ -1,5 +1,6 @@
 """The checkpointer: relative paths, keep-N, resume of the newest step, corrupt-step fallback."""
 
+import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ def test_relative_path_keep_n_and_corrupt_fallback(tmp_path, monkeypatch):
   assert ck.steps() == [1, 2]
   step, restored, host = ck.restore_latest(state)
   assert step == 2 and host == {"step": 2, "memory": {"c": [1, 2]}}
-  np.testing.assert_array_equal(restored["w"], np.arange(4.0) + 2)
+  chex.assert_trees_all_equal(restored["w"], np.arange(4.0) + 2)
   # Corrupt the newest step: restore falls back to the previous one.
   for f in (tmp_path / "runs/x/checkpoints/2/state").rglob("*"):
     if f.is_file():
@@ -26,7 +27,7 @@ def test_relative_path_keep_n_and_corrupt_fallback(tmp_path, monkeypatch):
   again = Checkpointer("runs/x/checkpoints", keep=2)
   step, restored, host = again.restore_latest(state)
   assert step == 1 and host["step"] == 1
-  np.testing.assert_array_equal(restored["w"], np.arange(4.0) + 1)
+  chex.assert_trees_all_equal(restored["w"], np.arange(4.0) + 1)
   # The corrupt step was moved aside, so the re-run step 2 saves and the next start resumes it.
   assert again.steps() == [1]
   assert [p.name.split("-")[0] for p in (tmp_path / "runs/x/checkpoints_quarantine").iterdir()] == ["2"]
@@ -34,7 +35,7 @@ def test_relative_path_keep_n_and_corrupt_fallback(tmp_path, monkeypatch):
   again.close()
   step, restored, _ = Checkpointer("runs/x/checkpoints", keep=2).restore_latest(state)
   assert step == 2
-  np.testing.assert_array_equal(restored["w"], np.arange(4.0) + 20)
+  chex.assert_trees_all_equal(restored["w"], np.arange(4.0) + 20)
 
 
 def test_a_declined_save_is_an_error(tmp_path):

@@ -1,5 +1,6 @@
 """Sharded forward on the 8-device CPU mesh equals the unsharded forward; specs follow the rules."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,7 +38,7 @@ def test_sharded_forward_equals_unsharded(mesh_shape):
   batch = shd.shard_batch({"tokens": tokens, "mask": mask}, mesh)
   fwd = jax.jit(lambda p, t, m: forward(cfg, p, t, attention_mask=m)[0])
   out = fwd(sharded, batch["tokens"], batch["mask"])
-  np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=1e-5)
 
 
 def test_param_specs_follow_rules_table():
@@ -56,7 +57,7 @@ def test_param_specs_follow_rules_table():
   assert layers["attn_norm"].sharding.spec == P(None, None)
   # Each device holds exactly its shard.
   shard = layers["gate"].addressable_shards[0].data
-  assert shard.shape == (cfg.num_layers, cfg.hidden_size // 2, cfg.intermediate_size // 4)
+  chex.assert_shape(shard, (cfg.num_layers, cfg.hidden_size // 2, cfg.intermediate_size // 4))
 
 
 def test_sampling_rules_drop_fsdp():
@@ -78,4 +79,4 @@ def test_load_hf_into_mesh_places_shards(tmp_path):
   expected = transformer.param_shardings(cfg, mesh)
   for a, b, s in zip(jax.tree.leaves(params), jax.tree.leaves(loaded), jax.tree.leaves(expected)):
     assert b.sharding.is_equivalent_to(s, b.ndim)
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    chex.assert_trees_all_equal(np.asarray(a), np.asarray(b))
