@@ -29,9 +29,9 @@ def test_per_turn_datums():
       "Q?<search>q</search>" + obs + "<think>done</think><answer>A</answer>")
   # Only the current turn is trained, with exactly its sampled tokens and log-probs.
   turn2 = t.spans[3]
-  np.testing.assert_array_equal(second.tokens[second.loss_mask == 1], t.tokens[turn2.start:turn2.end])
-  np.testing.assert_array_equal(second.logprobs[second.loss_mask == 1],
-                                t.logprobs[turn2.start:turn2.end])
+  chex.assert_trees_all_equal(second.tokens[second.loss_mask == 1], t.tokens[turn2.start:turn2.end])
+  chex.assert_trees_all_equal(second.logprobs[second.loss_mask == 1],
+                              t.logprobs[turn2.start:turn2.end])
   assert second.prompt_len == len(second.tokens) - (turn2.end - turn2.start)
   assert first.loss_mask.sum() + second.loss_mask.sum() == t.loss_mask.sum()
 
