@@ -4,6 +4,7 @@ import json
 import socket
 import threading
 
+import chex
 import numpy as np
 import pytest
 import requests
@@ -46,11 +47,11 @@ def test_retrieval_quality_small(minilm, tmp_path):
   # save/load round trip gives identical search results
   loaded = DenseIndex.load(tmp_path / "idx", minilm.identity)
   q = minilm.encode(["capital of Turkey"], "query")
-  np.testing.assert_array_equal(index.search(q, 5)[1], loaded.search(q, 5)[1])
+  chex.assert_trees_all_equal(index.search(q, 5)[1], loaded.search(q, 5)[1])
   assert loaded.passages == index.passages
   # resumable: a second build reuses the embedding chunks (and gives the same index)
   again = DenseIndex.build(index.passages, minilm, tmp_path / "idx", chunk_size=256, progress=False)
-  np.testing.assert_array_equal(again.search(q, 5)[1], index.search(q, 5)[1])
+  chex.assert_trees_all_equal(again.search(q, 5)[1], index.search(q, 5)[1])
 
 
 @pytest.mark.slow
