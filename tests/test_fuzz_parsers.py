@@ -67,6 +67,15 @@ PARSERS = {
 }
 
 
+LIMIT_S = 0.05
+
+
+def _timed(fn, text: str) -> float:
+  start = time.perf_counter()
+  fn(text)
+  return time.perf_counter() - start
+
+
 @pytest.mark.parametrize("name", sorted(PARSERS))
 def test_parser_never_raises_and_stays_fast(name):
   fn = PARSERS[name]
@@ -75,10 +84,10 @@ def test_parser_never_raises_and_stays_fast(name):
   texts += [_random_text(rng) for _ in range(N - len(texts))]
   worst, worst_text = 0.0, ""
   for text in texts:
-    start = time.perf_counter()
-    fn(text)  # must not raise
-    took = time.perf_counter() - start
+    took = _timed(fn, text)  # must not raise
+    if took > LIMIT_S / 2:  # a slow call is timed twice more: a busy machine's pause is not the parser
+      took = min(took, _timed(fn, text), _timed(fn, text))
     if took > worst and len(text) <= CAP:
       worst, worst_text = took, text
   assert len(texts) == N
-  assert worst < 0.05, f"{name} took {worst * 1e3:.1f} ms on {worst_text[:80]!r}… ({len(worst_text)} chars)"
+  assert worst < LIMIT_S, f"{name} took {worst * 1e3:.1f} ms on {worst_text[:80]!r}… ({len(worst_text)} chars)"

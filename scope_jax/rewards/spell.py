@@ -36,15 +36,19 @@ class Proposal:
     return f"{self.question} Choices: {opts}"
 
 
+_BRACE = re.compile(r"[{}]")
+
+
 def _json_objects(text: str):
   """Candidate {...} spans, last closed first (the answer's JSON closes the response): one
   linear pass pairs each '}' with its '{'; at most 20 candidates are tried."""
   text = text[-MAX_JSON:]
   stack, spans = [], []
-  for i, c in enumerate(text):
-    if c == "{":
+  for m in _BRACE.finditer(text):
+    i = m.start()
+    if m.group() == "{":
       stack.append(i)
-    elif c == "}" and stack:
+    elif stack:
       spans.append((stack.pop(), i))
   for start, end in reversed(spans[-20:]):
     yield text[start:end + 1]
