@@ -94,7 +94,8 @@ def test_roles_record_rollout_metrics_and_repeat_their_seeds(tmp_path):
     chex.assert_trees_all_equal(a.tokens, b.tokens)
   rt.begin_step(4)
   other = method.questioner.generate([prompt], num_samples=2)
-  assert any(not np.array_equal(a.tokens, b.tokens) for a, b in zip(first, other))
+  with pytest.raises(AssertionError):  # the next step samples other tokens
+    chex.assert_trees_all_equal([a.tokens for a in first], [b.tokens for b in other])
 
 
 def test_role_samplers_use_the_sampling_layout(tmp_path):
