@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -187,11 +188,11 @@ def test_challenger_step_uses_the_index_judge_and_solver(tmp_path):
   assert 0 <= metrics["challenger/g_bar/mean"] <= 1
   assert metrics["challenger/reward/mean"] == pytest.approx(
       0.5 * metrics["challenger/format/mean"] + metrics["challenger/difficulty/mean"])
-  assert np.isfinite(metrics["challenger/train/loss"]) and metrics["challenger/train/kl"] >= 0
-  assert any(not np.array_equal(a, b_) for a, b_ in zip(challenger_before,
-                                                      leaves(m.challenger.state.params)))
-  for a, b_ in zip(judge_before, leaves(m.rt.frozen["judge"])):
-    assert np.array_equal(a, b_)
+  chex.assert_tree_all_finite(metrics["challenger/train/loss"])
+  assert metrics["challenger/train/kl"] >= 0
+  with pytest.raises(AssertionError):  # the challenger trained
+    chex.assert_trees_all_equal(challenger_before, leaves(m.challenger.state.params))
+  chex.assert_trees_all_equal(judge_before, leaves(m.rt.frozen["judge"]))
 
 
 def test_task_set_and_solver_step(tmp_path):
@@ -209,8 +210,9 @@ def test_task_set_and_solver_step(tmp_path):
   assert metrics["solver/reward/mean"] == pytest.approx(
       metrics["solver/rubric/mean"] * 1.0 + 0.5 * metrics["solver/format/mean"]
       + 0.1 * metrics["solver/search/mean"], abs=1e-6)  # short answers: L = 1
-  assert np.isfinite(metrics["solver/train/loss"])
-  assert any(not np.array_equal(a, b) for a, b in zip(solver_before, leaves(m.solver.state.params)))
+  chex.assert_tree_all_finite(metrics["solver/train/loss"])
+  with pytest.raises(AssertionError):  # the solver trained
+    chex.assert_trees_all_equal(solver_before, leaves(m.solver.state.params))
   m.step(3)  # same iteration: reuses the set
   assert m.task_sets["0"] == tasks
 
@@ -277,11 +279,12 @@ def test_judge_is_bit_identical_after_a_run(tmp_path, monkeypatch):
   _run_scripted(small_config(**{"scope.iterations": 1}), tmp_path, monkeypatch, holder)
   m = holder["method"]
   end = leaves(m.rt.frozen["judge"])
-  assert all(np.array_equal(a.view(np.uint8), b.view(np.uint8))
-             for a, b in zip(holder["judge_start"], end))
+  chex.assert_trees_all_equal([a.view(np.uint8) for a in holder["judge_start"]],
+                              [b.view(np.uint8) for b in end])
   assert m.rt.frozen["judge"] is m.rt.base_params is m.rt.frozen["judge"]  # one M0: Judge and KL ref
   for policy in (m.challenger, m.solver):  # both trained policies moved away from M0
-    assert any(not np.array_equal(a, b) for a, b in zip(end, leaves(policy.state.params)))
+    with pytest.raises(AssertionError):
+      chex.assert_trees_all_equal(end, leaves(policy.state.params))
 
 
 def test_resume_inside_and_between_stages_matches_an_uninterrupted_run(tmp_path, monkeypatch):
