@@ -1,5 +1,6 @@
 """Query-chunked attention equals one-block attention, in value and gradient."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,8 +20,7 @@ def test_chunked_attention_equals_single_block():
   def f(chunk):
     return lambda q_, k_, v_: transformer.attend(q_, k_, v_, slots, valid, q_chunk=chunk)
 
-  np.testing.assert_allclose(f(8)(q, kk, v), f(64)(q, kk, v), atol=1e-6)
+  chex.assert_trees_all_close(f(8)(q, kk, v), f(64)(q, kk, v), atol=1e-6, rtol=1e-7)
   g8 = jax.grad(lambda *a: (f(8)(*a) ** 2).sum(), argnums=(0, 1, 2))(q, kk, v)
   g64 = jax.grad(lambda *a: (f(64)(*a) ** 2).sum(), argnums=(0, 1, 2))(q, kk, v)
-  for a, b_ in zip(g8, g64):
-    np.testing.assert_allclose(a, b_, atol=1e-5)
+  chex.assert_trees_all_close(g8, g64, atol=1e-5, rtol=1e-7)

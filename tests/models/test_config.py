@@ -1,5 +1,6 @@
 """ModelConfig: HF config.json in both rope forms, presets, and validation."""
 
+import chex
 import numpy as np
 import pytest
 
@@ -74,7 +75,7 @@ def test_llama3_rope_matches_transformers():
   cfg = get_preset("llama3.2-1b")
   hf = transformers.LlamaConfig(**cfg.to_hf_config())
   inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")
-  np.testing.assert_allclose(rope_inv_freq(cfg), inv_freq.numpy(), rtol=1e-6)
+  chex.assert_trees_all_close(rope_inv_freq(cfg), inv_freq.numpy(), rtol=1e-6, atol=0)
 
 
 def test_corrupt_checkpoint_files_name_the_file_and_tensor(tmp_path):

@@ -2,6 +2,7 @@
 
 import os
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,8 +63,7 @@ def test_gguf_import_recovers_hf_tensors(model_type, tmp_path):
   got_cfg, got = gguf_io.read_gguf(tmp_path / "m.gguf")
   assert got_cfg.replace(eos_token_id=None, bos_token_id=None, pad_token_id=None) == cfg
   assert set(got) == set(tensors)
-  for name in tensors:
-    np.testing.assert_array_equal(got[name], tensors[name], err_msg=name)
+  chex.assert_trees_all_equal(got, tensors)
 
 
 def test_gguf_quantized_tensor_dequantises(tmp_path):
@@ -74,7 +74,10 @@ def test_gguf_quantized_tensor_dequantises(tmp_path):
   got_cfg, loaded = gguf_io.load_gguf(tmp_path / "q.gguf")
   up = np.asarray(loaded["layers"]["up"])
   ref = np.asarray(params["layers"]["up"])
-  assert 0 < np.abs(up - ref).max() <= np.abs(ref).max() / 100  # Q8_0: ~1/127 of each block's max
+  with pytest.raises(AssertionError):  # quantised: not bit-identical
+    chex.assert_trees_all_equal(up, ref)
+  # Q8_0: ~1/127 of each block's max
+  chex.assert_trees_all_close(up, ref, rtol=0, atol=np.abs(ref).max() / 100)
 
 
 def test_unsupported_architecture(tmp_path):
@@ -110,7 +113,7 @@ def test_real_qwen25_05b_gguf(tmp_path):
   ours, _ = forward(cfg, params, jnp.asarray(tokens), attention_mask=jnp.asarray(mask))
   err = float(np.abs(np.asarray(ours) - ref).max())
   print(f"real Qwen2.5-0.5B: max |Δlogit| vs transformers = {err:.3g} over {len(prompt)} tokens")
-  assert err <= 1e-4
+  chex.assert_trees_all_close(np.asarray(ours), ref, rtol=0, atol=1e-4)
 
   out = generate(cfg, params, [prompt], max_new_tokens=24, tokenizer=tok)[0]
   print("greedy:", repr(out.text))

@@ -1,5 +1,6 @@
 """Incremental decoding through the KV cache must reproduce the full-sequence logits."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,11 +47,11 @@ def test_prefill_then_decode_matches_full_forward(model_type, left):
   refs = _reference_logits(cfg, params, seqs)
   for b, ref in enumerate(refs):
     ours = np.concatenate([got[b, :prompt_len][pmask[b].astype(bool)], got[b, prompt_len:]])
-    np.testing.assert_allclose(ours, ref, atol=1e-5, rtol=0)
+    chex.assert_trees_all_close(ours, ref, atol=1e-5, rtol=0)
   # Left padding leaves holes, right padding is overwritten: the row's end is just after its last token.
   expected_end = np.array([prompt_len] * 3) if left else np.array(lengths)
-  np.testing.assert_array_equal(np.asarray(cache.end), expected_end + new)
-  np.testing.assert_array_equal(np.asarray(cache.next_pos), np.array(lengths) + new)
+  chex.assert_trees_all_equal(np.asarray(cache.end), expected_end + new)
+  chex.assert_trees_all_equal(np.asarray(cache.next_pos), np.array(lengths) + new)
 
 
 def test_multi_token_blocks_and_fork():
@@ -70,10 +71,11 @@ def test_multi_token_blocks_and_fork():
           for r in range(6)]
   for r, ref in enumerate(_reference_logits(cfg, params, seqs)):
     nb = int(bmask[r].sum())
-    np.testing.assert_allclose(np.asarray(logits)[r, :nb], ref[-1 - nb:-1], atol=1e-5, rtol=0)
-    np.testing.assert_allclose(np.asarray(last)[r, 0], ref[-1], atol=1e-5, rtol=0)
+    chex.assert_trees_all_close(np.asarray(logits)[r, :nb], ref[-1 - nb:-1], atol=1e-5, rtol=0)
+    chex.assert_trees_all_close(np.asarray(last)[r, 0], ref[-1], atol=1e-5, rtol=0)
 
 
 def test_positions_default_count_real_tokens():
   mask = jnp.array([[0, 0, 1, 1], [1, 1, 1, 0]])
-  np.testing.assert_array_equal(kvc.positions_for_block(None, mask), [[0, 0, 0, 1], [0, 1, 2, 2]])
+  chex.assert_trees_all_equal(kvc.positions_for_block(None, mask),
+                              np.array([[0, 0, 0, 1], [0, 1, 2, 2]]))
