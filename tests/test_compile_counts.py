@@ -64,10 +64,6 @@ def test_decode_traces_once_across_calls_and_chunks(params, monkeypatch):
     sampler.generate(PROMPTS[:2], max_new_tokens=9, temperature=1.0, seed=0, eos_ids=())
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "On a mesh the state the sampler builds for the first chunk holds `step` and `rng` on one "
-    "device, while a chunk returns them replicated over the mesh, so a call with stop strings "
-    "traces the decode twice per bucket."))
 def test_sharded_decode_traces_once_across_chunks(params, monkeypatch):
   """On the 8-device mesh the later chunks of a call (stop strings) reuse the first's program."""
   _guard_decode(monkeypatch, n=1)

@@ -217,6 +217,13 @@ class Sampler:
       return jnp.asarray(x)
     return jax.device_put(x, shd.batch_sharding(self.mesh, np.shape(x), self.rules))
 
+  def _replicate(self, x):
+    """A scalar placed as the decode returns it (replicated over the mesh), so the first chunk
+    and the later ones share one compiled program."""
+    if self.mesh is None:
+      return x
+    return jax.device_put(x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                stop: Sequence[str] = (), num_samples: int = 1, seed: int = 0,
@@ -256,7 +263,8 @@ class Sampler:
         logprobs=self._put(np.zeros((b, new_bucket), np.float32)),
         length=self._put(np.zeros((b,), np.int32)), budget=self._put(budget),
         done=self._put(done), finish=self._put(np.where(done, _LENGTH, _RUNNING).astype(np.int32)),
-        step=jnp.zeros((), jnp.int32), rng=jax.random.key(seed))
+        step=self._replicate(jnp.zeros((), jnp.int32)),
+        rng=self._replicate(jax.random.key(seed)))
 
     interval = self.stop_check_interval if stop else max_new_tokens
     checked = np.zeros((b,), np.int64)

@@ -67,7 +67,8 @@ def test_init_is_deterministic_and_distinct_per_layer():
   chex.assert_trees_all_equal(a, b)
   chex.assert_tree_all_finite(a)
   q = np.asarray(a["layers"]["q"])
-  assert not np.array_equal(q[0], q[1])  # each stacked layer has its own draw
+  with pytest.raises(AssertionError):  # each stacked layer has its own draw
+    chex.assert_trees_all_equal(q[0], q[1])
   assert abs(float(np.std(q)) - 0.02) < 0.005
 
 
