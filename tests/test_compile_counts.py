@@ -18,8 +18,8 @@ from scope_jax import sharding as shd
 from scope_jax.models import init_params, tiny_config
 from scope_jax.rl import learner as learner_lib
 from scope_jax.rl import optim, train_step
-from scope_jax.rollout.types import Span, Trajectory
 from scope_jax.sampling import sampler as sampler_lib
+from tests.rollout.fakes import random_trajectory
 
 CFG = tiny_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1,
                   head_dim=16)
@@ -89,11 +89,7 @@ def test_roles_differing_only_in_temperature_share_one_decode(params, monkeypatc
 
 
 def _traj(rng, prompt_len, response_len):
-  tokens = rng.integers(1, CFG.vocab_size, prompt_len + response_len).astype(np.int32)
-  mask = np.r_[np.zeros(prompt_len), np.ones(response_len)].astype(np.int32)
-  logp = np.where(mask > 0, -1.0, 0.0).astype(np.float32)
-  return Trajectory(tokens, mask, logp, prompt_len, [Span(0, prompt_len, "prompt")], [], None,
-                    None, "eos")
+  return random_trajectory(rng, CFG.vocab_size, prompt_len, response_len)
 
 
 def test_train_step_traces_once_across_updates(params, monkeypatch):

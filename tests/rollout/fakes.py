@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from scope_jax.rollout.types import Span, Trajectory
 from scope_jax.sampling import SampleResult
 from scope_jax.sampling.stops import find_stop
 
@@ -56,3 +57,12 @@ class DictTool:
     if self.fail:
       raise ConnectionError("index offline")
     return [self.docs.get(q, "Doc 1(Title: None) nothing found") for q in queries]
+
+
+def random_trajectory(rng, vocab_size: int, prompt_len: int, response_len: int) -> Trajectory:
+  """A one-turn trajectory of random tokens whose response has sampler log-prob −1 per token."""
+  tokens = rng.integers(1, vocab_size, prompt_len + response_len).astype(np.int32)
+  mask = np.r_[np.zeros(prompt_len), np.ones(response_len)].astype(np.int32)
+  logp = np.where(mask > 0, -1.0, 0.0).astype(np.float32)
+  return Trajectory(tokens, mask, logp, prompt_len, [Span(0, prompt_len, "prompt")], [], None,
+                    None, "eos")
