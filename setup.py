@@ -29,6 +29,7 @@ setup(
         "tqdm>=4.60",
         "tensorboardX>=2.6",
         "requests>=2.31",
+        "math-verify>=0.8",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "torch==2.13.0", "gguf>=0.10",

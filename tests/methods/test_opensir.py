@@ -1,0 +1,215 @@
+"""OpenSIR end to end: configs, one scripted step through the real update, state, CLI, resume."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import chex
+import numpy as np
+import pytest
+
+from configs import opensir as opensir_config
+from scope_jax import metrics as metrics_lib
+from scope_jax.methods import opensir, runner, runtime, warmup
+from scope_jax.sampling import SampleResult
+from tests.methods.cli import kill_once_exists
+from tests.methods.scripted import play_all_roles
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class ScriptedOpenSirSampler:
+  """Teacher: 'What is a + b?' with concepts (1 row in 5 without them, so not legal); student:
+  the right sum in the answer sentence 3 times in 5, else a near miss. Deterministic per seed."""
+
+  def __init__(self, tokenizer):
+    self.tok = tokenizer
+
+  def update_params(self, params):
+    del params
+
+  def _answer(self, text, rng):
+    if "create a math problem" in text:
+      a, b = (int(x) for x in rng.integers(1, 9, size=2))
+      concepts = "" if rng.random() < 0.2 else "<concepts>integer addition</concepts>"
+      return f"<think>Addition.</think>\n<problem>What is {a} + {b}?</problem>\n{concepts}"
+    a, b = (int(x) for x in re.findall(r"What is (\d+) \+ (\d+)\?", text)[-1])
+    answer = a + b if rng.random() < 0.6 else a + b + int(rng.integers(1, 3))
+    return f"{a} + {b} = {answer}.\nTherefore, the final answer is: $\\boxed{{{answer}}}$"
+
+  def generate(self, prompts, *, max_new_tokens, num_samples=1, seed=0, stop=(), **_):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, p in enumerate(prompts):
+      text = self.tok.decode(p)
+      for _ in range(num_samples):
+        ids = self.tok.encode(self._answer(text, rng))[:max_new_tokens - 1] + [self.tok.eos_token_id]
+        out.append(SampleResult(np.asarray(ids, np.int32), np.full(len(ids), -2.0, np.float32),
+                                "eos", i, text=self.tok.decode(ids)))
+    return out
+
+
+def small_config(**overrides):
+  c = opensir_config.get_config("demo")
+  c.warmup.steps = 0
+  c.progress = False
+  c.opensir.roles.teacher.max_new_tokens = 64
+  c.opensir.roles.student.max_new_tokens = 48
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+@pytest.mark.parametrize("preset", opensir_config.PRESETS)
+def test_every_preset_loads(preset):
+  c = opensir_config.get_config(preset)
+  assert c.method == "opensir" and c.preset == preset
+  o = c.opensir
+  assert o.seed_problem == "What is 1+1?" and tuple(o.solve_rate_band) == (0.5, 0.9)
+  assert (o.diversity_top_k, o.adv_eps, o.student_format_weight) == (5, 1e-4, 0.1)
+  if preset == "paper":
+    assert (o.units_per_step * (o.group_size + o.num_solutions), o.groups_per_unit) == (256, 4)
+    assert (o.group_size, o.num_solutions, o.length_cap, o.length_baseline) == (8, 8, 1000, 1000)
+    assert (c.optim.lr, c.optim.warmup_steps, c.optim.grad_clip) == (3e-7, 25, 0.5)
+    assert (c.loss.kl_beta, c.loss.kl_kind, c.loss.agg_mode) == (1e-4, "k3", "token-mean")
+    assert (c.opensir.roles.student.temperature, c.opensir.roles.student.max_new_tokens) == (1.0, 2048)
+    assert (c.rollout.max_prompt_tokens, c.total_steps) == (1024, 200)
+    assert c.model.source == "preset:llama3.2-3b"
+
+
+def test_validation_names_the_fix():
+  with pytest.raises(ValueError, match="solve_rate_band=.*0 <= low < high <= 1"):
+    runner.validate(small_config(**{"opensir.solve_rate_band": (0.9, 0.5)}))
+  with pytest.raises(ValueError, match="num_solutions must be at least 2"):
+    runner.validate(small_config(**{"opensir.num_solutions": 1}))
+  paper = opensir_config.get_config("paper")
+  paper.model.tokenizer = "demo"
+  with pytest.raises(ValueError, match="opensir.encoder is empty"):
+    runner.validate(paper)
+
+
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory):
+  """One scripted step; the trajectories and advantages handed to the learner are kept."""
+  # With the paper's KL (β = 1e-4, k3) to the initial model.
+  rt = runtime.Runtime(small_config(**{"loss.kl_beta": 1e-4}),
+                       str(tmp_path_factory.mktemp("opensir")))
+  method = opensir.OpenSir(rt)
+  play_all_roles(rt, ScriptedOpenSirSampler(rt.tokenizer))
+  seen = {}
+  train = rt.train
+
+  def spy(policy, trajs, advs, **kw):
+    seen["trajs"], seen["advs"] = list(trajs), list(advs)
+    return train(policy, trajs, advs, **kw)
+
+  rt.train = spy
+  before = np.asarray(method.policy.state.params["embed"]).copy()
+  rt.begin_step(0)
+  metrics = method.step(0)
+  return rt, method, metrics, seen, before
+
+
+def test_scripted_step_runs_every_phase(stepped):
+  rt, method, m, seen, before = stepped
+  o = rt.config.opensir
+  assert m["teacher/problems"] == o.units_per_step * o.groups_per_unit * o.group_size
+  assert 0 < m["teacher/legal_rate"] < 1  # a fifth of the problems lack concepts
+  assert m["student/rated_problems"] > 0 and m["student/valid_answer_rate"] == 1.0
+  assert m["student/format"] == 1.0 and m["teacher/solv/max"] > 0
+  assert m["train/teacher_rows"] == o.units_per_step * o.group_size
+  assert m["train/student_rows"] == o.units_per_step * o.num_solutions
+  assert m["pool/size"] == 1 + round(m["teacher/legal_rate"] * m["teacher/problems"])
+  assert m["pool/distinct_concepts"] == 1  # 'integer addition'
+  chex.assert_tree_all_finite((m["train/loss"], m["train/kl"]))
+  with pytest.raises(AssertionError):  # the policy trained
+    chex.assert_trees_all_close(before, np.asarray(method.policy.state.params["embed"]),
+                                rtol=1e-5, atol=1e-8)
+  assert len(seen["trajs"]) == len(seen["advs"]) == m["train/teacher_rows"] + m["train/student_rows"]
+
+
+def test_teacher_rows_have_concepts_masked_and_group_advantages(stepped):
+  rt, method, m, seen, _ = stepped
+  o = rt.config.opensir
+  decode = lambda ids: rt.tokenizer.decode(list(ids), skip_special_tokens=False)
+  teacher = seen["trajs"][:o.group_size]
+  for t in teacher:
+    trained = decode(t.tokens[t.loss_mask.astype(bool)])
+    assert "<concepts>" not in trained and "integer addition" not in trained
+    assert "<problem>" in trained
+  # Per unit: g teacher rows, then n student rows; each group z-scored on its own with the
+  # unbiased std (and eps 1e-4).
+  sizes = [o.group_size, o.num_solutions] * o.units_per_step
+  starts = np.cumsum([0] + sizes)
+  for start, size in zip(starts, sizes):
+    a = np.asarray(seen["advs"][start:start + size], np.float64)
+    np.testing.assert_allclose(a.mean(), 0.0, rtol=0, atol=1e-5)
+    if np.any(a != 0):
+      np.testing.assert_allclose(a.std(ddof=1), 1.0, rtol=0, atol=1e-3)
+
+
+def test_pool_and_rng_round_trip_exactly(stepped):
+  rt, method, _, _, _ = stepped
+  state = json.loads(json.dumps(method.host_state()))  # what the checkpoint stores
+  fresh = opensir.OpenSir.__new__(opensir.OpenSir)
+  fresh.cfg, fresh.encoder, fresh.rng = method.cfg, method.encoder, np.random.default_rng(123)
+  fresh.load_host_state(state)
+  assert fresh.pool.problems == method.pool.problems
+  assert fresh.pool.concepts == method.pool.concepts
+  chex.assert_trees_all_equal(fresh.pool.embeddings, method.pool.embeddings)
+  assert fresh.rng.bit_generator.state == method.rng.bit_generator.state
+
+
+def test_the_bundled_demo_model_was_fitted_on_these_demonstrations(tmp_path):
+  meta = json.loads((warmup.BUNDLED / "warmup.json").read_text())
+  c = opensir_config.get_config("demo")
+  rt, method = runner.build(c, str(tmp_path), warm_start=False)
+  assert meta["settings"] == warmup.settings_key(c, rt.model_config)
+  assert meta["demos"]["opensir"] == warmup.demos_digest(warmup.demonstrations(method, c))
+
+
+def _run(workdir, steps, wait=True):
+  cmd = [sys.executable, "-m", "scope_jax.main", "--config=configs/opensir.py",
+         f"--workdir={workdir}", f"--config.total_steps={steps}"]
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  if wait:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+  return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                          env=env)
+
+
+def test_cli_default_demo_runs_every_phase_on_the_models_own_output(tmp_path):
+  """The README's OpenSIR command: the bundled demo model writes legal problems, its students
+  answer them in the boxed sentence, and both roles train."""
+  out = _run(tmp_path / "run", 2)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "Using the bundled warmed-up demo model" in out.stderr
+  records = metrics_lib.read_jsonl(tmp_path / "run" / "metrics.jsonl")
+  assert [r["step"] for r in records] == [0, 1]
+  total = lambda key: sum(r.get(key, 0) for r in records)
+  assert total("teacher/legal_rate") > 0 and total("student/rated_problems") > 0
+  assert total("student/format") > 0 and total("train/student_rows") > 0
+  assert total("train/teacher_rows") > 0 and all("train/loss" in r for r in records)
+  assert records[-1]["pool/size"] > 1
+  samples = (tmp_path / "run" / "samples.log").read_text()
+  assert "solve rate" in samples and "concepts" in samples
+  assert list((tmp_path / "run" / "tb").iterdir())
+  assert (tmp_path / "run" / "checkpoints" / "1").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_reach_the_same_pool(tmp_path):
+  full = _run(tmp_path / "full", 3)
+  assert full.returncode == 0, full.stderr[-2000:]
+  proc = _run(tmp_path / "cut", 3, wait=False)
+  kill_once_exists(proc, tmp_path / "cut" / "checkpoints" / "0", timeout=600)
+  resumed = _run(tmp_path / "cut", 3)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert "Resuming from checkpoint step" in resumed.stderr
+  a = {r["step"]: r for r in metrics_lib.read_jsonl(tmp_path / "full" / "metrics.jsonl")}
+  b = {r["step"]: r for r in metrics_lib.read_jsonl(tmp_path / "cut" / "metrics.jsonl")}
+  keep = lambda r: {k: v for k, v in r.items() if not k.startswith(("time/", "mathcheck/"))
+                    and "per_s" not in k}
+  for step in (1, 2):
+    assert keep(a[step]) == keep(b[step]), step

@@ -1,0 +1,131 @@
+"""Math answers: math-verify equivalence, the screen, the worker's timeout, and a fuzz of 10,000
+random and adversarial strings within a stated time budget."""
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from scope_jax.rewards import mathcheck
+
+# The fuzz's budget on one CPU core: the screen answers in microseconds, a parse in milliseconds
+# (about 15 s for the 10,000 strings here), and no single call may exceed the worker's deadline.
+FUZZ_BUDGET_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def checker():
+  c = mathcheck.MathChecker(timeout=1)
+  yield c
+  c.close()
+
+
+def test_equivalent_answers(checker):
+  assert checker.canonical("1/2") == checker.canonical("0.5") == checker.canonical("\\frac{1}{2}")
+  assert checker.boxed("so \\boxed{1/2}") == checker.boxed("$\\boxed{0.5}$") == "1/2"
+  assert checker.equivalent("1/2", "0.5") and checker.equivalent("\\frac{1}{2}", "0.5")
+  assert checker.equivalent("2^{10}", "1024") and checker.equivalent("x+1", "1+x")
+  assert checker.boxed("\\boxed{2}") != checker.boxed("\\boxed{3}")
+  assert not checker.equivalent("2", "3")
+  assert checker.boxed("Therefore, the final answer is: $\\boxed{\\frac{3}{4}}$") == "3/4"
+
+
+def test_what_is_not_an_answer(checker):
+  for text in ("no box here", "\\boxed{", "\\boxed{}", "\\boxed{ANSWER}", "\\boxed{apples}"):
+    assert checker.boxed(text) is None, text
+  assert not checker.equivalent(None, "1") and not checker.equivalent("apples", "apples")
+
+
+@pytest.mark.parametrize("answer, reason", [
+    ("1" * 300, "too_long"), ("(" * 20 + "1" + ")" * 20, "too_deep"),
+    ("10^{10^{10}}", "too_large"), ("9^9^9", "too_large"), ("2^{10000000}", "too_large"),
+    ("10!!!!", "too_large"), ("1" * 50, "too_large"), ("apple pie", "not_math")])
+def test_the_screen_rejects_without_parsing(answer, reason):
+  assert mathcheck.screen(answer) == reason
+  assert mathcheck.screen("x^2+y^2") is None and mathcheck.screen("(2^3)^4") is None
+
+
+def test_a_pathological_expression_costs_bounded_time(monkeypatch):
+  """A power tower past the screen: math-verify's own timeout ends the comparison."""
+  monkeypatch.setattr(mathcheck, "screen", lambda answer: None)
+  c = mathcheck.MathChecker(timeout=1)
+  try:
+    c.canonical("1")  # the worker is up
+    start = time.perf_counter()
+    assert not c.equivalent("10^{10^{10}}", "5")
+    assert time.perf_counter() - start < 3 * c.timeout + c.grace
+    assert c.equivalent("1/2", "0.5")  # and the worker still answers
+  finally:
+    c.close()
+
+
+class _HungChecker(mathcheck.MathChecker):
+  """A worker that starts, then never answers (a computation no signal interrupts)."""
+
+  def _start(self):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('{\"ready\": true}', flush=True); "
+         "time.sleep(600)"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert self._read(proc, 60) == {"ready": True}
+    return proc
+
+
+def test_a_worker_that_never_answers_is_killed_and_replaced():
+  c = _HungChecker(timeout=1, grace=0.5)
+  try:
+    start = time.perf_counter()
+    assert c.canonical("1/2") is None  # counts as invalid
+    assert time.perf_counter() - start < c.timeout + c.grace + 5
+    assert c.counters["timeouts"] == 1 and c._proc is None
+    assert c.canonical("3/4") is None and c.counters["timeouts"] == 2  # a fresh worker each time
+  finally:
+    c.close()
+
+
+ALPHABET = list("0123456789+-*/^()[]{}.,=!xy \\") + [
+    "\\frac", "\\sqrt", "\\pi", "\\cdot", "\\boxed{", "}", "^{", "\\left(", "\\right)", "e",
+    "\\infty", "\\sum", "\\int", "\\text{", "$", "\\\\", "%"]
+
+
+def fuzz_strings(n: int, seed: int = 0) -> list[str]:
+  """Random token soups and adversarial shapes: deep nesting, power towers, huge exponents and
+  literals, unbalanced braces, very long inputs."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    kind = i % 10
+    if kind < 5:
+      out.append("".join(rng.choice(ALPHABET, int(rng.integers(1, 40)))))
+    elif kind == 5:
+      d = int(rng.integers(1, 400))
+      out.append("{" * d + "1" + "}" * int(rng.integers(0, d + 1)))
+    elif kind == 6:
+      a, b, c = (int(x) for x in rng.integers(2, 99, size=3))
+      out.append(rng.choice([f"{a}^{{{b}^{{{c}}}}}", f"{a}^{b}^{c}", f"{a}^{{{10**7 + b}}}",
+                             f"{a}!!!", "9" * int(rng.integers(30, 400))]))
+    elif kind == 7:
+      out.append("1+" * int(rng.integers(100, 50_000)) + "1")
+    elif kind == 8:
+      out.append("\\frac{" * int(rng.integers(1, 60)) + "1" + "}" * int(rng.integers(0, 3)))
+    else:
+      out.append("x" * int(rng.integers(1, 200_000)))
+  return out
+
+
+def test_fuzz_ten_thousand_strings_within_budget(checker):
+  strings = fuzz_strings(10_000)
+  start, worst = time.perf_counter(), 0.0
+  for i, s in enumerate(strings):
+    t0 = time.perf_counter()
+    for value in (checker.canonical(s), checker.boxed(f"Answer: \\boxed{{{s}}}"),
+                  checker.boxed(s)):
+      assert value is None or isinstance(value, str)
+    if i % 50 == 0:
+      assert isinstance(checker.equivalent(s, "2"), bool)
+    worst = max(worst, time.perf_counter() - t0)
+  total = time.perf_counter() - start
+  assert total < FUZZ_BUDGET_S, total
+  assert worst < 4 * (3 * checker.timeout + checker.grace) + 10, worst
+  assert checker.counters["calls"] > 1000  # the worker parsed most of the short ones
