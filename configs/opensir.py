@@ -44,8 +44,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.opensir.adv_eps = 1e-4  # group z-score epsilon (unbiased std)
   c.opensir.mask_concepts = True  # <concepts> tokens out of the teacher's loss
   c.opensir.math_timeout = 1  # seconds per math-verify parse or comparison
+  # Prompts are one user turn (the released code's form for Gemma; for Llama and Qwen it puts
+  # the instructions in a system message). The pool grows after each whole step, and diversity
+  # compares against this step's problems (the released code: after each micro-batch of 32).
   c.opensir.roles = ml_collections.ConfigDict(dict(
-      teacher=base.role(1024, temperature=1.0, top_p=1.0),
+      teacher=base.role(2048, temperature=1.0, top_p=1.0),  # max_completion_length: both roles
       student=base.role(2048, temperature=1.0, top_p=1.0)))
 
   # The released config: lr 3e-7 constant after 25 warm-up steps (the paper's text says 10
@@ -59,7 +62,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.loss.kl_beta = 1e-4
   c.loss.kl_kind = "k3"
   c.loss.temperature = 1.0
-  c.rollout.max_context = 3072  # prompt (max 1024) + solution (max 2048)
+  c.rollout.max_context = 3072  # prompt (max 1024) + completion (max 2048)
   c.rollout.max_prompt_tokens = 1024
   c.total_steps = 200
 

@@ -20,7 +20,6 @@ LENGTH_CAP = 1000.0  # tokens: min(mean length, cap) / baseline
 LENGTH_BASELINE = 1000.0
 TOP_K_SIMILAR = 5
 MAX_TEXT = 20_000
-_THINK = re.compile(r"<think>\s*(.*?)\s*</think>", re.DOTALL)
 _STUDENT_FORMAT = re.compile(r"Therefore, the final answer is: \$\\boxed\{(.+)\}\$")
 
 
@@ -33,12 +32,14 @@ class Problem:
 
 
 def tag_content(text: str, tag: str) -> tuple[int, int] | None:
-  """(start, end) character offsets of the first `<tag>…</tag>` element, tags included; None if
-  it is missing or never closes. Two `find`s: linear time."""
-  start = text.find(f"<{tag}>")
+  """(start, end) character offsets of the first `<tag>…</tag>` element, tags included, matched
+  case-insensitively as the released code does; None if it is missing or never closes. Two
+  `find`s on the lower-cased text: linear time on any input (no backtracking regex)."""
+  low = text.lower()
+  start = low.find(f"<{tag}>")
   if start < 0:
     return None
-  end = text.find(f"</{tag}>", start)
+  end = low.find(f"</{tag}>", start)
   return None if end < 0 else (start, end + len(tag) + 3)
 
 
@@ -50,12 +51,9 @@ def _inner(text: str, tag: str) -> str | None:
 def parse_problem(text: str) -> Problem | None:
   """The teacher's problem if it is legal: a `<problem>` of at least 10 characters that is not
   '...', and a one-line `<concepts>` list of at most 3 comma-separated items of which at least
-  one has 10 or more characters (shorter ones are dropped). `<question>` is accepted for
-  `<problem>` (the paper's §2.3.1 wording)."""
+  one has 10 or more characters (shorter ones are dropped)."""
   text = str(text)[:MAX_TEXT]
   problem = _inner(text, "problem")
-  if problem is None:
-    problem = _inner(text, "question")
   if problem is None or problem == "..." or len(problem) < MIN_PROBLEM_CHARS:
     return None
   concepts = _inner(text, "concepts")
@@ -70,7 +68,7 @@ def parse_problem(text: str) -> Problem | None:
 
 def teacher_format(text: str, problem: Problem | None) -> float:
   """1 iff the problem is legal and the response explains it inside `<think>…</think>`."""
-  return float(problem is not None and _THINK.search(str(text)[:MAX_TEXT]) is not None)
+  return float(problem is not None and tag_content(str(text)[:MAX_TEXT], "think") is not None)
 
 
 def student_format(text: str) -> float:
@@ -153,13 +151,11 @@ def combined(solv: float | None, div: float | None, w_solv: float = 1.0,
 
 
 def select_group(c_GP: Sequence[Sequence[float | None]]) -> int:
-  """The group whose combined scores vary most (unbiased variance over the defined scores, 0
-  with one; a group with none defined ranks last). Ties go to the first."""
+  """The group whose combined scores vary most (population variance over the defined scores, as
+  the released code computes it; a group with none defined ranks last). Ties go to the first."""
   def variance(group):
     vals = [c for c in group if c is not None]
-    if not vals:
-      return -1.0
-    return float(np.var(vals, ddof=1)) if len(vals) > 1 else 0.0
+    return float(np.var(vals)) if vals else -1.0
   scores = [variance(g) for g in c_GP]
   return int(np.argmax(scores))
 

@@ -67,6 +67,8 @@ def test_format_rewards():
   assert R.teacher_format(TEACHER, problem) == 1.0
   no_think = TEACHER.split("\n", 1)[1]
   assert R.teacher_format(no_think, R.parse_problem(no_think)) == 0.0
+  unclosed = "<think>" + " " * 20_000 + no_think  # linear time, no backtracking
+  assert R.teacher_format(unclosed, R.parse_problem(unclosed)) == 0.0
   assert R.teacher_format("<think>x</think> <problem>2+2</problem>", None) == 0.0  # not legal
   assert R.student_format("7 * 8 = 56.\nTherefore, the final answer is: $\\boxed{56}$") == 1.0
   assert R.student_format("The answer is \\boxed{56}.") == 0.0
@@ -76,7 +78,8 @@ def test_format_rewards():
 def test_legal_problems():
   p = R.parse_problem(TEACHER)
   assert p == R.Problem("What is 7 * 8?", ("integer multiplication",))
-  assert R.parse_problem(TEACHER.replace("problem>", "question>")) == p  # the paper's tag
+  assert R.parse_problem(TEACHER.replace("problem>", "PROBLEM>")) == p  # tags in any case
+  assert R.parse_problem(TEACHER.replace("problem>", "question>")) is None  # released rule
   # Short concepts are dropped; at least one of 10+ characters must remain.
   mixed = "<problem>What is 7 * 8?</problem><concepts>Arithmetic, products, Integer Multiplication</concepts>"
   assert R.parse_problem(mixed).concepts == ("arithmetic", "integer multiplication")
@@ -101,9 +104,13 @@ def test_teacher_and_student_rewards():
 
 
 def test_selection_of_the_most_varied_group_and_the_best_problem():
-  # Unbiased variances: [1, 1, 1] → 0; [0, 2, None] → 2; none defined → ranks last.
+  # Population variances: [1, 1, 1] → 0; [0, 2, None] → 1; none defined → ranks last.
   assert R.select_group([[1.0, 1.0, 1.0], [0.0, 2.0, None], [None, None]]) == 1
   assert R.select_group([[0.5], [None], [0.1, 0.3]]) == 2  # one score has variance 0
+  # Two scores [0.2, 1.2] (0.25) against eight with population variance 0.3: the eight win
+  # (an unbiased variance would pick the pair, 0.5 against 0.34).
+  eight = list(0.5 + np.sqrt(0.3) * np.array([1, -1] * 4))
+  assert R.select_group([[0.2, 1.2], eight]) == 1
   assert R.select_group([[None], [None]]) == 0
   assert R.combined(0.25, 0.5) == 0.75 and R.combined(None, 0.5) is None
   assert R.select_problem([None, 0.3, 0.9, 0.9]) == 2  # the first of the best
