@@ -19,6 +19,7 @@ Where the warmed weights come from, first match wins:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -50,11 +51,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"warmup.{name} must be positive when warmup.steps > 0, got {w[name]}.")
 
 
+def _model_fields(model_config) -> dict:
+  """The architecture's fields that differ from their defaults: a stable description (adding
+  a defaulted field for another family changes no existing key)."""
+  return {f.name: getattr(model_config, f.name) for f in dataclasses.fields(model_config)
+          if f.default is dataclasses.MISSING or getattr(model_config, f.name) != f.default}
+
+
 def settings_key(config: ml_collections.ConfigDict, model_config) -> str:
   """What the fit depends on besides the demonstrations: model, warm-up settings, seed, dtypes."""
   w = config.warmup
-  blob = json.dumps([repr(model_config), [w.steps, w.lr, w.batch_rows], config.seed,
-                     config.model.param_dtype, config.model.dtype], default=str)
+  blob = json.dumps([_model_fields(model_config), [w.steps, w.lr, w.batch_rows], config.seed,
+                     config.model.param_dtype, config.model.dtype], default=str, sort_keys=True)
   return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

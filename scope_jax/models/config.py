@@ -1,8 +1,10 @@
-"""Architecture description of the decoder family (Llama-3, Qwen2, Qwen2.5, Qwen3).
+"""Architecture description of the decoder families: Llama-3, Qwen2/2.5, Qwen3, Gemma-2, OLMo-2
+and OLMo-3.
 
 One frozen, hashable dataclass describes every supported checkpoint; the variants differ by flags
-(qkv bias, q/k norm, rope scaling, tied embeddings), never by copies of the code. Being hashable, a
-`ModelConfig` can be a static argument of `jax.jit`.
+(qkv bias, q/k norm over heads or the whole projection, rope scaling, tied embeddings, norm
+placement, GeGLU, soft-capping, sliding-window layers), never by copies of the code. Being
+hashable, a `ModelConfig` can be a static argument of `jax.jit`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma2", "olmo2", "olmo3")
+NORM_LAYOUTS = ("pre", "sandwich", "post")  # Llama/Qwen, Gemma-2 (pre + post), OLMo-2/3 (post)
+ACTIVATIONS = ("silu", "gelu_tanh")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -48,6 +53,17 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   pad_token_id: int | None = None
+  # Gemma-2 / OLMo families (defaults are the Llama/Qwen behaviour):
+  norm_layout: str = "pre"  # 'pre' | 'sandwich' (pre and post norms) | 'post' (post norms only)
+  norm_plus_one: bool = False  # Gemma: RMSNorm scales by (1 + w), in float32
+  qk_norm_full: bool = False  # OLMo: q/k RMSNorm over the whole projection (N·H), not per head
+  hidden_act: str = "silu"  # 'silu' (SwiGLU) | 'gelu_tanh' (GeGLU, Gemma)
+  embed_scale: bool = False  # Gemma: embeddings times √D
+  query_pre_attn_scalar: float = 0.0  # Gemma: scores scaled by scalar^-½ (0: head_dim^-½)
+  attn_softcap: float = 0.0  # Gemma-2: cap·tanh(scores / cap) (0: off)
+  final_softcap: float = 0.0  # Gemma-2: cap·tanh(logits / cap) (0: off)
+  sliding_window: int = 0  # keys within this many positions on 'sliding_attention' layers
+  layer_types: tuple[str, ...] = ()  # per layer: 'full_attention' | 'sliding_attention' ('' = all full)
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -61,6 +77,29 @@ class ModelConfig:
     if self.rope_scaling is not None and self.rope_scaling.rope_type not in SUPPORTED_ROPE_TYPES:
       raise ValueError(f"Unsupported rope_type {self.rope_scaling.rope_type!r}; supported: "
                        f"{', '.join(SUPPORTED_ROPE_TYPES)}.")
+    if self.norm_layout not in NORM_LAYOUTS:
+      raise ValueError(f"norm_layout={self.norm_layout!r}; supported: {', '.join(NORM_LAYOUTS)}.")
+    if self.hidden_act not in ACTIVATIONS:
+      raise ValueError(f"hidden_act={self.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}.")
+    if self.layer_types:
+      if len(self.layer_types) != self.num_layers:
+        raise ValueError(f"layer_types has {len(self.layer_types)} entries for "
+                         f"{self.num_layers} layers.")
+      bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+      if bad:
+        raise ValueError(f"Unknown layer types {bad}; supported: {', '.join(LAYER_TYPES)}.")
+      if "sliding_attention" in self.layer_types and self.sliding_window < 1:
+        raise ValueError("Sliding-attention layers need sliding_window >= 1.")
+
+  @property
+  def windows(self) -> tuple[int, ...]:
+    """Per layer: the attention window in positions (0 = global attention)."""
+    types = self.layer_types or ("full_attention",) * self.num_layers
+    return tuple(self.sliding_window if t == "sliding_attention" else 0 for t in types)
+
+  @property
+  def attn_scale(self) -> float:
+    return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
   @property
   def num_groups(self) -> int:
@@ -86,8 +125,9 @@ class ModelConfig:
     if self.qkv_bias:
       attn += n * h + 2 * k * h
     if self.qk_norm:
-      attn += 2 * h
-    layer = attn + 3 * d * f + 2 * d
+      attn += (n * h + k * h) if self.qk_norm_full else 2 * h
+    norms = {"pre": 2, "sandwich": 4, "post": 2}[self.norm_layout]
+    layer = attn + 3 * d * f + norms * d
     emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
     return self.num_layers * layer + emb + d
 
@@ -105,20 +145,24 @@ class ModelConfig:
       if key not in hf:
         raise ValueError(f"config.json for model_type {model_type!r} is missing {key!r}.")
     n = int(hf["num_attention_heads"])
+    layers = int(hf["num_hidden_layers"])
     head_dim = hf.get("head_dim") or hf["hidden_size"] // n
     rope_theta, rope_scaling = _read_rope(hf)
     if model_type == "qwen2":
       qkv_bias = True
     else:
       qkv_bias = bool(hf.get("attention_bias", False))
-    if hf.get("use_sliding_window"):
-      raise ValueError("use_sliding_window=true is not supported; full attention only.")
+    if hf.get("use_sliding_window") and model_type in ("qwen2", "qwen3"):
+      raise ValueError("use_sliding_window=true is not supported for Qwen; full attention only.")
+    family = _family_fields(model_type, hf, layers)
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
+    family["hidden_act"] = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu_tanh"}.get(act, act)
     return cls(
         model_type=model_type,
         vocab_size=int(hf["vocab_size"]),
         hidden_size=int(hf["hidden_size"]),
         intermediate_size=int(hf["intermediate_size"]),
-        num_layers=int(hf["num_hidden_layers"]),
+        num_layers=layers,
         num_heads=n,
         num_kv_heads=int(hf.get("num_key_value_heads") or n),
         head_dim=int(head_dim),
@@ -126,18 +170,20 @@ class ModelConfig:
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         qkv_bias=qkv_bias,
-        qk_norm=model_type == "qwen3",
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qk_norm=model_type in ("qwen3", "olmo2", "olmo3"),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", model_type == "gemma2")),
         max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=_as_id(hf.get("eos_token_id")),
         pad_token_id=hf.get("pad_token_id"),
+        **family,
     )
 
   def to_hf_config(self, torch_dtype: str = "float32") -> dict[str, Any]:
     """A `config.json` dict that `transformers.AutoConfig` reads back into the same model."""
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+            "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+            "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}[self.model_type]
     out: dict[str, Any] = {
         "architectures": [arch],
         "model_type": self.model_type,
@@ -168,8 +214,19 @@ class ModelConfig:
             original_max_position_embeddings=self.rope_scaling.original_max_position_embeddings)
     if self.model_type == "llama":
       out.update(attention_bias=self.qkv_bias, mlp_bias=False)
-    elif self.model_type == "qwen3":
+    elif self.model_type in ("qwen3", "gemma2", "olmo2", "olmo3"):
       out.update(attention_bias=self.qkv_bias)
+    if self.model_type == "gemma2":
+      out.update(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+                 query_pre_attn_scalar=int(self.query_pre_attn_scalar or self.head_dim),
+                 attn_logit_softcapping=self.attn_softcap or None,
+                 final_logit_softcapping=self.final_softcap or None)
+    if self.model_type in ("gemma2", "olmo3"):
+      out.update(sliding_window=self.sliding_window or None, layer_types=list(
+          self.layer_types or ("full_attention",) * self.num_layers))
+    if self.model_type == "olmo3":  # one rope for both layer types, stated per type as HF reads it
+      rope = dict(out["rope_scaling"] or {"rope_type": "default"}, rope_theta=self.rope_theta)
+      out["rope_parameters"] = {t: dict(rope) for t in LAYER_TYPES}
     if self.model_type in ("qwen2", "qwen3"):
       out.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_layers)
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -177,6 +234,26 @@ class ModelConfig:
       if value is not None:
         out[key] = list(value) if isinstance(value, tuple) else value
     return out
+
+
+def _family_fields(model_type: str, hf: Mapping[str, Any], layers: int) -> dict[str, Any]:
+  """The Gemma-2 / OLMo fields of a HF config (HF's defaults where a key is absent)."""
+  if model_type == "gemma2":
+    types = hf.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    return dict(norm_layout="sandwich", norm_plus_one=True, embed_scale=True,
+                query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or 256),
+                attn_softcap=float(hf.get("attn_logit_softcapping") or 0.0),
+                final_softcap=float(hf.get("final_logit_softcapping") or 0.0),
+                sliding_window=int(hf.get("sliding_window") or 4096), layer_types=tuple(types))
+  if model_type in ("olmo2", "olmo3"):
+    out: dict[str, Any] = dict(norm_layout="post", qk_norm_full=True)
+    if model_type == "olmo3":
+      types = hf.get("layer_types") or [
+          "sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
+      out.update(sliding_window=int(hf.get("sliding_window") or 4096), layer_types=tuple(types))
+    return out
+  return {}
 
 
 def _as_id(value):
@@ -192,8 +269,12 @@ def _read_rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
   theta = hf.get("rope_theta")
   if isinstance(params, Mapping):
     # transformers 5 folds theta and the scaling into one dict (possibly per attention type).
-    if "rope_type" not in params and "rope_theta" not in params and len(params) == 1:
-      params = next(iter(params.values()))
+    if "rope_type" not in params and "rope_theta" not in params:
+      per_type = [dict(v or {}) for v in params.values()]
+      if any(p != per_type[0] for p in per_type[1:]):
+        raise ValueError(f"rope_parameters differ between layer types ({dict(params)}); one "
+                         "rope for all layers is supported.")
+      params = per_type[0]
     theta = params.get("rope_theta", theta)
     scaling = params
   theta = float(theta if theta is not None else 10000.0)
@@ -234,6 +315,24 @@ def _llama3(d, f, layers, n, head_dim, tie, factor):
                      eos_token_id=(128001, 128008, 128009))
 
 
+def _gemma2(d, f, layers, n, k, scalar):
+  return ModelConfig("gemma2", 256000, d, f, layers, n, k, 256, rms_norm_eps=1e-6,
+                     rope_theta=10000.0, tie_embeddings=True, max_position_embeddings=8192,
+                     norm_layout="sandwich", norm_plus_one=True, hidden_act="gelu_tanh",
+                     embed_scale=True, query_pre_attn_scalar=scalar, attn_softcap=50.0,
+                     final_softcap=30.0, sliding_window=4096,
+                     layer_types=("sliding_attention", "full_attention") * (layers // 2),
+                     bos_token_id=2, eos_token_id=(1, 107), pad_token_id=0)
+
+
+def _olmo(model_type, vocab, max_pos, eos, pad, window=0):
+  types = (("sliding_attention",) * 3 + ("full_attention",)) * 8 if window else ()
+  return ModelConfig(model_type, vocab, 4096, 11008, 32, 32, 32, 128, rms_norm_eps=1e-6,
+                     rope_theta=500000.0, max_position_embeddings=max_pos, norm_layout="post",
+                     qk_norm=True, qk_norm_full=True, sliding_window=window, layer_types=types,
+                     eos_token_id=eos, pad_token_id=pad)
+
+
 PRESETS: dict[str, ModelConfig] = {
     "qwen2.5-0.5b": _qwen25(896, 4864, 24, 14, 2, tie=True),
     "qwen2.5-1.5b": _qwen25(1536, 8960, 28, 12, 2, tie=True, max_pos=131072),
@@ -253,6 +352,10 @@ PRESETS: dict[str, ModelConfig] = {
     "llama3.1-70b": _llama3(8192, 28672, 80, 64, 128, tie=False, factor=8.0),
     "llama3.2-1b": _llama3(2048, 8192, 16, 32, 64, tie=True, factor=32.0),
     "llama3.2-3b": _llama3(3072, 8192, 28, 24, 128, tie=True, factor=32.0),
+    "gemma2-2b": _gemma2(2304, 9216, 26, 8, 4, 256.0),
+    "gemma2-9b": _gemma2(3584, 14336, 42, 16, 8, 256.0),
+    "olmo2-7b": _olmo("olmo2", 100352, 4096, 100257, 100277),
+    "olmo3-7b": _olmo("olmo3", 100278, 65536, 100257, 100277, window=4096),
 }
 
 
@@ -275,6 +378,16 @@ def tiny_config(model_type: str = "qwen2", **overrides) -> ModelConfig:
     base.update(qk_norm=True, head_dim=24)
   elif model_type == "llama":
     base.update(rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64))
+  elif model_type == "gemma2":  # caps small enough that tanh bends; a window of 4 positions
+    base.update(num_layers=4, norm_layout="sandwich", norm_plus_one=True, embed_scale=True,
+                hidden_act="gelu_tanh", query_pre_attn_scalar=24.0, attn_softcap=0.5,
+                final_softcap=1.5, sliding_window=4, tie_embeddings=True,
+                layer_types=("sliding_attention", "full_attention") * 2)
+  elif model_type == "olmo2":
+    base.update(norm_layout="post", qk_norm=True, qk_norm_full=True)
+  elif model_type == "olmo3":
+    base.update(num_layers=4, norm_layout="post", qk_norm=True, qk_norm_full=True,
+                sliding_window=4, layer_types=("sliding_attention",) * 3 + ("full_attention",))
   base.update(overrides)
   return ModelConfig(model_type=model_type, **base)
 

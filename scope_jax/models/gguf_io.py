@@ -1,9 +1,10 @@
-"""Real-weights import from llama.cpp GGUF files (qwen2 and llama architectures).
+"""Real-weights import from llama.cpp GGUF files (qwen2, llama, gemma2 and olmo2 architectures).
 
 Tensors are dequantised to float32 with the `gguf` package and renamed to Hugging Face names, so
 the same loader (`hf_io.params_from_source`) that reads safetensors builds the params. llama.cpp's
 llama converter permutes the Q/K rows for its interleaved RoPE; that permutation is undone here
-(qwen2 is stored unpermuted, with NEOX-style RoPE, which is Hugging Face's rotate-half).
+(qwen2, gemma2 and olmo2 are stored unpermuted, with NEOX-style RoPE, which is Hugging Face's
+rotate-half). llama.cpp's Gemma converter stores every norm weight as 1 + w; that is undone too.
 """
 
 from __future__ import annotations
@@ -15,11 +16,21 @@ from scope_jax import sharding as shd
 from scope_jax.models import hf_io
 from scope_jax.models.config import ModelConfig, RopeScaling, rope_inv_freq
 
-SUPPORTED_ARCHS = ("qwen2", "llama")
+SUPPORTED_ARCHS = ("qwen2", "llama", "gemma2", "olmo2")
 
+_NORM_NAMES = {  # per architecture: GGUF norm → HF norm
+    "pre": {"attn_norm.weight": "input_layernorm.weight",
+            "ffn_norm.weight": "post_attention_layernorm.weight"},
+    "gemma2": {"attn_norm.weight": "input_layernorm.weight",
+               "post_attention_norm.weight": "post_attention_layernorm.weight",
+               "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+               "post_ffw_norm.weight": "post_feedforward_layernorm.weight"},
+    "olmo2": {"post_attention_norm.weight": "post_attention_layernorm.weight",
+              "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+              "attn_q_norm.weight": "self_attn.q_norm.weight",
+              "attn_k_norm.weight": "self_attn.k_norm.weight"},
+}
 _LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
@@ -47,6 +58,11 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
           .reshape(w.shape))
 
 
+def layer_names(arch: str) -> dict[str, str]:
+  """GGUF per-layer tensor name → HF name for one architecture."""
+  return {**_LAYER_NAMES, **_NORM_NAMES.get(arch, _NORM_NAMES["pre"])}
+
+
 def config_from_gguf(reader) -> ModelConfig:
   arch = _field(reader, "general.architecture")
   if arch not in SUPPORTED_ARCHS:
@@ -63,19 +79,34 @@ def config_from_gguf(reader) -> ModelConfig:
     scaling = RopeScaling(
         "llama3", float(get("rope.scaling.factor", 8.0)), 1.0, 4.0,
         int(get("rope.scaling.original_context_length", 8192)))
+  family = {}
+  head_dim = int(get("attention.key_length", d // n))
+  layers = int(get("block_count"))
+  if arch == "gemma2":
+    # llama.cpp scales queries by head_dim^-½, except Gemma-2 27B (46 layers): (D / N)^-½.
+    family = dict(norm_layout="sandwich", norm_plus_one=True, embed_scale=True,
+                  hidden_act="gelu_tanh",
+                  query_pre_attn_scalar=float(d // n if layers == 46 else head_dim),
+                  attn_softcap=float(get("attn_logit_softcapping", 0.0) or 0.0),
+                  final_softcap=float(get("final_logit_softcapping", 0.0) or 0.0),
+                  sliding_window=int(get("attention.sliding_window", 4096)),
+                  layer_types=tuple("sliding_attention" if i % 2 == 0 else "full_attention"
+                                    for i in range(layers)))
+  elif arch == "olmo2":
+    family = dict(norm_layout="post", qk_norm=True, qk_norm_full=True)
   return ModelConfig(
-      model_type="qwen2" if arch == "qwen2" else "llama",
+      model_type=arch if arch in ("qwen2", "gemma2", "olmo2") else "llama",
       vocab_size=vocab, hidden_size=d, intermediate_size=int(get("feed_forward_length")),
-      num_layers=int(get("block_count")), num_heads=n,
+      num_layers=layers, num_heads=n,
       num_kv_heads=int(get("attention.head_count_kv", n)),
-      head_dim=int(get("attention.key_length", d // n)),
+      head_dim=head_dim,
       rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
       rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=scaling,
       qkv_bias=arch == "qwen2", tie_embeddings="output.weight" not in names,
       max_position_embeddings=int(get("context_length", 32768)),
       bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
       eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-      pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"))
+      pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"), **family)
 
 
 def read_gguf(path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
@@ -91,17 +122,20 @@ def read_gguf(path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     if t.name == "rope_freqs.weight":
       _check_rope_freqs(config, arr)
       continue
+    if config.norm_plus_one and t.name.endswith("norm.weight"):
+      arr = arr - 1.0  # llama.cpp stores Gemma norms as 1 + w
     if t.name in _TOP_NAMES:
       tensors[_TOP_NAMES[t.name]] = arr
       continue
     parts = t.name.split(".", 2)
-    if parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
+    names = layer_names(config.model_type)
+    if parts[0] != "blk" or parts[2] not in names:
       raise ValueError(f"Unexpected GGUF tensor {t.name!r} for architecture {config.model_type}.")
     if config.model_type == "llama" and parts[2] == "attn_q.weight":
       arr = _unpermute(arr, config.num_heads)
     elif config.model_type == "llama" and parts[2] == "attn_k.weight":
       arr = _unpermute(arr, config.num_kv_heads)
-    tensors[f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"] = arr
+    tensors[f"model.layers.{parts[1]}.{names[parts[2]]}"] = arr
   return config, tensors
 
 

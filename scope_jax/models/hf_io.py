@@ -51,9 +51,15 @@ class _Leaf:
 
 
 _ID2 = ((0,), (1,))
+_NORMS = {  # our norm → HF name, per `norm_layout`
+    "pre": {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"},
+    "sandwich": {"attn_norm": "input_layernorm", "attn_post_norm": "post_attention_layernorm",
+                 "mlp_norm": "pre_feedforward_layernorm",
+                 "mlp_post_norm": "post_feedforward_layernorm"},
+    "post": {"attn_post_norm": "post_attention_layernorm",
+             "mlp_post_norm": "post_feedforward_layernorm"},
+}
 _LAYER_LEAVES = {
-    "attn_norm": _Leaf("input_layernorm.weight", False, ((0,),)),
-    "mlp_norm": _Leaf("post_attention_layernorm.weight", False, ((0,),)),
     "q": _Leaf("self_attn.q_proj.weight", True, ((0,), (1, 2))),
     "k": _Leaf("self_attn.k_proj.weight", True, ((0,), (1, 2))),
     "v": _Leaf("self_attn.v_proj.weight", True, ((0,), (1, 2))),
@@ -99,14 +105,26 @@ def _read_leaf(source: TensorSource, name: str, leaf: _Leaf, our_shape: Sequence
   return arr.reshape(shape)[tuple(inner)]
 
 
+def layer_leaves(config: ModelConfig) -> dict[str, _Leaf]:
+  """How each per-layer parameter of this family is named and laid out in HF checkpoints."""
+  leaves = dict(_LAYER_LEAVES)
+  leaves.update({ours: _Leaf(f"{hf}.weight", False, ((0,),))
+                 for ours, hf in _NORMS[config.norm_layout].items()})
+  if config.qk_norm_full:  # OLMo: HF [N·H] → ours [N, H]
+    leaves["q_norm"] = _Leaf("self_attn.q_norm.weight", False, ((0, 1),))
+    leaves["k_norm"] = _Leaf("self_attn.k_norm.weight", False, ((0, 1),))
+  return leaves
+
+
 def _leaf_table(config: ModelConfig) -> dict[tuple[str, ...], tuple[_Leaf, tuple[int, ...]]]:
   """(path in params) → (storage description, our shape)."""
   shapes = transformer.param_shapes(config)
+  leaves = layer_leaves(config)
   table = {}
   for name, shape in shapes.items():
     if name == "layers":
       for lname, lshape in shape.items():
-        table[("layers", lname)] = (_LAYER_LEAVES[lname], lshape)
+        table[("layers", lname)] = (leaves[lname], lshape)
     else:
       table[(name,)] = (_TOP_LEAVES[name], shape)
   return table

@@ -22,6 +22,7 @@ class KVCache:
   valid: jax.Array  # [B, C] bool: slot holds a real token
   end: jax.Array  # [B] int32: next slot to write
   next_pos: jax.Array  # [B] int32: RoPE position of the row's next real token
+  pos: jax.Array  # [B, C] int32: RoPE position of each slot (sliding windows count positions)
 
   @property
   def capacity(self) -> int:
@@ -39,7 +40,8 @@ def init_cache(config, batch_size: int, capacity: int, dtype=jnp.float32) -> KVC
       k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
       valid=jnp.zeros((batch_size, capacity), bool),
       end=jnp.zeros((batch_size,), jnp.int32),
-      next_pos=jnp.zeros((batch_size,), jnp.int32))
+      next_pos=jnp.zeros((batch_size,), jnp.int32),
+      pos=jnp.zeros((batch_size, capacity), jnp.int32))
 
 
 def block_slots(cache: KVCache, num_tokens: int) -> jax.Array:
@@ -66,18 +68,25 @@ def written_valid(cache: KVCache, slots_BT: jax.Array, mask_BT: jax.Array) -> ja
   return cache.valid.at[rows_BT, slots_BT].set(mask_BT.astype(bool), mode="drop")
 
 
+def written_pos(cache: KVCache, slots_BT: jax.Array, positions_BT: jax.Array) -> jax.Array:
+  """Slot positions [B, C] after writing a block at `slots` with RoPE `positions`."""
+  rows_BT = jnp.broadcast_to(jnp.arange(slots_BT.shape[0])[:, None], slots_BT.shape)
+  return cache.pos.at[rows_BT, slots_BT].set(positions_BT.astype(jnp.int32), mode="drop")
+
+
 def advance(cache: KVCache, k: jax.Array, v: jax.Array, valid_BC: jax.Array,
-            mask_BT: jax.Array) -> KVCache:
+            mask_BT: jax.Array, pos_BC: jax.Array | None = None) -> KVCache:
   """The cache after a block: `end` just past the last real token, positions past the real ones."""
   t = mask_BT.shape[1]
   has_real_BT = mask_BT.astype(bool)
   last_real_B = jnp.max(jnp.where(has_real_BT, jnp.arange(1, t + 1)[None, :], 0), axis=-1)
   return KVCache(k=k, v=v, valid=valid_BC, end=cache.end + last_real_B.astype(jnp.int32),
-                 next_pos=cache.next_pos + has_real_BT.sum(-1).astype(jnp.int32))
+                 next_pos=cache.next_pos + has_real_BT.sum(-1).astype(jnp.int32),
+                 pos=cache.pos if pos_BC is None else pos_BC)
 
 
 def fork(cache: KVCache, copies: int) -> KVCache:
   """Repeats every row `copies` times (row-major: r0, r0, ..., r1, r1, ...): G samples per prompt."""
   rep = lambda x, axis: jnp.repeat(x, copies, axis=axis)
   return KVCache(k=rep(cache.k, 1), v=rep(cache.v, 1), valid=rep(cache.valid, 0),
-                 end=rep(cache.end, 0), next_pos=rep(cache.next_pos, 0))
+                 end=rep(cache.end, 0), next_pos=rep(cache.next_pos, 0), pos=rep(cache.pos, 0))

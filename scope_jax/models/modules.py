@@ -1,4 +1,4 @@
-"""The decoder of Llama-3, Qwen2, Qwen2.5 and Qwen3 as Flax NNX modules.
+"""The decoder of Llama-3, Qwen2/2.5, Qwen3, Gemma-2 and OLMo-2/3 as Flax NNX modules.
 
 Every parameter is an `nnx.Param` whose `out_sharding` metadata holds its logical axis names
 (`vocab`, `embed`, `heads`, ...): the one source of the layout, which `sharding.py`'s rules map
@@ -50,25 +50,33 @@ class Embedder(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
     shape = (config.vocab_size, config.hidden_size)
+    self.scale = config.hidden_size ** 0.5 if config.embed_scale else None
+    self.final_softcap = config.final_softcap
     self.embed = _param(rngs, _normal(0.02), shape, ("vocab", "embed"), param_dtype)
     self.lm_head = (None if config.tie_embeddings else
                     _param(rngs, _normal(0.02), shape, ("vocab", "embed"), param_dtype))
 
   def encode(self, tokens_BT: jax.Array, dtype) -> jax.Array:
-    return jnp.take(self.embed[...], tokens_BT, axis=0).astype(dtype)
+    x_BTD = jnp.take(self.embed[...], tokens_BT, axis=0)
+    if self.scale is not None:  # Gemma: √D rounded to the weights' dtype, as HF does
+      x_BTD = x_BTD * jnp.asarray(self.scale, x_BTD.dtype)
+    return x_BTD.astype(dtype)
 
   @property
   def unembed_VD(self) -> jax.Array:
     return (self.embed if self.lm_head is None else self.lm_head)[...]
 
   def decode(self, hidden_BTD: jax.Array) -> jax.Array:
-    """Logits [B, T, V] in float32."""
-    return jnp.einsum("BTD,VD->BTV", hidden_BTD, self.unembed_VD.astype(hidden_BTD.dtype),
-                      preferred_element_type=jnp.float32)
+    """Logits [B, T, V] in float32 (soft-capped for Gemma-2)."""
+    return ops.softcap(jnp.einsum("BTD,VD->BTV", hidden_BTD,
+                                  self.unembed_VD.astype(hidden_BTD.dtype),
+                                  preferred_element_type=jnp.float32), self.final_softcap)
 
 
 class Attention(nnx.Module):
-  """Grouped-query self-attention with RoPE, optional q/k/v biases (Qwen2) and q/k norms (Qwen3).
+  """Grouped-query self-attention with RoPE, optional q/k/v biases (Qwen2), q/k norms per head
+  (Qwen3) or over the whole projection (OLMo), soft-capped scores and a per-layer sliding window
+  (Gemma-2, OLMo-3).
 
   With a KV cache the block's keys and values are written into the all-layer buffers at
   `layer`, and the block attends to every slot the row wrote before.
@@ -78,6 +86,7 @@ class Attention(nnx.Module):
     c, w = config, _normal(0.02)
     d, n, k, h = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
     self.eps, self.qkv_bias, self.qk_norm = c.rms_norm_eps, c.qkv_bias, c.qk_norm
+    self.qk_norm_full, self.scale, self.cap = c.qk_norm_full, c.attn_scale, c.attn_softcap
     self.q = _param(rngs, w, (d, n, h), ("embed", "heads", "head_dim"), param_dtype)
     self.k = _param(rngs, w, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype)
     self.v = _param(rngs, w, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype)
@@ -86,7 +95,10 @@ class Attention(nnx.Module):
       self.q_bias = _param(rngs, w, (n, h), ("heads", "head_dim"), param_dtype)
       self.k_bias = _param(rngs, w, (k, h), ("kv_heads", "head_dim"), param_dtype)
       self.v_bias = _param(rngs, w, (k, h), ("kv_heads", "head_dim"), param_dtype)
-    if c.qk_norm:
+    if c.qk_norm and c.qk_norm_full:  # one RMSNorm over all heads of the projection
+      self.q_norm = _param(rngs, _near_one, (n, h), ("heads", "head_dim"), param_dtype)
+      self.k_norm = _param(rngs, _near_one, (k, h), ("kv_heads", "head_dim"), param_dtype)
+    elif c.qk_norm:
       self.q_norm = _param(rngs, _near_one, (h,), ("head_dim",), param_dtype)
       self.k_norm = _param(rngs, _near_one, (h,), ("head_dim",), param_dtype)
 
@@ -100,27 +112,33 @@ class Attention(nnx.Module):
       k = k + self.k_bias[...].astype(dt)
       v = v + self.v_bias[...].astype(dt)
     if self.qk_norm:
-      q = ops.rms_norm(q, self.q_norm[...], self.eps)
-      k = ops.rms_norm(k, self.k_norm[...], self.eps)
+      axes = 2 if self.qk_norm_full else 1
+      q = ops.rms_norm(q, self.q_norm[...], self.eps, axes=axes)
+      k = ops.rms_norm(k, self.k_norm[...], self.eps, axes=axes)
     return ops.apply_rope(q, cos_BTH, sin_BTH), ops.apply_rope(k, cos_BTH, sin_BTH), v
 
-  def __call__(self, h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, layer=None):
-    """Returns (output [B, T, D], (k_all, v_all)); the buffers pass through when kv is None."""
+  def __call__(self, h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, layer=None,
+               positions=None, window=None):
+    """Returns (output [B, T, D], (k_all, v_all)); the buffers pass through when kv is None.
+    `positions` = (query positions [B, T], key positions [B, S]) for a sliding `window`."""
     q, k, v = self.project_qkv(h_BTD, cos_BTH, sin_BTH)
     if kv is not None:
       k_all = kvc.write_layer(kv[0], layer, slots_BT, k)
       v_all = kvc.write_layer(kv[1], layer, slots_BT, v)
       kv = (k_all, v_all)
       k, v = k_all[layer].astype(h_BTD.dtype), v_all[layer].astype(h_BTD.dtype)
-    out_BTNH = ops.attend(q, k, v, slots_BT, valid_BS)
+    q_pos, k_pos = positions if positions is not None else (None, None)
+    out_BTNH = ops.attend(q, k, v, slots_BT, valid_BS, q_pos_BT=q_pos, k_pos_BS=k_pos,
+                          window=window, scale=self.scale, cap=self.cap)
     return jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(out_BTNH.dtype)), kv
 
 
 class MLP(nnx.Module):
-  """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+  """Gated feed-forward: down(act(gate(x)) * up(x)), SwiGLU (silu) or GeGLU (tanh GELU)."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
     d, f, w = config.hidden_size, config.intermediate_size, _normal(0.02)
+    self.hidden_act = config.hidden_act
     self.gate = _param(rngs, w, (d, f), ("embed", "mlp"), param_dtype)
     self.up = _param(rngs, w, (d, f), ("embed", "mlp"), param_dtype)
     self.down = _param(rngs, w, (f, d), ("mlp", "embed"), param_dtype)
@@ -129,26 +147,39 @@ class MLP(nnx.Module):
     dt = h_BTD.dtype
     gate_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, self.gate[...].astype(dt))
     up_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, self.up[...].astype(dt))
-    return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate_BTF) * up_BTF, self.down[...].astype(dt))
+    act_BTF = (jax.nn.silu(gate_BTF) if self.hidden_act == "silu" else
+               jax.nn.gelu(gate_BTF, approximate=True))
+    return jnp.einsum("BTF,FD->BTD", act_BTF * up_BTF, self.down[...].astype(dt))
 
 
 class DecoderLayer(nnx.Module):
-  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """Residual block: x + post(attn(pre(x))), then x + post(mlp(pre(x))). Llama/Qwen have only
+  the pre-norms, OLMo-2/3 only the post-norms, Gemma-2 both (`config.norm_layout`)."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
-    d = config.hidden_size
-    self.eps = config.rms_norm_eps
-    self.attn_norm = _param(rngs, _near_one, (d,), ("norm",), param_dtype)
+    d, layout = config.hidden_size, config.norm_layout
+    self.eps, self.plus_one = config.rms_norm_eps, config.norm_plus_one
+    norm = lambda: _param(rngs, _near_one, (d,), ("norm",), param_dtype)
+    self.attn_norm = norm() if layout in ("pre", "sandwich") else None
     self.attn = Attention(config, rngs=rngs, param_dtype=param_dtype)
-    self.mlp_norm = _param(rngs, _near_one, (d,), ("norm",), param_dtype)
+    self.attn_post_norm = norm() if layout in ("sandwich", "post") else None
+    self.mlp_norm = norm() if layout in ("pre", "sandwich") else None
     self.mlp = MLP(config, rngs=rngs, param_dtype=param_dtype)
+    self.mlp_post_norm = norm() if layout in ("sandwich", "post") else None
 
-  def __call__(self, x_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, layer=None):
-    h_BTD = ops.rms_norm(x_BTD, self.attn_norm[...], self.eps)
-    attn_BTD, kv = self.attn(h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv, layer)
-    x_BTD = x_BTD + attn_BTD
-    x_BTD = x_BTD + self.mlp(ops.rms_norm(x_BTD, self.mlp_norm[...], self.eps))
-    return x_BTD, kv
+  def _norm(self, x_BTD, weight):
+    if weight is None:
+      return x_BTD
+    return ops.rms_norm(x_BTD, weight[...], self.eps, plus_one=self.plus_one)
+
+  def __call__(self, x_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, layer=None,
+               positions=None, window=None):
+    h_BTD = self._norm(x_BTD, self.attn_norm)
+    attn_BTD, kv = self.attn(h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv, layer,
+                             positions, window)
+    x_BTD = x_BTD + self._norm(attn_BTD, self.attn_post_norm)
+    mlp_BTD = self.mlp(self._norm(x_BTD, self.mlp_norm))
+    return x_BTD + self._norm(mlp_BTD, self.mlp_post_norm), kv
 
 
 def stacked_layers(config: ModelConfig, rngs: nnx.Rngs, param_dtype=jnp.float32) -> DecoderLayer:
@@ -188,17 +219,23 @@ class Decoder(nnx.Module):
     if cache is None:
       slots_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
       valid_BC = mask_BT  # keys are the block itself
+      pos_BC = positions
     else:
       slots_BT = kvc.block_slots(cache, t)
       valid_BC = kvc.written_valid(cache, slots_BT, mask_BT)
+      pos_BC = kvc.written_pos(cache, slots_BT, positions)
+    windows = jnp.asarray(c.windows, jnp.int32)  # [L]; 0 = global attention
+    sliding = bool(c.sliding_window) and any(c.windows)
 
     layer_def, layer_state = nnx.split(self.layers)
 
     def layer(carry, xs):
       x, k_all, v_all = carry
-      state, i = xs
+      state, i, window = xs
       kv = None if cache is None else (k_all, v_all)
-      x, kv = nnx.merge(layer_def, state)(x, cos, sin, slots_BT, valid_BC, kv, i)
+      x, kv = nnx.merge(layer_def, state)(
+          x, cos, sin, slots_BT, valid_BC, kv, i,
+          (positions, pos_BC) if sliding else None, window if sliding else None)
       if kv is not None:
         k_all, v_all = kv
       return (x, k_all, v_all), None
@@ -209,12 +246,14 @@ class Decoder(nnx.Module):
     if cache is not None:
       k0, v0 = cache.k, cache.v
     layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
-    (x_BTD, k_all, v_all), _ = jax.lax.scan(layer, (x_BTD, k0, v0), (layer_state, layer_ids))
-    hidden_BTD = ops.rms_norm(x_BTD, self.final_norm[...], c.rms_norm_eps)
+    (x_BTD, k_all, v_all), _ = jax.lax.scan(layer, (x_BTD, k0, v0),
+                                            (layer_state, layer_ids, windows))
+    hidden_BTD = ops.rms_norm(x_BTD, self.final_norm[...], c.rms_norm_eps,
+                              plus_one=c.norm_plus_one)
 
     new_cache = None
     if cache is not None:
-      new_cache = kvc.advance(cache, k_all, v_all, valid_BC, mask_BT)
+      new_cache = kvc.advance(cache, k_all, v_all, valid_BC, mask_BT, pos_BC)
     if return_hidden:
       return hidden_BTD, new_cache
     return self.embedder.decode(hidden_BTD), new_cache

@@ -21,11 +21,21 @@ REMAT_POLICIES = {
 }
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-  """RMSNorm in float32, cast back to x's dtype before the scale (as Hugging Face does)."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, plus_one: bool = False,
+             axes: int = 1) -> jax.Array:
+  """RMSNorm over the last `axes` dims in float32. Llama/Qwen cast back to x's dtype before the
+  scale; Gemma (`plus_one`) scales by (1 + w) in float32, then casts (as Hugging Face does)."""
   x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  dims = tuple(range(-axes, 0))
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=dims, keepdims=True) + eps)
+  if plus_one:
+    return (y * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
   return weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+def softcap(x: jax.Array, cap: float) -> jax.Array:
+  """cap · tanh(x / cap) (Gemma-2's attention and final logit capping); identity when cap is 0."""
+  return x if not cap else cap * jnp.tanh(x / cap)
 
 
 def rope_tables(config: ModelConfig, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -43,15 +53,22 @@ def apply_rope(x_BTNH: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array) -> jax
   return x_BTNH * cos + rotated * sin
 
 
-def _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS):
-  """Grouped-query attention for one query block; the causal mask comes from slot indices."""
+def _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, *,
+                  scale, cap, window):
+  """Grouped-query attention for one query block; the causal mask comes from slot indices, the
+  sliding window (when `window` > 0) from RoPE positions, so padding never shifts it."""
   b, t, n, h = q_BTNH.shape
   s, kv = k_BSKH.shape[1], k_BSKH.shape[2]
   q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
   scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
-                            preferred_element_type=jnp.float32) * (h ** -0.5)
+                            preferred_element_type=jnp.float32) * (h ** -0.5 if scale is None
+                                                                   else scale)
+  scores_BKGTS = softcap(scores_BKGTS, cap)
   k_slot_S = jnp.arange(s, dtype=jnp.int32)
   mask_BTS = (k_slot_S[None, None, :] <= q_slot_BT[:, :, None]) & k_valid_BS[:, None, :]
+  if window is not None:
+    near_BTS = (q_pos_BT[:, :, None] - k_pos_BS[:, None, :]) < window
+    mask_BTS &= (window <= 0) | near_BTS
   scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, K_MASK)
   probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
   out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
@@ -59,22 +76,35 @@ def _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS):
 
 
 def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, q_slot_BT: jax.Array,
-           k_valid_BS: jax.Array, *, q_chunk: int = 512) -> jax.Array:
+           k_valid_BS: jax.Array, *, q_pos_BT: jax.Array | None = None,
+           k_pos_BS: jax.Array | None = None, window: jax.Array | int | None = None,
+           scale: float | None = None, cap: float = 0.0, q_chunk: int = 512) -> jax.Array:
   """Causal grouped-query attention; scores and softmax in float32.
 
-  Query t (at key slot q_slot[t]) attends to valid key slots s <= q_slot[t]. Long query blocks
+  Query t (at key slot q_slot[t]) attends to valid key slots s <= q_slot[t]; with a positive
+  `window` (traced, per layer) also only to keys whose position is within `window` of its own.
+  `scale` defaults to head_dim^-½; `cap` soft-caps the scores (Gemma-2). Long query blocks
   are processed `q_chunk` rows at a time under rematerialisation, so memory is O(q_chunk · S),
   not O(T · S), in the forward and the backward pass.
   """
   b, t, n, h = q_BTNH.shape
+  if window is not None and (q_pos_BT is None or k_pos_BS is None):
+    raise ValueError("A sliding window needs query and key positions.")
+  if q_pos_BT is None:
+    q_pos_BT = jnp.zeros((b, t), jnp.int32)
+    k_pos_BS = jnp.zeros(k_valid_BS.shape, jnp.int32)
+  kw = dict(scale=scale, cap=cap, window=window)
   if t <= q_chunk:
-    return _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS)
+    return _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, **kw)
   pad = -t % q_chunk
   q = jnp.pad(q_BTNH, ((0, 0), (0, pad), (0, 0), (0, 0)))
   slots = jnp.pad(q_slot_BT, ((0, 0), (0, pad)))
+  q_pos = jnp.pad(q_pos_BT, ((0, 0), (0, pad)))
   n_chunks = (t + pad) // q_chunk
   q_cBcNH = jnp.moveaxis(q.reshape(b, n_chunks, q_chunk, n, h), 1, 0)
   slots_cBc = jnp.moveaxis(slots.reshape(b, n_chunks, q_chunk), 1, 0)
-  block = jax.checkpoint(lambda xs: _attend_block(xs[0], k_BSKH, v_BSKH, xs[1], k_valid_BS))
-  out = jax.lax.map(block, (q_cBcNH, slots_cBc))
+  pos_cBc = jnp.moveaxis(q_pos.reshape(b, n_chunks, q_chunk), 1, 0)
+  block = jax.checkpoint(lambda xs: _attend_block(xs[0], k_BSKH, v_BSKH, xs[1], k_valid_BS,
+                                                  xs[2], k_pos_BS, **kw))
+  out = jax.lax.map(block, (q_cBcNH, slots_cBc, pos_cBc))
   return jnp.moveaxis(out, 0, 1).reshape(b, t + pad, n, h)[:, :t]

@@ -26,7 +26,7 @@ from flax import nnx
 
 from scope_jax import sharding as shd
 from scope_jax.models import kv_cache as kvc
-from scope_jax.models import modules
+from scope_jax.models import modules, ops
 from scope_jax.models.config import ModelConfig
 from scope_jax.models.ops import K_MASK, REMAT_POLICIES, apply_rope, attend, rms_norm, rope_tables
 
@@ -157,9 +157,11 @@ def unembedding(config: ModelConfig, params: Params) -> jax.Array:
   return params["embed"] if config.tie_embeddings else params["lm_head"]
 
 
-def logits_from_hidden(hidden_BTD: jax.Array, unembed_VD: jax.Array) -> jax.Array:
-  return jnp.einsum("BTD,VD->BTV", hidden_BTD, unembed_VD.astype(hidden_BTD.dtype),
-                    preferred_element_type=jnp.float32)
+def logits_from_hidden(hidden_BTD: jax.Array, unembed_VD: jax.Array,
+                       softcap: float = 0.0) -> jax.Array:
+  """Float32 logits of final-norm hidden states; `softcap` is the model's `final_softcap`."""
+  return ops.softcap(jnp.einsum("BTD,VD->BTV", hidden_BTD, unembed_VD.astype(hidden_BTD.dtype),
+                                preferred_element_type=jnp.float32), softcap)
 
 
 def count_params(params: Params) -> int:

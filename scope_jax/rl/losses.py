@@ -136,9 +136,15 @@ def entropy(logp_NV):
 
 # ---------------------------------------------------------------- chunked per-token statistics
 
+def _softcap(logits, cap: float):
+  """The model's final logit soft-cap (Gemma-2), before the temperature; identity when 0."""
+  return logits if not cap else cap * jnp.tanh(logits / cap)
+
+
 def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
                 chunk: int = 256, teacher_hidden_BTD=None, teacher_unembed_VD=None,
-                distill_topk: int = 0, distill_tail: bool = True, with_entropy: bool = True):
+                distill_topk: int = 0, distill_tail: bool = True, with_entropy: bool = True,
+                softcap: float = 0.0):
   """Per-token log-prob of `targets`, entropy and (optionally) top-K reverse KL to a teacher.
 
   Logits are formed one chunk of T at a time inside a rematerialised scan, so neither the forward
@@ -158,14 +164,15 @@ def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
 
   @jax.checkpoint
   def one_chunk(h_BCD, y_BC, th_BCD):
-    logits = jnp.einsum("BCD,VD->BCV", h_BCD, unembed_VD.astype(h_BCD.dtype),
-                        preferred_element_type=jnp.float32) / temperature
+    logits = _softcap(jnp.einsum("BCD,VD->BCV", h_BCD, unembed_VD.astype(h_BCD.dtype),
+                                 preferred_element_type=jnp.float32), softcap) / temperature
     logp_BCV = jax.nn.log_softmax(logits, axis=-1)
     out = {"logp": jnp.take_along_axis(logp_BCV, y_BC[..., None], axis=-1)[..., 0]}
     out["entropy"] = entropy(logp_BCV) if with_entropy else jnp.zeros_like(out["logp"])
     if with_teacher:
-      t_logits = jnp.einsum("BCD,VD->BCV", th_BCD, teacher_unembed_VD.astype(th_BCD.dtype),
-                            preferred_element_type=jnp.float32) / temperature
+      t_logits = _softcap(jnp.einsum("BCD,VD->BCV", th_BCD,
+                                     teacher_unembed_VD.astype(th_BCD.dtype),
+                                     preferred_element_type=jnp.float32), softcap) / temperature
       t_logp = jax.lax.stop_gradient(jax.nn.log_softmax(t_logits, axis=-1))
       v = logp_BCV.shape[-1]
       out["distill"] = topk_reverse_kl(logp_BCV.reshape(-1, v), t_logp.reshape(-1, v),

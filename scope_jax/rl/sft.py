@@ -66,8 +66,9 @@ def nll_loss(config: ModelConfig, params, batch: batch_lib.TrainBatch, *, dtype,
     return -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
   hidden, _ = transformer.forward(config, params, batch.tokens, attention_mask=batch.mask,
                                   return_hidden=True, dtype=dtype, remat=remat)
-  logits_BTV = jnp.einsum("BTD,VD->BTV", hidden[:, :-1], transformer.unembedding(config, params))
-  logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+  logits_BTV = transformer.logits_from_hidden(hidden[:, :-1], transformer.unembedding(config, params),
+                                              config.final_softcap)
+  logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
   logp_BT = jnp.take_along_axis(logp_BTV, batch.tokens[:, 1:, None], axis=-1)[..., 0]
   return -(logp_BT * m[:, 1:]).sum() / jnp.maximum(m[:, 1:].sum(), 1.0)
 

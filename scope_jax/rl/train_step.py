@@ -95,7 +95,8 @@ def sequence_stats(config: ModelConfig, params, tokens, mask, *, lc: LossConfig,
                   teacher_unembed_VD=jax.lax.stop_gradient(transformer.unembedding(config, t_params)),
                   distill_topk=lc.distill_topk, distill_tail=lc.distill_tail)
   stats = losses.token_stats(hidden, transformer.unembedding(config, params), _targets(tokens),
-                             temperature=lc.temperature, chunk=lc.chunk, **kwargs)
+                             temperature=lc.temperature, chunk=lc.chunk,
+                             softcap=config.final_softcap, **kwargs)
   return {k: _shift_right(v) for k, v in stats.items()}
 
 

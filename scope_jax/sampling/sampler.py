@@ -125,7 +125,8 @@ def _prefill(config: ModelConfig, params, tokens_BT, mask_BT, *, capacity: int, 
   hidden_BTD, cache = transformer.forward(config, params, tokens_BT, attention_mask=mask_BT,
                                           cache=cache, return_hidden=True, dtype=dtype)
   last_B1D = hidden_BTD[:, -1:]
-  logits_BV = transformer.logits_from_hidden(last_B1D, transformer.unembedding(config, params))
+  logits_BV = transformer.logits_from_hidden(last_B1D, transformer.unembedding(config, params),
+                                             config.final_softcap)
   return logits_BV[:, 0], cache
 
 

@@ -41,13 +41,14 @@ def test_qwen_variants_from_config():
 @pytest.mark.parametrize("name,billions", [
     ("qwen2.5-0.5b", 0.494), ("qwen2.5-7b", 7.616), ("qwen2.5-14b", 14.77),
     ("qwen3-0.6b", 0.596), ("qwen3-8b", 8.191), ("llama3.1-8b", 8.030), ("llama3.2-1b", 1.236),
-    ("llama3.1-70b", 70.55)])
+    ("llama3.1-70b", 70.55), ("gemma2-2b", 2.614), ("gemma2-9b", 9.242), ("olmo2-7b", 7.299),
+    ("olmo3-7b", 7.298)])
 def test_preset_parameter_counts(name, billions):
   assert abs(get_preset(name).num_params() / 1e9 - billions) / billions < 0.005
 
 
 def test_every_preset_is_valid_and_roundtrips():
-  assert len(PRESETS) == 16
+  assert len(PRESETS) == 20
   for name, cfg in PRESETS.items():
     assert ModelConfig.from_hf_config(cfg.to_hf_config()) == cfg, name
 
