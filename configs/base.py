@@ -60,6 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.micro_batch_rows = 8  # rows per micro-batch (gradient accumulation)
   c.loss.recompute_old_logp = False  # π_old from a trainer forward instead of the sampler
   c.loss.norm_length = 0  # Dr.GRPO's constant length (0 = max_context − max_prompt_tokens)
+  c.loss.router_aux_coef = 0.0  # MoE load-balancing loss added to the RL loss (HF: 1e-3; 0 = off)
 
   c.warmup = ml_collections.ConfigDict()  # format warm-up of the demo model (methods/warmup.py)
   c.warmup.steps = 0  # SFT steps on the method's format demonstrations (0 = off)

@@ -7,7 +7,8 @@
 
 Presets: 'demo' (default; the bundled demo model, warmed on both roles' formats with small
 arithmetic, MiniLM embeddings for diversity: a few minutes on a laptop CPU) and 'paper' (the
-released settings for Llama-3.2-3B-Instruct and Qwen-2.5-3B-Instruct).
+released settings for Llama-3.2-3B-Instruct and Qwen-2.5-3B-Instruct), 'paper_gemma2' (the same
+for Gemma-2-2B-Instruct, the paper's largest gain).
 """
 
 import os
@@ -18,7 +19,7 @@ import ml_collections
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import base  # noqa: E402  (config files are also loaded by path)
 
-PRESETS = ("demo", "paper")
+PRESETS = ("demo", "paper", "paper_gemma2")
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
@@ -83,8 +84,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048
     c.rollout.max_prompt_tokens = 1536
-  elif preset == "paper":
-    c.model.source = "preset:llama3.2-3b"  # replace with hf:<path> for the real weights
+  elif preset in ("paper", "paper_gemma2"):
+    c.model.source = ("preset:llama3.2-3b" if preset == "paper" else
+                      "preset:gemma2-2b")  # replace with hf:<path> for the real weights
     c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
     c.model.dtype = "bfloat16"
     c.model.remat = "full"

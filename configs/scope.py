@@ -11,7 +11,7 @@ Presets:
                its MiniLM index; about 9 minutes on 2 CPU cores the first time, then under 2.
   paper        Table 9 for Qwen2.5-7B-Instruct (XML <search> syntax).
   paper_qwen3  Table 9 for Qwen3-8B (native <tool_call> syntax, per-turn datums).
-OLMo-3-7B, the paper's third model, is not a supported architecture of the model layer.
+  paper_olmo3  Table 9 for OLMo-3-7B, the paper's third model (XML <search> syntax).
 """
 
 import os
@@ -22,7 +22,8 @@ import ml_collections
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import base  # noqa: E402  (config files are also loaded by path)
 
-PRESETS = ("demo", "paper", "paper_qwen3")
+PRESETS = ("demo", "paper", "paper_qwen3", "paper_olmo3")
+PAPER_MODELS = {"paper": "qwen2.5-7b", "paper_qwen3": "qwen3-8b", "paper_olmo3": "olmo3-7b"}
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
@@ -125,8 +126,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048
     c.rollout.max_prompt_tokens = 1536
-  elif preset in ("paper", "paper_qwen3"):
-    c.model.source = "preset:qwen2.5-7b" if preset == "paper" else "preset:qwen3-8b"
+  elif preset in PAPER_MODELS:
+    c.model.source = f"preset:{PAPER_MODELS[preset]}"  # replace with hf:<path> for real weights
     c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
     c.model.dtype = "bfloat16"
     c.model.remat = "full"

@@ -7,7 +7,8 @@
 Presets: 'demo' (default; the bundled demo model, warmed on every role's format, over the
 bundled Wikipedia corpus with compact prompts: about a minute on a laptop CPU), 'paper' (the
 paper's settings for Qwen2.5-7B-Instruct and larger), 'small' (the paper's recipe at reduced batch
-on the real Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF from the assets).
+on the real Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF from the assets), 'paper_qwen3_moe' (the
+paper's settings for Qwen3-30B-A3B, experts split over the `expert` mesh axis).
 """
 
 import os
@@ -18,7 +19,7 @@ import ml_collections
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import base  # noqa: E402  (config files are also loaded by path)
 
-PRESETS = ("demo", "paper", "small")
+PRESETS = ("demo", "paper", "small", "paper_qwen3_moe")
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
@@ -98,11 +99,14 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.loss.micro_batch_rows = 2
     c.rollout.max_context = 2048
     c.rollout.max_prompt_tokens = 1600
-  elif preset == "paper":
-    c.model.source = "preset:qwen2.5-7b"  # replace with hf:<path> for the real weights
+  elif preset in ("paper", "paper_qwen3_moe"):
+    c.model.source = ("preset:qwen2.5-7b" if preset == "paper" else
+                      "preset:qwen3-30b-a3b")  # replace with hf:<path> for the real weights
     c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
     c.model.dtype = "bfloat16"
     c.model.remat = "full"
     c.mesh.shape = (1, -1, 1)
     c.loss.micro_batch_rows = 4
+    if preset == "paper_qwen3_moe":  # e.g. --config.mesh.shape='(1,-1,1,8)' puts 16 experts per
+      c.mesh.shape = (1, -1, 1, 1)  # device on 8-way expert parallelism (weights on fsdp too)
   return c

@@ -1,7 +1,8 @@
 """Mesh construction and logical-axis sharding rules, declared as data.
 
-One mesh with named axes ('data', 'fsdp', 'tensor'). Parameters carry logical axis names
-(`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `layers`, `norm`); a rules table maps
+One mesh with named axes ('data', 'fsdp', 'tensor', 'expert'; 'expert' is 1 unless a
+mixture-of-experts run asks for it). Parameters carry logical axis names (`vocab`, `embed`,
+`heads`, `kv_heads`, `head_dim`, `mlp`, `layers`, `norm`, `expert`, `router`); a rules table maps
 each logical name to a mesh axis (or None = replicated). Training shards weights over fsdp and
 tensor; sampling keeps weights whole along fsdp (`SAMPLING_RULES`) so decode does no gathers.
 A dimension that a mesh axis does not divide is replicated instead (logged once), e.g. 2 kv heads
@@ -20,13 +21,13 @@ from absl import logging
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
 Rules = Mapping[str, Any]  # logical name -> mesh axis name, tuple of names, or None
 
 TRAIN_RULES: Rules = {
     "batch": ("data", "fsdp"), "vocab": "tensor", "embed": "fsdp", "heads": "tensor",
     "kv_heads": "tensor", "head_dim": None, "mlp": "tensor", "layers": None, "norm": None,
-    "length": None, "cache": None,
+    "length": None, "cache": None, "expert": "expert", "router": None,
 }
 SAMPLING_RULES: Rules = {**TRAIN_RULES, "embed": None, "batch": ("data", "fsdp")}
 
@@ -60,15 +61,19 @@ def rules_from_config(values: Mapping[str, Any], *, what: str = "mesh.rules") ->
 
 def make_mesh(shape: Sequence[int] | Mapping[str, int] = (1, -1, 1),
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh; one entry may be -1 for "all remaining devices"."""
+  """A ('data', 'fsdp', 'tensor', 'expert') mesh from 3 entries (expert = 1) or 4; one entry may
+  be -1 for "all remaining devices"."""
   if isinstance(shape, Mapping):
     unknown = set(shape) - set(MESH_AXES)
     if unknown:
       raise ValueError(f"Unknown mesh axes {sorted(unknown)}; valid: {', '.join(MESH_AXES)}.")
     shape = [shape.get(a, 1) for a in MESH_AXES]
   shape = list(shape)
-  if len(shape) != 3:
-    raise ValueError(f"Mesh shape must have 3 entries for {MESH_AXES}, got {shape}.")
+  if len(shape) == 3:
+    shape.append(1)
+  if len(shape) != 4:
+    raise ValueError(f"Mesh shape must have 3 entries for (data, fsdp, tensor) or 4 for "
+                     f"{MESH_AXES}, got {shape}.")
   devices = list(devices if devices is not None else jax.devices())
   if shape.count(-1) > 1:
     raise ValueError(f"At most one mesh axis may be -1, got {shape}.")

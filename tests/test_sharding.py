@@ -18,8 +18,11 @@ def test_eight_devices():
 
 def test_make_mesh_fills_minus_one_and_rejects_bad_shapes():
   mesh = shd.make_mesh((2, -1, 2))
-  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
-  assert dict(shd.make_mesh({"tensor": 8}).shape) == {"data": 1, "fsdp": 1, "tensor": 8}
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2, "expert": 1}
+  assert dict(shd.make_mesh({"tensor": 8}).shape) == {"data": 1, "fsdp": 1, "tensor": 8,
+                                                       "expert": 1}
+  assert dict(shd.make_mesh((1, 2, 1, -1)).shape) == {"data": 1, "fsdp": 2, "tensor": 1,
+                                                       "expert": 4}
   with pytest.raises(ValueError, match="needs 6 devices"):
     shd.make_mesh((1, 2, 3))
   with pytest.raises(ValueError, match="Unknown mesh axes"):
@@ -39,6 +42,26 @@ def test_sharded_forward_equals_unsharded(mesh_shape):
   fwd = jax.jit(lambda p, t, m: forward(cfg, p, t, attention_mask=m)[0])
   out = fwd(sharded, batch["tokens"], batch["mask"])
   chex.assert_trees_all_close(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 1, 1, 8), (1, 2, 1, 4), (2, 1, 2, 2)])
+def test_sharded_moe_forward_equals_unsharded(mesh_shape):
+  """Qwen3-MoE with its 8 experts split over the `expert` mesh axis (and fsdp / tensor / data)
+  gives the unsharded logits and router loads."""
+  cfg = tiny_config("qwen3_moe", num_heads=8, num_kv_heads=4, head_dim=8)
+  params = init_params(cfg, jax.random.key(0))
+  tokens, mask = padded_batch(cfg.vocab_size, [8, 5, 3, 8, 1, 6, 7, 2], 8)
+  ref, _, ref_router = forward(cfg, params, jnp.asarray(tokens), attention_mask=jnp.asarray(mask),
+                               return_router=True)
+  mesh = shd.make_mesh(mesh_shape)
+  sharded = transformer.shard_params(params, cfg, mesh)
+  spec = sharded["layers"]["expert_gate"].sharding.spec
+  assert spec[1] == "expert" and sharded["layers"]["router"].sharding.spec[2] is None
+  batch = shd.shard_batch({"tokens": tokens, "mask": mask}, mesh)
+  fwd = jax.jit(lambda p, t, m: forward(cfg, p, t, attention_mask=m, return_router=True))
+  out, _, router = fwd(sharded, batch["tokens"], batch["mask"])
+  chex.assert_trees_all_close(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_equal(np.asarray(router["load"]), np.asarray(ref_router["load"]))
 
 
 def test_param_specs_follow_rules_table():

@@ -79,8 +79,9 @@ def validate(config: ml_collections.ConfigDict):
   check_choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
   check_choice("model.remat", config.model.remat, tuple(transformer.REMAT_POLICIES))
   check_choice("model.dtype", config.model.dtype, ("float32", "bfloat16"))
-  if len(tuple(config.mesh.shape)) != 3:
-    raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} needs 3 entries (data, fsdp, tensor).")
+  if len(tuple(config.mesh.shape)) not in (3, 4):
+    raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} needs 3 entries (data, fsdp, tensor) "
+                     "or 4 (and expert).")
   mesh_rules(config)  # every rule names axes the mesh has
   if config.rollout.max_prompt_tokens >= config.rollout.max_context:
     raise ValueError(f"rollout.max_prompt_tokens={config.rollout.max_prompt_tokens} leaves no room "

@@ -13,7 +13,7 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma2", "olmo2", "olmo3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma2", "olmo2", "olmo3")
 NORM_LAYOUTS = ("pre", "sandwich", "post")  # Llama/Qwen, Gemma-2 (pre + post), OLMo-2/3 (post)
 ACTIVATIONS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -64,6 +64,11 @@ class ModelConfig:
   final_softcap: float = 0.0  # Gemma-2: cap·tanh(logits / cap) (0: off)
   sliding_window: int = 0  # keys within this many positions on 'sliding_attention' layers
   layer_types: tuple[str, ...] = ()  # per layer: 'full_attention' | 'sliding_attention' ('' = all full)
+  # Mixture of experts (Qwen3-MoE): every layer's MLP is E experts, top-k routed per token.
+  num_experts: int = 0  # E (0: a dense MLP)
+  num_experts_per_tok: int = 0  # k
+  moe_intermediate_size: int = 0  # F of each expert
+  norm_topk_prob: bool = True  # renormalise the k routing weights to sum to 1
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -90,6 +95,11 @@ class ModelConfig:
         raise ValueError(f"Unknown layer types {bad}; supported: {', '.join(LAYER_TYPES)}.")
       if "sliding_attention" in self.layer_types and self.sliding_window < 1:
         raise ValueError("Sliding-attention layers need sliding_window >= 1.")
+    if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+      raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be in "
+                       f"1..num_experts={self.num_experts}.")
+    if self.num_experts and self.moe_intermediate_size < 1:
+      raise ValueError("A mixture of experts needs moe_intermediate_size >= 1.")
 
   @property
   def windows(self) -> tuple[int, ...]:
@@ -127,7 +137,9 @@ class ModelConfig:
     if self.qk_norm:
       attn += (n * h + k * h) if self.qk_norm_full else 2 * h
     norms = {"pre": 2, "sandwich": 4, "post": 2}[self.norm_layout]
-    layer = attn + 3 * d * f + norms * d
+    mlp = (self.num_experts * 3 * d * self.moe_intermediate_size + d * self.num_experts
+           if self.num_experts else 3 * d * f)
+    layer = attn + mlp + norms * d
     emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
     return self.num_layers * layer + emb + d
 
@@ -152,9 +164,11 @@ class ModelConfig:
       qkv_bias = True
     else:
       qkv_bias = bool(hf.get("attention_bias", False))
-    if hf.get("use_sliding_window") and model_type in ("qwen2", "qwen3"):
+    if hf.get("use_sliding_window") and model_type in ("qwen2", "qwen3", "qwen3_moe"):
       raise ValueError("use_sliding_window=true is not supported for Qwen; full attention only.")
     family = _family_fields(model_type, hf, layers)
+    if model_type == "qwen3_moe":
+      family.update(_moe_fields(hf, layers))
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
     family["hidden_act"] = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu_tanh"}.get(act, act)
     return cls(
@@ -170,7 +184,7 @@ class ModelConfig:
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         qkv_bias=qkv_bias,
-        qk_norm=model_type in ("qwen3", "olmo2", "olmo3"),
+        qk_norm=model_type in ("qwen3", "qwen3_moe", "olmo2", "olmo3"),
         tie_embeddings=bool(hf.get("tie_word_embeddings", model_type == "gemma2")),
         max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
         bos_token_id=hf.get("bos_token_id"),
@@ -182,7 +196,8 @@ class ModelConfig:
   def to_hf_config(self, torch_dtype: str = "float32") -> dict[str, Any]:
     """A `config.json` dict that `transformers.AutoConfig` reads back into the same model."""
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+            "gemma2": "Gemma2ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}[self.model_type]
     out: dict[str, Any] = {
         "architectures": [arch],
@@ -214,8 +229,13 @@ class ModelConfig:
             original_max_position_embeddings=self.rope_scaling.original_max_position_embeddings)
     if self.model_type == "llama":
       out.update(attention_bias=self.qkv_bias, mlp_bias=False)
-    elif self.model_type in ("qwen3", "gemma2", "olmo2", "olmo3"):
+    elif self.model_type in ("qwen3", "qwen3_moe", "gemma2", "olmo2", "olmo3"):
       out.update(attention_bias=self.qkv_bias)
+    if self.num_experts:
+      out.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
+                 moe_intermediate_size=self.moe_intermediate_size,
+                 norm_topk_prob=self.norm_topk_prob, decoder_sparse_step=1, mlp_only_layers=[],
+                 router_aux_loss_coef=0.001, output_router_logits=False)
     if self.model_type == "gemma2":
       out.update(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
                  query_pre_attn_scalar=int(self.query_pre_attn_scalar or self.head_dim),
@@ -227,7 +247,7 @@ class ModelConfig:
     if self.model_type == "olmo3":  # one rope for both layer types, stated per type as HF reads it
       rope = dict(out["rope_scaling"] or {"rope_type": "default"}, rope_theta=self.rope_theta)
       out["rope_parameters"] = {t: dict(rope) for t in LAYER_TYPES}
-    if self.model_type in ("qwen2", "qwen3"):
+    if self.model_type in ("qwen2", "qwen3", "qwen3_moe"):
       out.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_layers)
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
       value = getattr(self, key)
@@ -254,6 +274,21 @@ def _family_fields(model_type: str, hf: Mapping[str, Any], layers: int) -> dict[
       out.update(sliding_window=int(hf.get("sliding_window") or 4096), layer_types=tuple(types))
     return out
   return {}
+
+
+def _moe_fields(hf: Mapping[str, Any], layers: int) -> dict[str, Any]:
+  """Qwen3-MoE's expert settings; every layer must be sparse (layers are one stacked block)."""
+  step = int(hf.get("decoder_sparse_step", 1) or 1)
+  dense = [i for i in range(layers) if i in (hf.get("mlp_only_layers") or []) or (i + 1) % step]
+  if dense:
+    raise ValueError(f"Layers {dense} of this Qwen3-MoE checkpoint are dense (mlp_only_layers / "
+                     "decoder_sparse_step); only all-sparse stacks are supported.")
+  experts = hf.get("num_experts") or hf.get("num_local_experts")  # transformers 5 writes the latter
+  if not experts:
+    raise ValueError("config.json of a qwen3_moe model has no num_experts (or num_local_experts).")
+  return dict(num_experts=int(experts), num_experts_per_tok=int(hf["num_experts_per_tok"]),
+              moe_intermediate_size=int(hf["moe_intermediate_size"]),
+              norm_topk_prob=bool(hf.get("norm_topk_prob", False)))  # HF's default
 
 
 def _as_id(value):
@@ -352,6 +387,10 @@ PRESETS: dict[str, ModelConfig] = {
     "llama3.1-70b": _llama3(8192, 28672, 80, 64, 128, tie=False, factor=8.0),
     "llama3.2-1b": _llama3(2048, 8192, 16, 32, 64, tie=True, factor=32.0),
     "llama3.2-3b": _llama3(3072, 8192, 28, 24, 128, tie=True, factor=32.0),
+    "qwen3-30b-a3b": ModelConfig(
+        "qwen3_moe", 151936, 2048, 6144, 48, 32, 4, 128, rms_norm_eps=1e-6, rope_theta=1e6,
+        qk_norm=True, max_position_embeddings=40960, bos_token_id=151643, eos_token_id=151645,
+        pad_token_id=151643, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768),
     "gemma2-2b": _gemma2(2304, 9216, 26, 8, 4, 256.0),
     "gemma2-9b": _gemma2(3584, 14336, 42, 16, 8, 256.0),
     "olmo2-7b": _olmo("olmo2", 100352, 4096, 100257, 100277),
@@ -385,6 +424,9 @@ def tiny_config(model_type: str = "qwen2", **overrides) -> ModelConfig:
                 layer_types=("sliding_attention", "full_attention") * 2)
   elif model_type == "olmo2":
     base.update(norm_layout="post", qk_norm=True, qk_norm_full=True)
+  elif model_type == "qwen3_moe":  # 8 experts, top-2 of them per token
+    base.update(qk_norm=True, head_dim=24, num_experts=8, num_experts_per_tok=2,
+                moe_intermediate_size=32)
   elif model_type == "olmo3":
     base.update(num_layers=4, norm_layout="post", qk_norm=True, qk_norm_full=True,
                 sliding_window=4, layer_types=("sliding_attention",) * 3 + ("full_attention",))

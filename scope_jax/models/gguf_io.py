@@ -16,7 +16,11 @@ from scope_jax import sharding as shd
 from scope_jax.models import hf_io
 from scope_jax.models.config import ModelConfig, RopeScaling, rope_inv_freq
 
-SUPPORTED_ARCHS = ("qwen2", "llama", "gemma2", "olmo2")
+SUPPORTED_ARCHS = ("qwen2", "llama", "gemma2", "olmo2", "qwen3moe")
+_MODEL_TYPES = {"qwen2": "qwen2", "llama": "llama", "gemma2": "gemma2", "olmo2": "olmo2",
+                "qwen3moe": "qwen3_moe"}
+_EXPERTS = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
+            "ffn_down_exps.weight": "down_proj"}  # [E, ...] in GGUF, one HF tensor per expert
 
 _NORM_NAMES = {  # per architecture: GGUF norm → HF norm
     "pre": {"attn_norm.weight": "input_layernorm.weight",
@@ -25,6 +29,11 @@ _NORM_NAMES = {  # per architecture: GGUF norm → HF norm
                "post_attention_norm.weight": "post_attention_layernorm.weight",
                "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"},
+    "qwen3moe": {"attn_norm.weight": "input_layernorm.weight",
+                 "ffn_norm.weight": "post_attention_layernorm.weight",
+                 "attn_q_norm.weight": "self_attn.q_norm.weight",
+                 "attn_k_norm.weight": "self_attn.k_norm.weight",
+                 "ffn_gate_inp.weight": "mlp.gate.weight"},
     "olmo2": {"post_attention_norm.weight": "post_attention_layernorm.weight",
               "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
               "attn_q_norm.weight": "self_attn.q_norm.weight",
@@ -59,7 +68,8 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def layer_names(arch: str) -> dict[str, str]:
-  """GGUF per-layer tensor name → HF name for one architecture."""
+  """GGUF per-layer tensor name → HF name for one architecture (`arch` as GGUF or ours)."""
+  arch = {"qwen3_moe": "qwen3moe"}.get(arch, arch)
   return {**_LAYER_NAMES, **_NORM_NAMES.get(arch, _NORM_NAMES["pre"])}
 
 
@@ -94,9 +104,15 @@ def config_from_gguf(reader) -> ModelConfig:
                                     for i in range(layers)))
   elif arch == "olmo2":
     family = dict(norm_layout="post", qk_norm=True, qk_norm_full=True)
+  elif arch == "qwen3moe":
+    family = dict(qk_norm=True, num_experts=int(get("expert_count")),
+                  num_experts_per_tok=int(get("expert_used_count")),
+                  moe_intermediate_size=int(get("expert_feed_forward_length")),
+                  norm_topk_prob=True)
   return ModelConfig(
-      model_type=arch if arch in ("qwen2", "gemma2", "olmo2") else "llama",
-      vocab_size=vocab, hidden_size=d, intermediate_size=int(get("feed_forward_length")),
+      model_type=_MODEL_TYPES[arch],
+      vocab_size=vocab, hidden_size=d, intermediate_size=int(get("feed_forward_length", 0) or
+                                                           get("expert_feed_forward_length", 0)),
       num_layers=layers, num_heads=n,
       num_kv_heads=int(get("attention.head_count_kv", n)),
       head_dim=head_dim,
@@ -128,6 +144,10 @@ def read_gguf(path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
       tensors[_TOP_NAMES[t.name]] = arr
       continue
     parts = t.name.split(".", 2)
+    if parts[0] == "blk" and parts[2] in _EXPERTS:
+      for e in range(arr.shape[0]):
+        tensors[f"model.layers.{parts[1]}.mlp.experts.{e}.{_EXPERTS[parts[2]]}.weight"] = arr[e]
+      continue
     names = layer_names(config.model_type)
     if parts[0] != "blk" or parts[2] not in names:
       raise ValueError(f"Unexpected GGUF tensor {t.name!r} for architecture {config.model_type}.")

@@ -69,6 +69,11 @@ _LAYER_LEAVES = {
     "v_bias": _Leaf("self_attn.v_proj.bias", False, ((0, 1),)),
     "q_norm": _Leaf("self_attn.q_norm.weight", False, ((0,),)),
     "k_norm": _Leaf("self_attn.k_norm.weight", False, ((0,),)),
+    "router": _Leaf("mlp.gate.weight", True, _ID2),  # HF [E, D]
+    # Experts: one HF tensor per expert ("{e}"), stacked on our leading E axis.
+    "expert_gate": _Leaf("mlp.experts.{e}.gate_proj.weight", True, _ID2),
+    "expert_up": _Leaf("mlp.experts.{e}.up_proj.weight", True, _ID2),
+    "expert_down": _Leaf("mlp.experts.{e}.down_proj.weight", True, _ID2),
     "gate": _Leaf("mlp.gate_proj.weight", True, _ID2),
     "up": _Leaf("mlp.up_proj.weight", True, _ID2),
     "down": _Leaf("mlp.down_proj.weight", True, _ID2),
@@ -130,10 +135,28 @@ def _leaf_table(config: ModelConfig) -> dict[tuple[str, ...], tuple[_Leaf, tuple
   return table
 
 
-def _names_for(path: tuple[str, ...], leaf: _Leaf, num_layers: int) -> list[str]:
+def _per_expert(leaf: _Leaf) -> bool:
+  return "{e}" in leaf.hf_name
+
+
+def _names_for(path: tuple[str, ...], leaf: _Leaf, num_layers: int,
+               num_experts: int = 0) -> list[str]:
   if path[0] == "layers":
-    return [f"model.layers.{i}.{leaf.hf_name}" for i in range(num_layers)]
+    names = [f"model.layers.{i}.{leaf.hf_name}" for i in range(num_layers)]
+    if _per_expert(leaf):
+      names = [n.format(e=e) for n in names for e in range(num_experts)]
+    return names
   return [leaf.hf_name]
+
+
+def _read_layer(source, i: int, leaf: _Leaf, shape, index) -> np.ndarray:
+  """Layer i of a stacked leaf (`shape` without L), experts read one by one and stacked."""
+  if not _per_expert(leaf):
+    return _read_leaf(source, f"model.layers.{i}.{leaf.hf_name}", leaf, shape, index)
+  experts = range(*index[0].indices(shape[0])[:2]) if isinstance(index[0], slice) else [index[0]]
+  name = f"model.layers.{i}.{leaf.hf_name}"
+  return np.stack([_read_leaf(source, name.format(e=e), leaf, shape[1:], index[1:])
+                   for e in experts])
 
 
 def check_source(config: ModelConfig, source: TensorSource) -> None:
@@ -142,8 +165,9 @@ def check_source(config: ModelConfig, source: TensorSource) -> None:
   problems, expected_names = [], set()
   for path, (leaf, shape) in _leaf_table(config).items():
     per = shape[1:] if path[0] == "layers" else shape
+    per = per[1:] if _per_expert(leaf) else per
     want = _hf_shape(leaf, per)
-    for hf_name in _names_for(path, leaf, config.num_layers):
+    for hf_name in _names_for(path, leaf, config.num_layers, config.num_experts):
       expected_names.add(hf_name)
       if hf_name not in available:
         problems.append(f"missing tensor {hf_name!r} (expected shape {want})")
@@ -181,8 +205,7 @@ def params_from_source(config: ModelConfig, source: TensorSource, mesh=None,
       if path[0] != "layers":
         return _read_leaf(source, leaf.hf_name, leaf, shape, index).astype(dtype)
       layers = range(*index[0].indices(shape[0])[:2])
-      parts = [_read_leaf(source, f"model.layers.{i}.{leaf.hf_name}", leaf, shape[1:], index[1:])
-               for i in layers]
+      parts = [_read_layer(source, i, leaf, shape[1:], index[1:]) for i in layers]
       return np.stack(parts).astype(dtype)
 
     arr = jax.make_array_from_callback(shape, sharding, callback)
@@ -278,7 +301,11 @@ def to_hf_tensors(config: ModelConfig, params: transformer.Params) -> dict[str, 
   for path, (leaf, shape) in _leaf_table(config).items():
     arr = params[path[0]] if len(path) == 1 else params["layers"][path[1]]
     host = _to_host(arr)
-    if path[0] == "layers":
+    if path[0] == "layers" and _per_expert(leaf):
+      for i in range(config.num_layers):
+        for e in range(config.num_experts):
+          out[f"model.layers.{i}.{leaf.hf_name.format(e=e)}"] = _to_hf_layout(leaf, host[i, e])
+    elif path[0] == "layers":
       for i in range(config.num_layers):
         out[f"model.layers.{i}.{leaf.hf_name}"] = _to_hf_layout(leaf, host[i])
     else:

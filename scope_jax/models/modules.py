@@ -152,6 +152,59 @@ class MLP(nnx.Module):
     return jnp.einsum("BTF,FD->BTD", act_BTF * up_BTF, self.down[...].astype(dt))
 
 
+class MoE(nnx.Module):
+  """Qwen3-MoE's sparse MLP: a softmax router over E experts keeps each token's top k (their
+  weights renormalised to sum to 1 when `norm_topk_prob`, in HF's order: softmax in float32,
+  top-k, renormalise, cast), and each expert is a SwiGLU MLP. Dropless: the M·k (token, expert)
+  pairs are sorted by expert and run through `jax.lax.ragged_dot` against the [E, D, F] weights,
+  never a dense [M, E, F] tensor; every pair is computed, so no token is dropped.
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    d, e, f, w = config.hidden_size, config.num_experts, config.moe_intermediate_size, _normal(0.02)
+    self.k, self.norm_topk = config.num_experts_per_tok, config.norm_topk_prob
+    self.router = _param(rngs, _normal(0.5), (d, e), ("embed", "router"), param_dtype)
+    self.expert_gate = _param(rngs, w, (e, d, f), ("expert", "embed", "mlp"), param_dtype)
+    self.expert_up = _param(rngs, w, (e, d, f), ("expert", "embed", "mlp"), param_dtype)
+    self.expert_down = _param(rngs, w, (e, f, d), ("expert", "mlp", "embed"), param_dtype)
+
+  def route(self, x_MD: jax.Array):
+    """(top-k weights [M, k] in x's dtype, expert ids [M, k], router probs [M, E] float32)."""
+    logits_ME = jnp.einsum("MD,DE->ME", x_MD, self.router[...].astype(x_MD.dtype))
+    probs_ME = jax.nn.softmax(logits_ME.astype(jnp.float32), axis=-1)
+    top_MK, ids_MK = jax.lax.top_k(probs_ME, self.k)
+    if self.norm_topk:
+      top_MK = top_MK / top_MK.sum(-1, keepdims=True)
+    return top_MK.astype(x_MD.dtype), ids_MK, probs_ME
+
+  def __call__(self, h_BTD: jax.Array, mask_BT: jax.Array | None = None):
+    """Returns (output [B, T, D], router statistics: expert load [E] and probability mass [E]
+    over the real tokens of `mask_BT`, and their count)."""
+    b, t, d = h_BTD.shape
+    dt = h_BTD.dtype
+    x_MD = h_BTD.reshape(b * t, d)
+    weights_MK, ids_MK, probs_ME = self.route(x_MD)
+    e = probs_ME.shape[-1]
+    ids_P = ids_MK.reshape(-1)  # P = M·k (token, expert) pairs, token-major
+    order_P = jnp.argsort(ids_P, stable=True)
+    token_P = order_P // self.k
+    sizes_E = jnp.bincount(ids_P, length=e).astype(jnp.int32)
+    xs_PD = x_MD[token_P]
+    gate_PF = jax.lax.ragged_dot(xs_PD, self.expert_gate[...].astype(dt), sizes_E)
+    up_PF = jax.lax.ragged_dot(xs_PD, self.expert_up[...].astype(dt), sizes_E)
+    out_PD = jax.lax.ragged_dot(jax.nn.silu(gate_PF) * up_PF, self.expert_down[...].astype(dt),
+                                sizes_E)
+    out_PD = out_PD * weights_MK.reshape(-1)[order_P][:, None]
+    y_MD = jnp.zeros_like(x_MD).at[token_P].add(out_PD)
+    real_M = (jnp.ones((b * t,), jnp.float32) if mask_BT is None
+              else mask_BT.reshape(-1).astype(jnp.float32))
+    load_E = jnp.zeros((e,), jnp.float32).at[ids_MK].add(
+        jnp.broadcast_to(real_M[:, None], ids_MK.shape))
+    stats = {"load": load_E, "prob": jnp.einsum("M,ME->E", real_M, probs_ME),
+             "tokens": real_M.sum(), "computed": sizes_E.sum().astype(jnp.float32)}
+    return y_MD.reshape(b, t, d), stats
+
+
 class DecoderLayer(nnx.Module):
   """Residual block: x + post(attn(pre(x))), then x + post(mlp(pre(x))). Llama/Qwen have only
   the pre-norms, OLMo-2/3 only the post-norms, Gemma-2 both (`config.norm_layout`)."""
@@ -164,7 +217,7 @@ class DecoderLayer(nnx.Module):
     self.attn = Attention(config, rngs=rngs, param_dtype=param_dtype)
     self.attn_post_norm = norm() if layout in ("sandwich", "post") else None
     self.mlp_norm = norm() if layout in ("pre", "sandwich") else None
-    self.mlp = MLP(config, rngs=rngs, param_dtype=param_dtype)
+    self.mlp = (MoE if config.num_experts else MLP)(config, rngs=rngs, param_dtype=param_dtype)
     self.mlp_post_norm = norm() if layout in ("sandwich", "post") else None
 
   def _norm(self, x_BTD, weight):
@@ -173,13 +226,18 @@ class DecoderLayer(nnx.Module):
     return ops.rms_norm(x_BTD, weight[...], self.eps, plus_one=self.plus_one)
 
   def __call__(self, x_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, layer=None,
-               positions=None, window=None):
+               positions=None, window=None, mask_BT=None):
+    """Returns (x, kv, router statistics or None)."""
     h_BTD = self._norm(x_BTD, self.attn_norm)
     attn_BTD, kv = self.attn(h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv, layer,
                              positions, window)
     x_BTD = x_BTD + self._norm(attn_BTD, self.attn_post_norm)
-    mlp_BTD = self.mlp(self._norm(x_BTD, self.mlp_norm))
-    return x_BTD + self._norm(mlp_BTD, self.mlp_post_norm), kv
+    stats = None
+    if isinstance(self.mlp, MoE):
+      mlp_BTD, stats = self.mlp(self._norm(x_BTD, self.mlp_norm), mask_BT)
+    else:
+      mlp_BTD = self.mlp(self._norm(x_BTD, self.mlp_norm))
+    return x_BTD + self._norm(mlp_BTD, self.mlp_post_norm), kv, stats
 
 
 def stacked_layers(config: ModelConfig, rngs: nnx.Rngs, param_dtype=jnp.float32) -> DecoderLayer:
@@ -204,10 +262,12 @@ class Decoder(nnx.Module):
 
   def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
                attention_mask: jax.Array | None = None, cache: kvc.KVCache | None = None, *,
-               return_hidden: bool = False, dtype=jnp.float32, remat: str = "none"):
+               return_hidden: bool = False, dtype=jnp.float32, remat: str = "none",
+               return_router: bool = False):
     """Runs the decoder on tokens [B, T]; see `transformer.forward` for the arguments.
 
-    Returns (logits [B, T, V] float32 or hidden [B, T, D], updated cache or None).
+    Returns (logits [B, T, V] float32 or hidden [B, T, D], updated cache or None), and the
+    router statistics per layer when `return_router` (mixture-of-experts models).
     """
     c = self.config
     b, t = tokens.shape
@@ -233,12 +293,12 @@ class Decoder(nnx.Module):
       x, k_all, v_all = carry
       state, i, window = xs
       kv = None if cache is None else (k_all, v_all)
-      x, kv = nnx.merge(layer_def, state)(
+      x, kv, stats = nnx.merge(layer_def, state)(
           x, cos, sin, slots_BT, valid_BC, kv, i,
-          (positions, pos_BC) if sliding else None, window if sliding else None)
+          (positions, pos_BC) if sliding else None, window if sliding else None, mask_BT)
       if kv is not None:
         k_all, v_all = kv
-      return (x, k_all, v_all), None
+      return (x, k_all, v_all), stats
 
     if remat != "none":
       layer = jax.checkpoint(layer, policy=ops.REMAT_POLICIES[remat])
@@ -246,14 +306,15 @@ class Decoder(nnx.Module):
     if cache is not None:
       k0, v0 = cache.k, cache.v
     layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
-    (x_BTD, k_all, v_all), _ = jax.lax.scan(layer, (x_BTD, k0, v0),
-                                            (layer_state, layer_ids, windows))
+    (x_BTD, k_all, v_all), router = jax.lax.scan(layer, (x_BTD, k0, v0),
+                                                 (layer_state, layer_ids, windows))
     hidden_BTD = ops.rms_norm(x_BTD, self.final_norm[...], c.rms_norm_eps,
                               plus_one=c.norm_plus_one)
 
     new_cache = None
     if cache is not None:
       new_cache = kvc.advance(cache, k_all, v_all, valid_BC, mask_BT, pos_BC)
-    if return_hidden:
-      return hidden_BTD, new_cache
-    return self.embedder.decode(hidden_BTD), new_cache
+    out = hidden_BTD if return_hidden else self.embedder.decode(hidden_BTD)
+    if return_router:  # per-layer expert loads and router mass [L, E] (None without experts)
+      return out, new_cache, router
+    return out, new_cache

@@ -123,7 +123,8 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Param
 
 def forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, cache: kvc.KVCache | None = None, *,
-            return_hidden: bool = False, dtype=jnp.float32, remat: str = "none"):
+            return_hidden: bool = False, dtype=jnp.float32, remat: str = "none",
+            return_router: bool = False):
   """Runs the decoder on tokens [B, T].
 
   Args:
@@ -136,11 +137,15 @@ def forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: j
     dtype: compute dtype (float32 or bfloat16); logits are float32 either way.
     remat: rematerialisation policy name for the layer scan (see REMAT_POLICIES).
 
+    return_router: also return the per-layer router statistics of a mixture of experts
+      ({'load', 'prob': [L, E], 'tokens', 'computed': [L]}; None for dense models).
+
   Returns:
-    (logits [B, T, V] float32 or hidden [B, T, D], updated cache or None).
+    (logits [B, T, V] float32 or hidden [B, T, D], updated cache or None[, router statistics]).
   """
   return as_module(config, params)(tokens, positions, attention_mask, cache,
-                                   return_hidden=return_hidden, dtype=dtype, remat=remat)
+                                   return_hidden=return_hidden, dtype=dtype, remat=remat,
+                                   return_router=return_router)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "dtype", "return_hidden"))
@@ -150,6 +155,30 @@ def forward_jit(config, params, tokens, attention_mask=None, positions=None, *, 
   out, _ = forward(config, params, tokens, positions, attention_mask, dtype=dtype,
                    return_hidden=return_hidden)
   return out
+
+
+def router_metrics(config: ModelConfig, router) -> dict[str, jax.Array]:
+  """Expert-load statistics of a forward's router output: each expert's share of the routed
+  (token, expert) pairs over all layers, the largest share, and the share of pairs dropped
+  (0 by construction: every pair is computed)."""
+  if router is None:
+    return {}
+  load_E = router["load"].sum(0)
+  total = jnp.maximum(load_E.sum(), 1.0)
+  routed = router["tokens"].sum() * config.num_experts_per_tok
+  out = {f"router/load_expert_{e}": load_E[e] / total for e in range(config.num_experts)}
+  out["router/max_load"] = load_E.max() / total
+  out["router/dropped"] = 1.0 - jnp.minimum(load_E.sum(), routed) / jnp.maximum(routed, 1.0)
+  return out
+
+
+def router_aux_loss(config: ModelConfig, router) -> jax.Array:
+  """HF's load-balancing loss over all layers' real tokens: E · Σ_e f_e · p_e, with f_e the
+  share of tokens routed to e (summed over the k choices) and p_e its mean router probability."""
+  tokens = jnp.maximum(router["tokens"].sum(), 1.0)
+  f_E = router["load"].sum(0) / tokens
+  p_E = router["prob"].sum(0) / tokens
+  return config.num_experts * jnp.sum(f_E * p_E)
 
 
 def unembedding(config: ModelConfig, params: Params) -> jax.Array:

@@ -39,6 +39,7 @@ class LossConfig:
   temperature: float = 1.0  # logits / T, as in the sampler
   chunk: int = 256  # sequence chunk for log-probs / distillation
   norm_length: int | None = None  # Dr.GRPO's constant length (None: the batch's width, tests only)
+  router_aux_coef: float = 0.0  # HF's MoE load-balancing loss coefficient (0: off; HF uses 1e-3)
 
   def __post_init__(self):
     for mode in (self.agg_mode, self.distill_agg_mode):
@@ -84,8 +85,14 @@ def _shift_right(x_BT):
 def sequence_stats(config: ModelConfig, params, tokens, mask, *, lc: LossConfig, dtype,
                    remat: str = "none", teacher=None):
   """Per-token log-probs / entropy / distillation, aligned so column t describes token t."""
-  hidden, _ = transformer.forward(config, params, tokens, attention_mask=mask, return_hidden=True,
-                                  dtype=dtype, remat=remat)
+  router = None
+  if config.num_experts:
+    hidden, _, router = transformer.forward(config, params, tokens, attention_mask=mask,
+                                            return_hidden=True, dtype=dtype, remat=remat,
+                                            return_router=True)
+  else:
+    hidden, _ = transformer.forward(config, params, tokens, attention_mask=mask,
+                                    return_hidden=True, dtype=dtype, remat=remat)
   kwargs = {}
   if teacher is not None:
     t_params, t_tokens, t_mask = teacher
@@ -97,7 +104,10 @@ def sequence_stats(config: ModelConfig, params, tokens, mask, *, lc: LossConfig,
   stats = losses.token_stats(hidden, transformer.unembedding(config, params), _targets(tokens),
                              temperature=lc.temperature, chunk=lc.chunk,
                              softcap=config.final_softcap, **kwargs)
-  return {k: _shift_right(v) for k, v in stats.items()}
+  out = {k: _shift_right(v) for k, v in stats.items()}
+  if router is not None:
+    out["router"] = router  # per-layer expert loads and router mass (not per token)
+  return out
 
 
 def compute_logprobs(config: ModelConfig, params, batch: TrainBatch, *, temperature: float = 1.0,
@@ -129,11 +139,16 @@ def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, c
   if lc.distill_coef > 0:
     d_sum, _ = losses.aggregate(stats["distill"], m, lc.distill_agg_mode, lc.norm_length)
     parts["distill_loss"] = d_sum / counts["distill"]
-  total = (parts["pg_loss"] + lc.kl_beta * parts.get("kl_loss", 0.0)
-           + lc.distill_coef * parts.get("distill_loss", 0.0))
   sums = {"entropy": (stats["entropy"] * m).sum(), "clip_frac": (clipped * m).sum(),
           "logp": (logp * m).sum(),
           "logprob_gap": (jnp.abs(logp - mb.old_logp) * m).sum()}
+  if "router" in stats:  # a mixture of experts: loads for the metrics, optional balancing loss
+    parts["router_aux"] = transformer.router_aux_loss(config, stats["router"]) / counts["micro"]
+    sums["router_load"] = stats["router"]["load"].sum(0)
+    sums["router_pairs"] = stats["router"]["tokens"].sum() * config.num_experts_per_tok
+  total = (parts["pg_loss"] + lc.kl_beta * parts.get("kl_loss", 0.0)
+           + lc.distill_coef * parts.get("distill_loss", 0.0)
+           + lc.router_aux_coef * parts.get("router_aux", 0.0))
   gap_max = jnp.max(jnp.where(m > 0, jnp.abs(logp - mb.old_logp), 0.0))
   return total, (parts, sums, gap_max)
 
@@ -162,6 +177,7 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
     counts = {"agg": losses.aggregate(m, m, lc.agg_mode, lc.norm_length)[1],
               "distill": losses.aggregate(m, m, lc.distill_agg_mode, lc.norm_length)[1]}
     counts = jax.tree.map(lambda c: jnp.maximum(c, 1.0), counts)
+    counts["micro"] = jnp.float32(micro_batches)
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
 
     def accumulate(carry, mb):
@@ -194,6 +210,12 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
                "skipped": new_state.skipped, "finite": finite}
     if "kl_loss" in parts:
       metrics["kl"] = parts["kl_loss"]
+    if "router_load" in sums:  # each expert's share of the routed pairs; none is dropped
+      load_E = sums["router_load"]
+      share_E = load_E / jnp.maximum(load_E.sum(), 1.0)
+      metrics.update({f"router/load_expert_{e}": share_E[e] for e in range(config.num_experts)})
+      metrics["router/max_load"] = share_E.max()
+      metrics["router/dropped"] = 1.0 - load_E.sum() / jnp.maximum(sums["router_pairs"], 1.0)
     return new_state, metrics
 
   return jax.jit(step, donate_argnames=("state",))

@@ -68,14 +68,15 @@ def test_every_preset_loads(preset):
   o = c.opensir
   assert o.seed_problem == "What is 1+1?" and tuple(o.solve_rate_band) == (0.5, 0.9)
   assert (o.diversity_top_k, o.adv_eps, o.student_format_weight) == (5, 1e-4, 0.1)
-  if preset == "paper":
+  if preset.startswith("paper"):
     assert (o.units_per_step * (o.group_size + o.num_solutions), o.groups_per_unit) == (256, 4)
     assert (o.group_size, o.num_solutions, o.length_cap, o.length_baseline) == (8, 8, 1000, 1000)
     assert (c.optim.lr, c.optim.warmup_steps, c.optim.grad_clip) == (3e-7, 25, 0.5)
     assert (c.loss.kl_beta, c.loss.kl_kind, c.loss.agg_mode) == (1e-4, "k3", "token-mean")
     assert (c.opensir.roles.student.temperature, c.opensir.roles.student.max_new_tokens) == (1.0, 2048)
     assert (c.rollout.max_prompt_tokens, c.total_steps) == (1024, 200)
-    assert c.model.source == "preset:llama3.2-3b"
+    assert c.model.source == {"paper": "preset:llama3.2-3b",
+                              "paper_gemma2": "preset:gemma2-2b"}[preset]
 
 
 def test_validation_names_the_fix():

@@ -76,8 +76,10 @@ def test_every_preset_loads(preset):
     assert (s.roles.solver.max_obs_tokens, c.retrieval.topk, c.rollout.max_context) == (500, 3, 16384)
     assert s.search_ratio == (4, 3, 2) and s.search_choices == (1, 2, 3)
     assert c.total_steps == 120 and c.warmup.steps == 0
-    assert (s.syntax, s.per_turn_datums) == (("xml", False) if preset == "paper" else ("qwen", True))
-    assert c.model.source == ("preset:qwen2.5-7b" if preset == "paper" else "preset:qwen3-8b")
+    assert (s.syntax, s.per_turn_datums) == (("qwen", True) if preset == "paper_qwen3"
+                                             else ("xml", False))
+    assert c.model.source == {"paper": "preset:qwen2.5-7b", "paper_qwen3": "preset:qwen3-8b",
+                              "paper_olmo3": "preset:olmo3-7b"}[preset]
 
 
 def test_total_steps_follow_the_schedule_unless_set():

@@ -37,7 +37,9 @@ def small_config(**overrides):
 def test_every_preset_loads(preset):
   c = spell_config.get_config(preset)
   assert c.method == "spell" and c.preset == preset
-  if preset == "paper":
+  if preset == "paper_qwen3_moe":
+    assert c.model.source == "preset:qwen3-30b-a3b" and len(c.mesh.shape) == 4
+  if preset.startswith("paper"):
     assert (c.spell.group_size, c.spell.history_size, c.spell.docs_per_question) == (8, 3, 5)
     assert (c.spell.questions_per_step, c.optim.lr, c.optim.schedule) == (128, 2e-6, "constant")
     assert (c.spell.roles.responder.temperature, c.spell.roles.responder.top_p) == (0.7, 0.95)

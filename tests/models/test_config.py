@@ -48,7 +48,7 @@ def test_preset_parameter_counts(name, billions):
 
 
 def test_every_preset_is_valid_and_roundtrips():
-  assert len(PRESETS) == 20
+  assert len(PRESETS) == 21
   for name, cfg in PRESETS.items():
     assert ModelConfig.from_hf_config(cfg.to_hf_config()) == cfg, name
 

@@ -18,7 +18,7 @@ from scope_jax.rollout.types import Span, Trajectory
 from scope_jax.sampling import generate
 from tests.sampling.test_sampler import _direct_logprobs
 
-FAMILIES = ["llama", "qwen2", "qwen3", "gemma2", "olmo2", "olmo3"]
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma2", "olmo2", "olmo3", "qwen3_moe"]
 
 
 def _torch(x):
@@ -92,7 +92,7 @@ def test_softcap_bounds_and_identity():
   chex.assert_trees_all_equal(ops.softcap(x, 0.0), x)
 
 
-@pytest.mark.parametrize("model_type", ["gemma2", "olmo3"])
+@pytest.mark.parametrize("model_type", ["gemma2", "olmo3", "qwen3_moe"])
 def test_sampler_logprobs_equal_direct_forward_across_windows(model_type):
   """16 decode steps from prompts of 1–9 tokens cross the 4-position window many times; the
   final soft-cap is applied in the sampler exactly as in the forward."""
@@ -136,3 +136,100 @@ def test_gemma2_and_olmo_presets_match_the_published_shapes():
   assert (g2.attn_softcap, g2.final_softcap, g2.sliding_window) == (50.0, 30.0, 4096)
   assert g2.windows[:2] == (4096, 0) and g9.num_layers == 42 and g9.tie_embeddings
   assert o3.windows[:4] == (4096, 4096, 4096, 0) and o3.norm_layout == "post" and o3.qk_norm_full
+
+
+def _moe_block(cfg):
+  """Our MoE block and HF's, sharing weights chosen so that expert 7 never wins and the other
+  experts' loads are uneven: inputs are positive, expert 7's router column is negative."""
+  import torch
+  from flax import nnx
+  from transformers import Qwen3MoeConfig
+  from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+  from scope_jax.models import modules
+  ours = modules.MoE(cfg, rngs=nnx.Rngs(0))
+  router = np.abs(np.asarray(ours.router[...])) * np.linspace(0.2, 2.0, cfg.num_experts)
+  router[:, 7] = -1.0
+  ours.router[...] = jnp.asarray(router, jnp.float32)
+  ref = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(**cfg.to_hf_config()))
+  with torch.no_grad():
+    ref.gate.weight.copy_(_torch(router.T))
+    gate, up, down = (np.asarray(x[...]) for x in (ours.expert_gate, ours.expert_up, ours.expert_down))
+    ref.experts.gate_up_proj.copy_(_torch(np.concatenate([gate, up], -1).transpose(0, 2, 1)))
+    ref.experts.down_proj.copy_(_torch(down.transpose(0, 2, 1)))
+  return ours, ref
+
+
+def test_moe_block_with_uneven_loads_and_an_idle_expert_matches_hf():
+  cfg = tiny_config("qwen3_moe")
+  ours, ref = _moe_block(cfg)
+  x = np.abs(np.random.default_rng(8).normal(size=(2, 7, cfg.hidden_size))).astype(np.float32)
+  y, stats = ours(jnp.asarray(x))
+  chex.assert_trees_all_close(np.asarray(y), ref(_torch(x)).detach().numpy(), rtol=0, atol=1e-5)
+  load = np.asarray(stats["load"])
+  assert load[7] == 0 and load.sum() == 2 * 7 * cfg.num_experts_per_tok
+  assert load.max() > 2 * load[load > 0].min()  # uneven
+  assert float(stats["computed"]) == load.sum()  # dropless: every (token, expert) pair computed
+
+
+def test_router_metrics_and_the_hf_load_balancing_loss(tmp_path):
+  import torch
+  from scope_jax.models import forward, save_hf, transformer
+  from tests.hf_reference import hf_model, padded_batch
+  cfg = tiny_config("qwen3_moe")
+  params = init_params(cfg, jax.random.key(9))
+  tokens, mask = padded_batch(cfg.vocab_size, [9, 5], 9, left=False, seed=10)
+  _, _, router = forward(cfg, params, jnp.asarray(tokens), attention_mask=jnp.asarray(mask),
+                         return_router=True)
+  m = transformer.router_metrics(cfg, router)
+  shares = np.array([float(m[f"router/load_expert_{e}"]) for e in range(cfg.num_experts)])
+  np.testing.assert_allclose(shares.sum(), 1.0, rtol=0, atol=1e-6)
+  assert float(m["router/dropped"]) == 0.0 and float(m["router/max_load"]) == shares.max()
+  np.testing.assert_allclose(float(router["tokens"].sum()), cfg.num_layers * 14, rtol=0, atol=0)
+  save_hf(cfg, params, tmp_path)
+  model = hf_model(tmp_path)
+  with torch.no_grad():
+    out = model(input_ids=_torch(tokens).long(), attention_mask=_torch(mask).long(),
+                output_router_logits=True)
+  np.testing.assert_allclose(float(transformer.router_aux_loss(cfg, router)),
+                             float(out.aux_loss), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("coef", [0.0, 0.01])
+def test_moe_train_step_logs_loads_and_adds_the_balancing_loss_on_request(coef):
+  from scope_jax.rl.batch import make_batch
+  from scope_jax.rl.train_step import LossConfig, init_train_state, make_train_step
+  cfg = tiny_config("qwen3_moe")
+  params = init_params(cfg, jax.random.key(11))
+  rng = np.random.default_rng(12)
+  trajs = []
+  for n in (10, 7, 12, 5):
+    tokens = rng.integers(0, cfg.vocab_size, n).astype(np.int32)
+    mask = np.r_[np.zeros(3), np.ones(n - 3)].astype(np.int32)
+    trajs.append(Trajectory(tokens, mask, np.full(n, -3.0, np.float32) * mask, 3,
+                            [Span(0, 3, "prompt")], [], None, None, "eos"))
+  batch = make_batch(trajs, [1.0, -1.0, 0.5, -0.5])
+  opt = optax.adam(1e-3)
+  step = make_train_step(cfg, LossConfig(router_aux_coef=coef, chunk=8), opt, micro_batches=2)
+  _, m = step(init_train_state(params, opt), jax.tree.map(jnp.asarray, batch))
+  shares = [float(m[f"router/load_expert_{e}"]) for e in range(cfg.num_experts)]
+  np.testing.assert_allclose(sum(shares), 1.0, rtol=0, atol=1e-6)
+  assert float(m["router/dropped"]) == 0.0 and float(m["router_aux"]) > 0
+  want = float(m["pg_loss"]) + coef * float(m["router_aux"])
+  np.testing.assert_allclose(float(m["loss"]), want, rtol=1e-6, atol=1e-7)
+
+
+def test_moe_checkpoint_streams_into_expert_shards(tmp_path):
+  """save_hf writes one tensor per expert (the Hub layout); load_hf reads each device's experts
+  straight into their shards on an `expert` mesh axis."""
+  from scope_jax import sharding as shd
+  from scope_jax.models import load_hf, save_hf
+  cfg = tiny_config("qwen3_moe")
+  params = init_params(cfg, jax.random.key(13))
+  save_hf(cfg, params, tmp_path)
+  mesh = shd.make_mesh((1, 2, 1, 4))
+  loaded_cfg, loaded = load_hf(tmp_path, mesh=mesh)
+  assert loaded_cfg == cfg
+  gate = loaded["layers"]["expert_gate"]
+  assert gate.sharding.spec[1] == "expert"
+  assert gate.addressable_shards[0].data.shape[1] == cfg.num_experts // 4
+  chex.assert_trees_all_equal(jax.tree.map(np.asarray, loaded), jax.tree.map(np.asarray, params))

@@ -20,7 +20,8 @@ def _permute(w, n_head):  # llama.cpp convert_hf_to_gguf.py's permutation (refer
 def _write_gguf(path, cfg, hf_tensors, quantize_ffn=False):
   """A GGUF as llama.cpp's converter writes it: llama Q/K rows permuted, Gemma norms as 1 + w."""
   import gguf
-  arch = cfg.model_type if cfg.model_type in ("qwen2", "gemma2", "olmo2") else "llama"
+  arch = {"qwen2": "qwen2", "gemma2": "gemma2", "olmo2": "olmo2",
+          "qwen3_moe": "qwen3moe"}.get(cfg.model_type, "llama")
   w = gguf.GGUFWriter(str(path), arch)
   w.add_block_count(cfg.num_layers)
   w.add_embedding_length(cfg.hidden_size)
@@ -37,6 +38,19 @@ def _write_gguf(path, cfg, hf_tensors, quantize_ffn=False):
     w.add_float32("gemma2.attn_logit_softcapping", cfg.attn_softcap)
     w.add_float32("gemma2.final_logit_softcapping", cfg.final_softcap)
     w.add_uint32("gemma2.attention.sliding_window", cfg.sliding_window)
+  if arch == "qwen3moe":
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_expert_count(cfg.num_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    experts = {}
+    for name in [n for n in hf_tensors if ".mlp.experts." in n]:
+      _, _, i, _, _, e, proj, _ = name.split(".")
+      experts.setdefault((i, proj), {})[int(e)] = hf_tensors.pop(name)
+    for (i, proj), by_e in experts.items():
+      short = {v: k for k, v in gguf_io._EXPERTS.items()}[proj]
+      w.add_tensor(f"blk.{i}.{short}", np.stack([by_e[e] for e in sorted(by_e)]).astype(np.float32))
   inverse = {v: k for k, v in gguf_io.layer_names(arch).items()}
   top = {v: k for k, v in gguf_io._TOP_NAMES.items()}
   for name, arr in hf_tensors.items():
@@ -63,13 +77,13 @@ def _write_gguf(path, cfg, hf_tensors, quantize_ffn=False):
   w.close()
 
 
-@pytest.mark.parametrize("model_type", ["qwen2", "llama", "gemma2", "olmo2"])
+@pytest.mark.parametrize("model_type", ["qwen2", "llama", "gemma2", "olmo2", "qwen3_moe"])
 def test_gguf_import_recovers_hf_tensors(model_type, tmp_path):
   overrides = dict(query_pre_attn_scalar=16.0) if model_type == "gemma2" else {}  # = head_dim
   cfg = tiny_config(model_type, rope_scaling=None, intermediate_size=64, **overrides)
   params = init_params(cfg, jax.random.key(0))
   tensors = hf_io.to_hf_tensors(cfg, params)
-  _write_gguf(tmp_path / "m.gguf", cfg, tensors)
+  _write_gguf(tmp_path / "m.gguf", cfg, dict(tensors))
   got_cfg, got = gguf_io.read_gguf(tmp_path / "m.gguf")
   assert got_cfg.replace(eos_token_id=None, bos_token_id=None, pad_token_id=None) == cfg
   assert set(got) == set(tensors)

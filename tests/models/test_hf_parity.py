@@ -18,6 +18,7 @@ CASES = [
     # alternating windows of 4 positions (rows of 13 cross them). OLMo-2/3: post-norms, q/k norm
     # over the whole projection; OLMo-3's 3 sliding : 1 full layers.
     ("gemma2", 2), ("gemma2", 1), ("olmo2", 4), ("olmo2", 2), ("olmo3", 4), ("olmo3", 2),
+    ("qwen3_moe", 2),  # 8 experts, top-2, renormalised; dropless ragged_dot experts
 ]
 
 
@@ -51,7 +52,8 @@ def test_qwen25_tied_embeddings(tmp_path):
   chex.assert_trees_all_close(np.asarray(ours)[m], ref[m], rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "gemma2", "olmo2", "olmo3"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "gemma2", "olmo2", "olmo3",
+                                        "qwen3_moe"])
 def test_load_hf_of_transformers_checkpoint(model_type, tmp_path):
   """transformers initialises and saves (its own config format); load_hf must agree with it."""
   import torch
@@ -114,7 +116,7 @@ def test_bfloat16_checkpoint_and_compute(tmp_path):
 # ------------------------------------------------------------------------------- bad input
 
 def test_unsupported_model_type():
-  with pytest.raises(ValueError, match="Unsupported model_type 'gpt2'.*llama, qwen2, qwen3, gemma2"):
+  with pytest.raises(ValueError, match="Unsupported model_type 'gpt2'.*llama, qwen2, qwen3, qwen3_moe, gemma2"):
     from scope_jax.models import ModelConfig
     ModelConfig.from_hf_config({"model_type": "gpt2", "vocab_size": 10})
 

@@ -23,7 +23,7 @@ def _reference_logits(cfg, params, seqs):
   return [out[i, :len(s)] for i, s in enumerate(seqs)]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "gemma2", "olmo3"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "gemma2", "olmo3", "qwen3_moe"])
 @pytest.mark.parametrize("left", [True, False])
 def test_prefill_then_decode_matches_full_forward(model_type, left):
   """Gemma-2 / OLMo-3 (windows of 4 positions): prompts of up to 9 tokens and 5 decode steps
