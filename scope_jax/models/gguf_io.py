@@ -1,9 +1,10 @@
-"""Real-weights import from llama.cpp GGUF files (qwen2, llama, gemma2 and olmo2 architectures).
+"""Real-weights import from llama.cpp GGUF files (qwen2, llama, gemma2, olmo2/olmo3 and
+qwen3moe architectures).
 
 Tensors are dequantised to float32 with the `gguf` package and renamed to Hugging Face names, so
 the same loader (`hf_io.params_from_source`) that reads safetensors builds the params. llama.cpp's
 llama converter permutes the Q/K rows for its interleaved RoPE; that permutation is undone here
-(qwen2, gemma2 and olmo2 are stored unpermuted, with NEOX-style RoPE, which is Hugging Face's
+(qwen2, qwen3moe, gemma2 and olmo2/3 are stored unpermuted, with NEOX-style RoPE, which is Hugging Face's
 rotate-half). llama.cpp's Gemma converter stores every norm weight as 1 + w; that is undone too.
 """
 
@@ -16,9 +17,9 @@ from scope_jax import sharding as shd
 from scope_jax.models import hf_io
 from scope_jax.models.config import ModelConfig, RopeScaling, rope_inv_freq
 
-SUPPORTED_ARCHS = ("qwen2", "llama", "gemma2", "olmo2", "qwen3moe")
+SUPPORTED_ARCHS = ("qwen2", "llama", "gemma2", "olmo2", "olmo3", "qwen3moe")
 _MODEL_TYPES = {"qwen2": "qwen2", "llama": "llama", "gemma2": "gemma2", "olmo2": "olmo2",
-                "qwen3moe": "qwen3_moe"}
+                "olmo3": "olmo3", "qwen3moe": "qwen3_moe"}
 _EXPERTS = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
             "ffn_down_exps.weight": "down_proj"}  # [E, ...] in GGUF, one HF tensor per expert
 
@@ -69,7 +70,7 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def layer_names(arch: str) -> dict[str, str]:
   """GGUF per-layer tensor name → HF name for one architecture (`arch` as GGUF or ours)."""
-  arch = {"qwen3_moe": "qwen3moe"}.get(arch, arch)
+  arch = {"qwen3_moe": "qwen3moe", "olmo3": "olmo2"}.get(arch, arch)  # OLMo-3: OLMo-2's names
   return {**_LAYER_NAMES, **_NORM_NAMES.get(arch, _NORM_NAMES["pre"])}
 
 
@@ -102,8 +103,12 @@ def config_from_gguf(reader) -> ModelConfig:
                   sliding_window=int(get("attention.sliding_window", 4096)),
                   layer_types=tuple("sliding_attention" if i % 2 == 0 else "full_attention"
                                     for i in range(layers)))
-  elif arch == "olmo2":
+  elif arch in ("olmo2", "olmo3"):
     family = dict(norm_layout="post", qk_norm=True, qk_norm_full=True)
+    if arch == "olmo3":  # 3 sliding-window layers, then 1 global, repeated
+      family.update(sliding_window=int(get("attention.sliding_window", 4096)),
+                    layer_types=tuple("sliding_attention" if (i + 1) % 4 else "full_attention"
+                                      for i in range(layers)))
   elif arch == "qwen3moe":
     family = dict(qk_norm=True, num_experts=int(get("expert_count")),
                   num_experts_per_tok=int(get("expert_used_count")),

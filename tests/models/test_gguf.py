@@ -20,7 +20,7 @@ def _permute(w, n_head):  # llama.cpp convert_hf_to_gguf.py's permutation (refer
 def _write_gguf(path, cfg, hf_tensors, quantize_ffn=False):
   """A GGUF as llama.cpp's converter writes it: llama Q/K rows permuted, Gemma norms as 1 + w."""
   import gguf
-  arch = {"qwen2": "qwen2", "gemma2": "gemma2", "olmo2": "olmo2",
+  arch = {"qwen2": "qwen2", "gemma2": "gemma2", "olmo2": "olmo2", "olmo3": "olmo3",
           "qwen3_moe": "qwen3moe"}.get(cfg.model_type, "llama")
   w = gguf.GGUFWriter(str(path), arch)
   w.add_block_count(cfg.num_layers)
@@ -38,6 +38,8 @@ def _write_gguf(path, cfg, hf_tensors, quantize_ffn=False):
     w.add_float32("gemma2.attn_logit_softcapping", cfg.attn_softcap)
     w.add_float32("gemma2.final_logit_softcapping", cfg.final_softcap)
     w.add_uint32("gemma2.attention.sliding_window", cfg.sliding_window)
+  if arch == "olmo3":
+    w.add_uint32("olmo3.attention.sliding_window", cfg.sliding_window)
   if arch == "qwen3moe":
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
@@ -77,7 +79,7 @@ def _write_gguf(path, cfg, hf_tensors, quantize_ffn=False):
   w.close()
 
 
-@pytest.mark.parametrize("model_type", ["qwen2", "llama", "gemma2", "olmo2", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["qwen2", "llama", "gemma2", "olmo2", "olmo3", "qwen3_moe"])
 def test_gguf_import_recovers_hf_tensors(model_type, tmp_path):
   overrides = dict(query_pre_attn_scalar=16.0) if model_type == "gemma2" else {}  # = head_dim
   cfg = tiny_config(model_type, rope_scaling=None, intermediate_size=64, **overrides)
