@@ -17,18 +17,23 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma2", "olmo
 NORM_LAYOUTS = ("pre", "sandwich", "post")  # Llama/Qwen, Gemma-2 (pre + post), OLMo-2/3 (post)
 ACTIVATIONS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-  """RoPE frequency rescaling; `rope_type` is 'linear' or 'llama3' (Llama-3.1/3.2)."""
+  """RoPE frequency rescaling: 'linear', 'llama3' (Llama-3.1/3.2) or 'yarn' (OLMo-3's long
+  context: interpolated frequencies blended by a ramp, cos/sin scaled by `attention_factor`)."""
 
   rope_type: str
   factor: float = 1.0
   low_freq_factor: float = 1.0
   high_freq_factor: float = 4.0
   original_max_position_embeddings: int = 8192
+  attention_factor: float = 0.0  # yarn: cos/sin scale (0: 0.1·ln(factor) + 1, HF's default)
+  beta_fast: float = 32.0  # yarn: ramp bounds in rotations
+  beta_slow: float = 1.0
+  truncate: bool = True  # yarn: round the ramp bounds to whole dimensions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +54,7 @@ class ModelConfig:
   qkv_bias: bool = False  # Qwen2 / Qwen2.5
   qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
   tie_embeddings: bool = False
+  rope_full_only: bool = False  # OLMo-3: rope_scaling on full-attention layers; sliding ones plain
   max_position_embeddings: int = 32768
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
@@ -167,6 +173,8 @@ class ModelConfig:
     if hf.get("use_sliding_window") and model_type in ("qwen2", "qwen3", "qwen3_moe"):
       raise ValueError("use_sliding_window=true is not supported for Qwen; full attention only.")
     family = _family_fields(model_type, hf, layers)
+    if model_type == "olmo3" and rope_scaling is not None:
+      family["rope_full_only"] = True  # HF applies OLMo-3's scaling to full-attention layers
     if model_type == "qwen3_moe":
       family.update(_moe_fields(hf, layers))
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
@@ -222,6 +230,13 @@ class ModelConfig:
     if self.rope_scaling is not None:
       out["rope_scaling"] = {"rope_type": self.rope_scaling.rope_type,
                              "factor": self.rope_scaling.factor}
+      if self.rope_scaling.rope_type == "yarn":
+        y = self.rope_scaling
+        out["rope_scaling"].update(
+            beta_fast=y.beta_fast, beta_slow=y.beta_slow, truncate=y.truncate,
+            original_max_position_embeddings=y.original_max_position_embeddings)
+        if y.attention_factor:
+          out["rope_scaling"]["attention_factor"] = y.attention_factor
       if self.rope_scaling.rope_type == "llama3":
         out["rope_scaling"].update(
             low_freq_factor=self.rope_scaling.low_freq_factor,
@@ -244,9 +259,12 @@ class ModelConfig:
     if self.model_type in ("gemma2", "olmo3"):
       out.update(sliding_window=self.sliding_window or None, layer_types=list(
           self.layer_types or ("full_attention",) * self.num_layers))
-    if self.model_type == "olmo3":  # one rope for both layer types, stated per type as HF reads it
-      rope = dict(out["rope_scaling"] or {"rope_type": "default"}, rope_theta=self.rope_theta)
-      out["rope_parameters"] = {t: dict(rope) for t in LAYER_TYPES}
+    if self.model_type == "olmo3":  # per layer type, as HF reads it
+      full = dict(out["rope_scaling"] or {"rope_type": "default"}, rope_theta=self.rope_theta)
+      plain = {"rope_type": "default", "rope_theta": self.rope_theta}
+      out["rope_parameters"] = {"full_attention": full,
+                                "sliding_attention": plain if self.rope_full_only else dict(full)}
+      out["rope_scaling"] = None
     if self.model_type in ("qwen2", "qwen3", "qwen3_moe"):
       out.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_layers)
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -305,11 +323,17 @@ def _read_rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
   if isinstance(params, Mapping):
     # transformers 5 folds theta and the scaling into one dict (possibly per attention type).
     if "rope_type" not in params and "rope_theta" not in params:
-      per_type = [dict(v or {}) for v in params.values()]
-      if any(p != per_type[0] for p in per_type[1:]):
-        raise ValueError(f"rope_parameters differ between layer types ({dict(params)}); one "
-                         "rope for all layers is supported.")
-      params = per_type[0]
+      per_type = {k: dict(v or {}) for k, v in params.items()}
+      full, sliding = per_type.get("full_attention"), per_type.get("sliding_attention")
+      plain = lambda p: p.get("rope_type", "default") == "default"
+      if (full is not None and sliding is not None and plain(sliding)
+          and sliding.get("rope_theta") == full.get("rope_theta")):
+        params = full  # OLMo-3: scaling (if any) on full-attention layers only
+      elif any(p != next(iter(per_type.values())) for p in per_type.values()):
+        raise ValueError(f"rope_parameters differ between layer types ({dict(params)}) in a way "
+                         "this model layer does not support.")
+      else:
+        params = next(iter(per_type.values()))
     theta = params.get("rope_theta", theta)
     scaling = params
   theta = float(theta if theta is not None else 10000.0)
@@ -321,12 +345,18 @@ def _read_rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
   if rope_type not in SUPPORTED_ROPE_TYPES:
     raise ValueError(f"Unsupported rope scaling type {rope_type!r}; supported: "
                      f"{', '.join(SUPPORTED_ROPE_TYPES)}.")
+  if rope_type == "yarn" and (scaling.get("mscale") or scaling.get("mscale_all_dim")):
+    raise ValueError("yarn rope scaling with mscale / mscale_all_dim is not supported.")
   return theta, RopeScaling(
       rope_type=rope_type,
       factor=float(scaling.get("factor", 1.0)),
       low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
       high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
-      original_max_position_embeddings=int(scaling.get("original_max_position_embeddings", 8192)))
+      original_max_position_embeddings=int(scaling.get("original_max_position_embeddings", 8192)),
+      attention_factor=float(scaling.get("attention_factor") or 0.0),
+      beta_fast=float(scaling.get("beta_fast") or 32.0),
+      beta_slow=float(scaling.get("beta_slow") or 1.0),
+      truncate=bool(scaling.get("truncate", True)))
 
 
 # -------------------------------------------------------------------------------------- presets
@@ -444,6 +474,8 @@ def rope_inv_freq(config: ModelConfig):
     return inv_freq.astype(np.float32)
   if scaling.rope_type == "linear":
     return (inv_freq / scaling.factor).astype(np.float32)
+  if scaling.rope_type == "yarn":
+    return _yarn_inv_freq(config.rope_theta, h, scaling)
   # llama3: long wavelengths are divided by `factor`, short ones kept, the band between blended.
   low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
   high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
@@ -454,3 +486,33 @@ def rope_inv_freq(config: ModelConfig):
   blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
   medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
   return np.where(medium, blended, scaled).astype(np.float32)
+
+
+def _yarn_inv_freq(base: float, dim: int, y: RopeScaling):
+  """YaRN (HF's `_compute_yarn_parameters`): low frequencies interpolated by `factor`, high ones
+  kept, blended by a linear ramp between the dimensions where beta_fast and beta_slow rotations
+  fit into the original context; float32 as HF computes it."""
+  import numpy as np
+  correction = lambda rot: (dim * math.log(y.original_max_position_embeddings / (rot * 2 * math.pi))
+                            / (2 * math.log(base)))
+  low, high = correction(y.beta_fast), correction(y.beta_slow)
+  if y.truncate:
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, dim - 1)
+  if low == high:
+    high += 0.001
+  ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+  pos_freqs = np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+  extrapolation = (1 - ramp).astype(np.float32)
+  inv = (1.0 / (y.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+  return inv.astype(np.float32)
+
+
+def rope_attention_scaling(config: ModelConfig) -> float:
+  """The cos/sin scale of the rope (YaRN's attention factor; 1 otherwise)."""
+  y = config.rope_scaling
+  if y is None or y.rope_type != "yarn":
+    return 1.0
+  if y.attention_factor:
+    return y.attention_factor
+  return 1.0 if y.factor <= 1 else 0.1 * math.log(y.factor) + 1.0

@@ -275,6 +275,9 @@ class Decoder(nnx.Module):
     if positions is None:
       positions = kvc.positions_for_block(cache, mask_BT)
     cos, sin = ops.rope_tables(c, positions)
+    local_rope = None  # OLMo-3: sliding-window layers use the unscaled rope
+    if c.rope_full_only and c.rope_scaling is not None:
+      local_rope = ops.rope_tables(c.replace(rope_scaling=None), positions)
     x_BTD = self.embedder.encode(tokens, dtype)
     if cache is None:
       slots_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
@@ -293,8 +296,11 @@ class Decoder(nnx.Module):
       x, k_all, v_all = carry
       state, i, window = xs
       kv = None if cache is None else (k_all, v_all)
+      cos_l, sin_l = cos, sin
+      if local_rope is not None:
+        cos_l, sin_l = (jnp.where(window > 0, lo, hi) for lo, hi in zip(local_rope, (cos, sin)))
       x, kv, stats = nnx.merge(layer_def, state)(
-          x, cos, sin, slots_BT, valid_BC, kv, i,
+          x, cos_l, sin_l, slots_BT, valid_BC, kv, i,
           (positions, pos_BC) if sliding else None, window if sliding else None, mask_BT)
       if kv is not None:
         k_all, v_all = kv

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from scope_jax.models.config import ModelConfig, rope_inv_freq
+from scope_jax.models.config import ModelConfig, rope_attention_scaling, rope_inv_freq
 
 K_MASK = -2.3819763e38
 
@@ -39,11 +39,12 @@ def softcap(x: jax.Array, cap: float) -> jax.Array:
 
 
 def rope_tables(config: ModelConfig, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """cos, sin [B, T, H] in float32 for the rotate-half RoPE convention."""
+  """cos, sin [B, T, H] in float32 for the rotate-half RoPE convention (times YaRN's scale)."""
   inv_freq = jnp.asarray(rope_inv_freq(config))
   freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
   emb_BTH = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)
-  return jnp.cos(emb_BTH), jnp.sin(emb_BTH)
+  scale = rope_attention_scaling(config)
+  return jnp.cos(emb_BTH) * scale, jnp.sin(emb_BTH) * scale
 
 
 def apply_rope(x_BTNH: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array) -> jax.Array:

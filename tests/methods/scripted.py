@@ -1,10 +1,11 @@
-"""A scripted policy for method tests: answers each SPELL role by reading its prompt."""
+"""Scripted policies for method tests: each answers every role of a method by reading its prompt."""
 
 import re
 
 import numpy as np
 
 from scope_jax.sampling import SampleResult
+from scope_jax.sampling.stops import find_stop
 
 
 def play_all_roles(rt, sampler) -> None:
@@ -15,15 +16,44 @@ def play_all_roles(rt, sampler) -> None:
     policy.sampler = sampler
 
 
-class ScriptedSpellSampler:
-  """Questioner: a valid proposal about the first document; responder: right or wrong by a
-  per-row coin; verifier: a noisy comparison. Deterministic given the seed."""
+class ScriptedSampler:
+  """The sampler interface over `_answer(prompt text, rng) -> reply`; replies end with EOS (or
+  at a stop string), with a fixed log-prob per token. Deterministic given the seed."""
+
+  logprob = -2.0
 
   def __init__(self, tokenizer):
     self.tok = tokenizer
+    self.calls = 0
 
   def update_params(self, params):
     del params
+
+  def _answer(self, text, rng):
+    raise NotImplementedError
+
+  def generate(self, prompts, *, max_new_tokens, num_samples=1, seed=0, stop=(), **_):
+    rng = np.random.default_rng(seed)
+    self.calls += 1
+    out = []
+    for i, p in enumerate(prompts):
+      text = self.tok.decode(p)
+      for _ in range(num_samples):
+        ids = self.tok.encode(self._answer(text, rng))
+        match = find_stop(ids, stop, self.tok.decode) if stop else None
+        if match:
+          ids, reason = ids[:match.num_tokens], "stop"
+        else:
+          ids, reason = ids[:max_new_tokens - 1] + [self.tok.eos_token_id], "eos"
+        out.append(SampleResult(np.asarray(ids, np.int32),
+                                np.full(len(ids), self.logprob, np.float32), reason, i,
+                                text=self.tok.decode(ids)))
+    return out
+
+
+class ScriptedSpellSampler(ScriptedSampler):
+  """Questioner: a valid proposal about the first document; responder: right or wrong by a
+  per-row coin; verifier: a noisy comparison."""
 
   def _answer(self, text, rng):
     if "propose" in text or "generate a multiple choice" in text or "ONE new" in text:
@@ -52,19 +82,8 @@ class ScriptedSpellSampler:
       return "Therefore, the answer is " + ("42" if right else "7") + "."
     return "The correct answer is " + (gold if right else "something else") + "."
 
-  def generate(self, prompts, *, max_new_tokens, num_samples=1, seed=0, stop=(), **_):
-    rng = np.random.default_rng(seed)
-    out = []
-    for i, p in enumerate(prompts):
-      text = self.tok.decode(p)
-      for _ in range(num_samples):
-        ids = self.tok.encode(self._answer(text, rng))[:max_new_tokens - 1] + [self.tok.eos_token_id]
-        out.append(SampleResult(np.asarray(ids, np.int32), np.full(len(ids), -2.0, np.float32),
-                                "eos", i, text=self.tok.decode(ids)))
-    return out
 
-
-class ScriptedScopeSampler:
+class ScriptedScopeSampler(ScriptedSampler):
   """Plays every SCOPE role by reading its prompt (real searches go to the real tool):
 
   Challenger: searches the document title, then the first title of each result, until it made
@@ -74,13 +93,11 @@ class ScriptedScopeSampler:
   criterion's entity against the answer. `garbage` makes the Judge's outputs unparseable.
   """
 
-  def __init__(self, tokenizer, garbage: bool = False):
-    self.tok = tokenizer
-    self.garbage = garbage
-    self.calls = 0
+  logprob = -1.5
 
-  def update_params(self, params):
-    del params
+  def __init__(self, tokenizer, garbage: bool = False):
+    super().__init__(tokenizer)
+    self.garbage = garbage
 
   def _answer(self, text, rng):
     prompt, _, response = text.rpartition("<|im_start|>assistant\n")
@@ -115,20 +132,16 @@ class ScriptedScopeSampler:
       return "<think>checked</think>\n<score>" + str(int(hit)) + "</score>"
     raise AssertionError(f"unknown role for prompt: {prompt[:200]!r}")
 
-  def generate(self, prompts, *, max_new_tokens, num_samples=1, seed=0, stop=(), **_):
-    from scope_jax.sampling.stops import find_stop
-    rng = np.random.default_rng(seed)
-    self.calls += 1
-    out = []
-    for i, p in enumerate(prompts):
-      text = self.tok.decode(p)
-      for _ in range(num_samples):
-        ids = self.tok.encode(self._answer(text, rng))
-        match = find_stop(ids, stop, self.tok.decode) if stop else None
-        if match:
-          ids, reason = ids[:match.num_tokens], "stop"
-        else:
-          ids, reason = ids[:max_new_tokens - 1] + [self.tok.eos_token_id], "eos"
-        out.append(SampleResult(np.asarray(ids, np.int32), np.full(len(ids), -1.5, np.float32),
-                                reason, i, text=self.tok.decode(ids)))
-    return out
+
+class ScriptedOpenSirSampler(ScriptedSampler):
+  """Teacher: 'What is a + b?' with concepts (1 row in 5 without them, so not legal); student:
+  the right sum in the answer sentence 3 times in 5, else a near miss."""
+
+  def _answer(self, text, rng):
+    if "create a math problem" in text:
+      a, b = (int(x) for x in rng.integers(1, 9, size=2))
+      concepts = "" if rng.random() < 0.2 else "<concepts>integer addition</concepts>"
+      return f"<think>Addition.</think>\n<problem>What is {a} + {b}?</problem>\n{concepts}"
+    a, b = (int(x) for x in re.findall(r"What is (\d+) \+ (\d+)\?", text)[-1])
+    answer = a + b if rng.random() < 0.6 else a + b + int(rng.integers(1, 3))
+    return f"{a} + {b} = {answer}.\nTherefore, the final answer is: $\\boxed{{{answer}}}$"

@@ -13,42 +13,10 @@ import pytest
 from configs import opensir as opensir_config
 from scope_jax import metrics as metrics_lib
 from scope_jax.methods import opensir, runner, runtime, warmup
-from scope_jax.sampling import SampleResult
 from tests.methods.cli import kill_once_exists
-from tests.methods.scripted import play_all_roles
+from tests.methods.scripted import ScriptedOpenSirSampler, play_all_roles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-class ScriptedOpenSirSampler:
-  """Teacher: 'What is a + b?' with concepts (1 row in 5 without them, so not legal); student:
-  the right sum in the answer sentence 3 times in 5, else a near miss. Deterministic per seed."""
-
-  def __init__(self, tokenizer):
-    self.tok = tokenizer
-
-  def update_params(self, params):
-    del params
-
-  def _answer(self, text, rng):
-    if "create a math problem" in text:
-      a, b = (int(x) for x in rng.integers(1, 9, size=2))
-      concepts = "" if rng.random() < 0.2 else "<concepts>integer addition</concepts>"
-      return f"<think>Addition.</think>\n<problem>What is {a} + {b}?</problem>\n{concepts}"
-    a, b = (int(x) for x in re.findall(r"What is (\d+) \+ (\d+)\?", text)[-1])
-    answer = a + b if rng.random() < 0.6 else a + b + int(rng.integers(1, 3))
-    return f"{a} + {b} = {answer}.\nTherefore, the final answer is: $\\boxed{{{answer}}}$"
-
-  def generate(self, prompts, *, max_new_tokens, num_samples=1, seed=0, stop=(), **_):
-    rng = np.random.default_rng(seed)
-    out = []
-    for i, p in enumerate(prompts):
-      text = self.tok.decode(p)
-      for _ in range(num_samples):
-        ids = self.tok.encode(self._answer(text, rng))[:max_new_tokens - 1] + [self.tok.eos_token_id]
-        out.append(SampleResult(np.asarray(ids, np.int32), np.full(len(ids), -2.0, np.float32),
-                                "eos", i, text=self.tok.decode(ids)))
-    return out
 
 
 def small_config(**overrides):

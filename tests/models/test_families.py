@@ -105,18 +105,23 @@ def test_sampler_logprobs_equal_direct_forward_across_windows(model_type):
       chex.assert_trees_all_close(r.logprobs, ref, atol=1e-5, rtol=0)
 
 
+def _random_rows(cfg, lengths, seed, logprob=0.0):
+  """Trajectories of random tokens: a 3-token prompt, then a response of the rest."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for n in lengths:
+    tokens = rng.integers(0, cfg.vocab_size, n).astype(np.int32)
+    mask = np.r_[np.zeros(3), np.ones(n - 3)].astype(np.int32)
+    rows.append(Trajectory(tokens, mask, (logprob * mask).astype(np.float32), 3,
+                           [Span(0, 3, "prompt")], [], None, None, "eos"))
+  return rows
+
+
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_train_step_lowers_the_loss_with_finite_gradients(model_type):
   cfg = tiny_config(model_type)
   params = init_params(cfg, jax.random.key(6))
-  rng = np.random.default_rng(7)
-  demos = []
-  for n in (12, 9, 14, 6):
-    tokens = rng.integers(0, cfg.vocab_size, n).astype(np.int32)
-    mask = np.r_[np.zeros(3), np.ones(n - 3)].astype(np.int32)
-    demos.append(Trajectory(tokens, mask, np.zeros(n, np.float32), 3, [Span(0, 3, "prompt")], [],
-                            None, None, "eos"))
-  batch = sft.pack(demos, 16)
+  batch = sft.pack(_random_rows(cfg, (12, 9, 14, 6), seed=7), 16)
   for chunk in (0, 8):  # whole logits, and the chunked log-prob path the RL step uses
     grads = jax.grad(lambda p: sft.nll_loss(cfg, p, batch, dtype=jnp.float32, chunk=chunk))(params)
     chex.assert_tree_all_finite(grads)
@@ -200,13 +205,7 @@ def test_moe_train_step_logs_loads_and_adds_the_balancing_loss_on_request(coef):
   from scope_jax.rl.train_step import LossConfig, init_train_state, make_train_step
   cfg = tiny_config("qwen3_moe")
   params = init_params(cfg, jax.random.key(11))
-  rng = np.random.default_rng(12)
-  trajs = []
-  for n in (10, 7, 12, 5):
-    tokens = rng.integers(0, cfg.vocab_size, n).astype(np.int32)
-    mask = np.r_[np.zeros(3), np.ones(n - 3)].astype(np.int32)
-    trajs.append(Trajectory(tokens, mask, np.full(n, -3.0, np.float32) * mask, 3,
-                            [Span(0, 3, "prompt")], [], None, None, "eos"))
+  trajs = _random_rows(cfg, (10, 7, 12, 5), seed=12, logprob=-3.0)
   batch = make_batch(trajs, [1.0, -1.0, 0.5, -0.5])
   opt = optax.adam(1e-3)
   step = make_train_step(cfg, LossConfig(router_aux_coef=coef, chunk=8), opt, micro_batches=2)
@@ -233,3 +232,30 @@ def test_moe_checkpoint_streams_into_expert_shards(tmp_path):
   assert gate.sharding.spec[1] == "expert"
   assert gate.addressable_shards[0].data.shape[1] == cfg.num_experts // 4
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, loaded), jax.tree.map(np.asarray, params))
+
+
+def test_olmo3_yarn_on_full_attention_layers_matches_transformers(tmp_path):
+  """OLMo-3's long-context rope: YaRN on the full-attention layers, plain rope on the sliding
+  ones; the inverse frequencies and attention factor equal HF's, and so do the logits."""
+  import torch  # noqa: F401
+  import transformers
+  from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+  from scope_jax.models import forward, save_hf
+  from scope_jax.models.config import RopeScaling, rope_attention_scaling, rope_inv_freq
+  from tests.hf_reference import hf_logits, hf_model, padded_batch
+  cfg = tiny_config("olmo3", rope_full_only=True,
+                    rope_scaling=RopeScaling("yarn", factor=4.0, original_max_position_embeddings=1024))
+  hf_cfg = transformers.Olmo3Config(**cfg.to_hf_config())
+  inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](hf_cfg, "cpu", layer_type="full_attention")
+  chex.assert_trees_all_close(rope_inv_freq(cfg), inv_freq.numpy(), rtol=1e-6, atol=0)
+  np.testing.assert_allclose(rope_attention_scaling(cfg), factor, rtol=1e-7)
+  assert len(set(np.round(rope_inv_freq(cfg) / rope_inv_freq(cfg.replace(rope_scaling=None)), 4))) > 2
+  params = init_params(cfg, jax.random.key(14))
+  save_hf(cfg, params, tmp_path)
+  from scope_jax.models import load_hf
+  assert load_hf(tmp_path)[0] == cfg
+  tokens, mask = padded_batch(cfg.vocab_size, [13, 7, 1], 13, left=True)
+  ours, _ = forward(cfg, params, jnp.asarray(tokens), attention_mask=jnp.asarray(mask))
+  ref = hf_logits(hf_model(tmp_path), tokens, mask)
+  m = mask.astype(bool)
+  chex.assert_trees_all_close(np.asarray(ours)[m], ref[m], rtol=0, atol=1e-4)
