@@ -237,7 +237,6 @@ def test_moe_checkpoint_streams_into_expert_shards(tmp_path):
 def test_olmo3_yarn_on_full_attention_layers_matches_transformers(tmp_path):
   """OLMo-3's long-context rope: YaRN on the full-attention layers, plain rope on the sliding
   ones; the inverse frequencies and attention factor equal HF's, and so do the logits."""
-  import torch  # noqa: F401
   import transformers
   from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
   from scope_jax.models import forward, save_hf
