@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from scope_jax import checkpoint as ckpt_lib
 from scope_jax import metrics as metrics_lib
+from scope_jax import run_record
 from scope_jax import tokenizer as tok_lib
 from scope_jax.methods import warmup as warmup_lib
 from scope_jax.methods.runtime import Runtime, loss_config, mesh_rules
@@ -133,6 +134,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs `config.total_steps` steps of `config.method`, resuming from `workdir` if possible."""
   rt, method = build(config, workdir)
   workdir = rt.workdir
+  run_record.write(rt, workdir)  # what the evaluator and the exporter read back
   checkpointer = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", keep=config.keep_checkpoints,
                                        async_save=config.async_checkpoint)
   start = 0

@@ -1,0 +1,1 @@
+"""Checkpoint evaluation: benchmark loading and scoring (`python -m scope_jax.evaluate`)."""

@@ -1,0 +1,112 @@
+"""The models an evaluation reads: a run's trained role at a checkpoint step, the run's initial
+model, or a base checkpoint named by a spec. Every one comes with its tokenizer.
+
+    hf:<dir or gs://…>     a Hugging Face checkpoint (its tokenizer files from the same directory)
+    gguf:<file or asset>   a GGUF file, with the tokenizer it embeds
+    demo                   the bundled warmed-up demo model and the demo tokenizer
+    preset:<name>          random weights of a preset architecture (needs --tokenizer)
+    initial                (with --run) the run's own starting point: its warmed-up base model
+                           when it had a warm-up, else its model.source
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from typing import Any
+
+import jax.numpy as jnp
+from etils import epath
+
+from scope_jax import run_record
+from scope_jax import sharding as shd
+from scope_jax import tokenizer as tok_lib
+from scope_jax.methods import runtime, warmup
+from scope_jax.models import ModelConfig, hf_io
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+                   "tokenizer.model", "generation_config.json")
+SPEC_HELP = ("'hf:<dir or gs://…>', 'gguf:<file or asset>', 'demo', 'preset:<name>', or (with "
+             "--run) 'initial'")
+
+
+@dataclasses.dataclass
+class Model:
+  label: str  # 'step_12', 'base', …: names the results directory and the table row
+  step: int | None
+  config: ModelConfig
+  params: Any
+  tokenizer: Any
+
+
+def local_tokenizer_dir(directory: str) -> str:
+  """`directory` itself when local; else its tokenizer files copied to a temporary directory."""
+  if "://" not in str(directory):
+    return str(directory)
+  local = tempfile.mkdtemp(prefix="scope_jax_tokenizer_")
+  for name in TOKENIZER_FILES:
+    src = epath.Path(directory) / name
+    if src.exists():
+      epath.Path(local, name).write_bytes(src.read_bytes())
+  return local
+
+
+def _hf_tokenizer(directory: str, override: str | None):
+  if override:
+    return tok_lib.load_tokenizer(override)
+  local = local_tokenizer_dir(directory)
+  if not any((epath.Path(local) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+    raise FileNotFoundError(f"{directory} has no tokenizer files (tokenizer.json or "
+                            "tokenizer_config.json); pass --tokenizer=<dir>, 'demo' or 'byte'.")
+  return tok_lib.load_tokenizer(local)
+
+
+def load_spec(spec: str, mesh, rules: shd.Rules, dtype, *, record=None,
+              tokenizer: str | None = None, label: str = "base") -> Model:
+  """The base model named by `spec` (see the module docstring), on `mesh` under `rules`."""
+  if spec == "initial":
+    if record is None:
+      raise ValueError("--model=initial names a run's starting model; it needs --run.")
+    return _initial(record, mesh, rules, dtype, tokenizer, label)
+  if spec == "demo":
+    config, params = hf_io.load_hf(warmup.BUNDLED, mesh=mesh, dtype=dtype, rules=rules)
+    return Model(label, None, config, params, tok_lib.load_tokenizer(tokenizer or "demo"))
+  if spec.startswith("hf:"):
+    path = spec[len("hf:"):]
+    config, params = hf_io.load_hf(path, mesh=mesh, dtype=dtype, rules=rules)
+    return Model(label, None, config, params, _hf_tokenizer(path, tokenizer))
+  if spec.startswith(("gguf:", "preset:")):
+    if spec.startswith("preset:") and not tokenizer:
+      raise ValueError(f"--model={spec} has random weights and no tokenizer; pass --tokenizer.")
+    source = _model_section(spec, param_dtype=jnp.dtype(dtype).name)
+    config, params = runtime.load_model(source, mesh, 0, rules)
+    tok = tok_lib.load_tokenizer(tokenizer or ("gguf:" + spec[len("gguf:"):]))
+    return Model(label, None, config, params, tok)
+  raise ValueError(f"Unknown model spec {spec!r}; use {SPEC_HELP}.")
+
+
+def _model_section(source: str, param_dtype: str):
+  import ml_collections
+  return ml_collections.ConfigDict(dict(source=source, param_dtype=param_dtype,
+                                        tiny=dict(vocab_size=1)))
+
+
+def _initial(record, mesh, rules, dtype, tokenizer, label) -> Model:
+  tok = tok_lib.load_tokenizer(tokenizer) if tokenizer else run_record.load_tokenizer(record)
+  warm = epath.Path(record.path) / "warm_start"
+  if (warm / "config.json").exists():
+    config, params = hf_io.load_hf(warm, mesh=mesh, dtype=dtype, rules=rules)
+  else:
+    section = record.config.model
+    config, params = runtime.load_model(section, mesh, record.config.seed, rules)
+  return Model(label, None, config, params, tok)
+
+
+def load_step(record, step: int, role: str, mesh, rules: shd.Rules, dtype,
+              tokenizer=None) -> Model:
+  """The params of the run's trained `role` at checkpoint `step`."""
+  policy = run_record.policy_for(record, role)
+  params = run_record.restore_params(record, step, policy, mesh, rules, dtype)
+  return Model(f"step_{step}", step, record.model_config, params,
+               tokenizer if tokenizer is not None else run_record.load_tokenizer(record))

@@ -1,0 +1,183 @@
+"""What a run leaves for its later readers (the evaluator, the exporter), so a workdir alone,
+local or gs://, is enough to load any trained role at any step.
+
+    <workdir>/run.json       method, preset, the whole config, the architecture (HF config.json
+                             form), the trained policies and which policy plays each role
+    <workdir>/tokenizer/     the tokenizer's files (HF tokenizers; 'demo'/'byte' are named only)
+    <workdir>/checkpoints/   orbax steps: {policy: TrainState} + the method's host state
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from etils import epath
+
+from scope_jax import checkpoint as ckpt_lib
+from scope_jax import events
+from scope_jax import sharding as shd
+from scope_jax import tokenizer as tok_lib
+from scope_jax.models import ModelConfig, transformer
+
+RUN_FILE = "run.json"
+TOKENIZER_DIR = "tokenizer"
+SAVED_TOKENIZER = "run:tokenizer"  # run.json's tokenizer entry when the files are in the run
+VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+  path: str  # the workdir
+  method: str
+  preset: str
+  config: ml_collections.ConfigDict
+  model_config: ModelConfig
+  policies: tuple[str, ...]
+  roles: dict[str, str | None]  # role -> the policy that plays it (None: frozen params)
+  tokenizer: str  # 'demo' | 'byte' | SAVED_TOKENIZER
+
+  @property
+  def checkpoints(self) -> str:
+    return f"{self.path}/checkpoints"
+
+
+def write(rt, workdir: str) -> None:
+  """Writes run.json (and the tokenizer files) for the runtime `rt` of a run; process 0 only."""
+  if jax.process_index() != 0:
+    return
+  root = epath.Path(workdir)
+  spec = rt.config.model.tokenizer
+  if spec not in ("demo", "byte"):
+    _save_tokenizer(rt.tokenizer, root / TOKENIZER_DIR)
+    spec = SAVED_TOKENIZER
+  record = {
+      "version": VERSION, "method": rt.config.method, "preset": rt.config.preset,
+      "model": rt.model_config.to_hf_config(rt.config.model.param_dtype),
+      "policies": list(rt.policies),
+      "roles": {name: (role.policy.name if role.policy is not None else None)
+                for name, role in rt.roles.items()},
+      "tokenizer": spec, "config": json.loads(rt.config.to_json_best_effort())}
+  events.write_whole(root / RUN_FILE, json.dumps(record, indent=2).encode())
+
+
+def _save_tokenizer(tokenizer, target: epath.Path) -> None:
+  """`save_pretrained` into a local temporary directory, then copied (target may be gs://)."""
+  target.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory() as tmp:
+    tokenizer.save_pretrained(tmp)
+    for name in sorted(os.listdir(tmp)):
+      (target / name).write_bytes(epath.Path(tmp, name).read_bytes())
+
+
+def read(run: str) -> RunRecord:
+  """The record of the run in `run` (local or gs://), with errors that name the path."""
+  root = epath.Path(ckpt_lib.absolute(run))
+  path = root / RUN_FILE
+  try:
+    exists = path.exists()
+  except Exception as e:  # noqa: BLE001 — a missing bucket, no credentials, a bad URL
+    raise FileNotFoundError(f"Cannot read the run {root} ({type(e).__name__}: {e}); check the "
+                            "path and the bucket name.") from e
+  if not exists:
+    bucket = _bucket(os.fspath(root))
+    if bucket is not None and not epath.Path(bucket).exists():
+      raise FileNotFoundError(f"The bucket {bucket} of {root} does not exist (or cannot be read "
+                              "with these credentials); check the bucket name.")
+    hint = (" It holds checkpoints but no run record: it was written by an older version; "
+            "evaluate its exported model with --model=hf:<dir> instead."
+            if (root / "checkpoints").exists() else
+            " Is it the --workdir of a scope_jax run?")
+    raise FileNotFoundError(f"No {RUN_FILE} in {root}.{hint}")
+  try:
+    data = json.loads(path.read_text())
+    return RunRecord(
+        path=os.fspath(root), method=data["method"], preset=data["preset"],
+        config=ml_collections.ConfigDict(data["config"]),
+        model_config=ModelConfig.from_hf_config(data["model"]),
+        policies=tuple(data["policies"]), roles=dict(data["roles"]), tokenizer=data["tokenizer"])
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"{path} is not a valid run record ({type(e).__name__}: {e}).") from e
+
+
+def _bucket(path: str) -> str | None:
+  """'gs://bucket' of a gs:// path (None for local paths)."""
+  if not path.startswith("gs://"):
+    return None
+  return "gs://" + path[len("gs://"):].split("/", 1)[0]
+
+
+def policy_for(record: RunRecord, role: str) -> str:
+  """The trained policy behind `role` (a policy name or a role name)."""
+  if role in record.policies:
+    return role
+  if record.roles.get(role):
+    return record.roles[role]
+  trained = sorted(set(record.policies) | {r for r, p in record.roles.items() if p})
+  if role in record.roles:
+    raise ValueError(f"Role {role!r} of {record.path} plays frozen params, which are never "
+                     f"trained or saved; choose a trained role: {', '.join(trained)}.")
+  raise ValueError(f"The {record.method} run {record.path} has no role {role!r}; choose one of: "
+                   f"{', '.join(trained)}.")
+
+
+def load_tokenizer(record: RunRecord):
+  """The run's tokenizer: its saved files (copied to a local temporary directory) or by name."""
+  if record.tokenizer != SAVED_TOKENIZER:
+    return tok_lib.load_tokenizer(record.tokenizer)
+  src = epath.Path(record.path) / TOKENIZER_DIR
+  local = tempfile.mkdtemp(prefix="scope_jax_tokenizer_")
+  for f in src.iterdir():
+    epath.Path(local, f.name).write_bytes(f.read_bytes())
+  return tok_lib.load_tokenizer(local)
+
+
+def committed_steps(record: RunRecord) -> list[int]:
+  """Checkpoint steps whose save committed (a save in progress is never listed)."""
+  directory = epath.Path(record.checkpoints)
+  if not directory.exists():
+    return []
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
+  try:
+    return sorted(manager.all_steps())
+  finally:
+    manager.close()
+
+
+def select_steps(available: list[int], spec: str) -> list[int]:
+  """`latest`, `all` or `N[,M…]` against the committed steps, with errors that list them."""
+  spec = str(spec).strip()
+  if spec in ("latest", "all"):
+    return available[-1:] if spec == "latest" else list(available)
+  try:
+    wanted = [int(s) for s in spec.split(",") if s.strip()]
+  except ValueError:
+    raise ValueError(f"--step={spec!r}: use latest, all, or step numbers such as 3,7.") from None
+  missing = [s for s in wanted if s not in available]
+  if missing:
+    raise ValueError(f"No committed checkpoint for step(s) {missing}; the run has steps "
+                     f"{available or 'none yet'}.")
+  return wanted
+
+
+def restore_params(record: RunRecord, step: int, policy: str, mesh, rules: shd.Rules, dtype):
+  """The params of `policy` at `step`, restored alone (no optimizer state is read), placed on
+  `mesh` under `rules` (the run's sampling rules, for evaluation)."""
+  shapes = transformer.param_shapes(record.model_config)
+  shardings = transformer.param_shardings(record.model_config, mesh, rules)
+  abstract = {policy: {"params": jax.tree.map(  # shardings first: each shape is a tuple
+      lambda sh, shape: jax.ShapeDtypeStruct(shape, dtype, sharding=sh), shardings, shapes)}}
+  manager = ocp.CheckpointManager(epath.Path(record.checkpoints),
+                                  options=ocp.CheckpointManagerOptions(read_only=True))
+  try:
+    out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+        partial_restore=True)))
+  finally:
+    manager.close()
+  return out["state"][policy]["params"]
