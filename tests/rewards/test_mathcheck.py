@@ -24,6 +24,9 @@ def checker():
 
 def test_equivalent_answers(checker):
   assert checker.canonical("1/2") == checker.canonical("0.5") == checker.canonical("\\frac{1}{2}")
+  # A decimal is one vote with its exact value: 12.0 with 12, -2.50 with -5/2.
+  assert checker.canonical("12.0") == checker.canonical("12") == "12"
+  assert checker.canonical("-2.50") == checker.canonical("-\\frac{5}{2}") == "-5/2"
   assert checker.boxed("so \\boxed{1/2}") == checker.boxed("$\\boxed{0.5}$") == "1/2"
   assert checker.equivalent("1/2", "0.5") and checker.equivalent("\\frac{1}{2}", "0.5")
   assert checker.equivalent("2^{10}", "1024") and checker.equivalent("x+1", "1+x")

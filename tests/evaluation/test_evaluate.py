@@ -1,0 +1,130 @@
+"""The evaluator end to end: metrics through the real scorers (hand-computed pass@k and maj@k),
+the judge, greedy predictions equal to transformers' `generate`, and the CLI's errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import chex
+import jax.numpy as jnp
+import pytest
+
+from scope_jax import sharding as shd
+from scope_jax import tokenizer as tok_lib
+from scope_jax.evaluation import benchmarks as bench_lib
+from scope_jax.evaluation import driver
+from scope_jax.evaluation import evaluator as eval_lib
+from scope_jax.evaluation import export as export_lib
+from scope_jax.evaluation import models
+from tests.rollout.fakes import ScriptedSampler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# n = 5 samples, c = 2 correct (the 2nd and 3rd), answers in the order 7, 12, 12, 5, 7:
+#   pass@1 = 2/5 = 0.4; pass@2 = 1 − C(3,2)/C(5,2) = 1 − 3/10 = 0.7; pass@4 = pass@5 = 1 (n − c < k)
+#   maj@1: {7} → 7, wrong → 0;   maj@2: {7, 12} tie → the first, 7 → 0
+#   maj@4: {7, 12, 12, 5} → 12 → 1;   maj@5: 7 ×2, 12 ×2 tie → the first, 7 → 0
+EXPECTED = {"pass@1": 0.4, "pass@2": 0.7, "pass@4": 1.0, "pass@5": 1.0,
+            "maj@1": 0.0, "maj@2": 0.0, "maj@4": 1.0, "maj@5": 0.0}
+
+
+def _metrics(bench, texts, **kwargs):
+  tok = tok_lib.ByteTokenizer()
+  ev = eval_lib.Evaluator(tok, eval_lib.Settings(num_samples=len(texts), temperature=1.0),
+                          progress=False, **kwargs)
+  metrics, records = ev.evaluate(ScriptedSampler([[t] for t in texts], tok), bench)
+  return metrics, records
+
+
+def test_pass_and_maj_at_k_through_the_math_scorer():
+  bench = bench_lib.Benchmark("m", "math", (bench_lib.Example("0", "What is 5 + 7?", ("12",)),))
+  texts = ["So \\boxed{7}", "\\boxed{12}", "It is \\boxed{12.0}", "\\boxed{5}", "\\boxed{7}"]
+  metrics, records = _metrics(bench, texts)
+  chex.assert_trees_all_close({k: metrics[k] for k in EXPECTED}, EXPECTED)
+  assert metrics["mean@n/acc"] == pytest.approx(0.4)
+  assert records[0]["scores"] == [0.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_pass_and_maj_at_k_through_the_qa_scorer():
+  bench = bench_lib.Benchmark("q", "qa", (bench_lib.Example("0", "Capital of France?",
+                                                            ("Paris", "Paris, France")),))
+  texts = ["<answer>London</answer>", "<answer>Paris</answer>", "I think <answer>paris.</answer>",
+           "<answer>Rome</answer>", "<answer> london </answer>"]
+  metrics, records = _metrics(bench, texts)
+  chex.assert_trees_all_close({k: metrics[k] for k in EXPECTED}, EXPECTED)
+  assert metrics["mean@n/em"] == pytest.approx(0.4)
+  assert records[0]["answers"][2] == "paris."
+
+
+@pytest.mark.parametrize("style,verdicts,expected", [
+    ("spell", ["Decision: [[YES]]", "Decision: [[NO]]"], [1.0, 0.0]),
+    ("scope", ["<think>.</think><score>0</score>", "<score>1</score>"], [0.0, 1.0]),
+])
+def test_the_judge_scores_each_sample(style, verdicts, expected):
+  bench = bench_lib.Benchmark("j", "judge", (bench_lib.Example("0", "Why is the sky blue?",
+                                                               ("Rayleigh scattering",)),))
+  tok = tok_lib.ByteTokenizer()
+  judge = ScriptedSampler([[v] for v in verdicts], tok)
+  ev = eval_lib.Evaluator(tok, eval_lib.Settings(num_samples=2, temperature=1.0,
+                                                 judge_style=style), judge=judge, progress=False)
+  answers = ScriptedSampler([["<answer>scattering</answer>"], ["<answer>the sea</answer>"]], tok)
+  metrics, records = ev.evaluate(answers, bench)
+  assert records[0]["scores"] == expected
+  assert metrics["mean@n/acc"] == 0.5 and metrics["judge/invalid"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def demo_hf(tmp_path_factory):
+  """The bundled demo model exported as a HF checkpoint (weights, tokenizer, generation config)."""
+  out = tmp_path_factory.mktemp("demo_hf")
+  model = models.load_spec("demo", shd.make_mesh((1, -1, 1)), shd.SAMPLING_RULES, jnp.float32)
+  export_lib.export(model, out)
+  return out
+
+
+def test_greedy_predictions_equal_transformers_generate(demo_hf, tmp_path):
+  """Base-model evaluation of a HF checkpoint on real questions (FanOutQA sub-questions, GSM8K):
+  every greedy sample is HF's greedy continuation, token for token, up to our stop string."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  settings = eval_lib.Settings(max_new_tokens=40, batch_size=4)
+  opts = driver.Options(benchmarks="fanoutqa,gsm8k", model=f"hf:{demo_hf}", out=str(tmp_path),
+                        limit=6, progress=False, settings=settings)
+  driver.run(opts)
+  tok = transformers.AutoTokenizer.from_pretrained(str(demo_hf))
+  hf = transformers.AutoModelForCausalLM.from_pretrained(str(demo_hf), dtype=torch.float32).eval()
+  ev = eval_lib.Evaluator(tok, settings, progress=False)
+  stopped = 0
+  for bench, kind in (("fanoutqa", "qa"), ("gsm8k", "math")):
+    lines = (tmp_path / bench / "base" / "predictions.jsonl").read_text().splitlines()
+    assert len(lines) == 6
+    for rec in map(json.loads, lines):
+      ids = ev.prompt(ev.template(kind), question=rec["question"])
+      with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False,
+                          attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+      ref = tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=False)
+      ours = rec["samples"][0]
+      if ours.endswith("</answer>") and ours != ref:  # our rollout stops at the final tag
+        assert ref.startswith(ours) and "</answer>" not in ref[:len(ours) - len("</answer>")]
+        stopped += 1
+      else:
+        assert ours == ref, (rec["id"], ours, ref)
+  results = json.loads((tmp_path / "gsm8k" / "base" / "results.json").read_text())
+  assert results["num_examples"] == 6 and results["step"] is None
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "scope_jax.evaluate", *args], cwd=ROOT, text=True,
+                        capture_output=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+
+
+def test_cli_errors_are_one_line_and_name_the_path(tmp_path):
+  out = _cli(f"--run={tmp_path}/nowhere", "--role=policy", "--benchmarks=gsm8k")
+  assert out.returncode == 2 and f"No run.json in {tmp_path}/nowhere" in out.stderr
+  assert "Traceback" not in out.stderr
+  out = _cli("--model=demo", f"--out={tmp_path}", "--benchmarks=file:/no/such.jsonl:qa")
+  assert out.returncode == 2 and "/no/such.jsonl" in out.stderr
+  out = _cli("--model=demo", f"--out={tmp_path}", "--benchmarks=gsm8k,mmlu")
+  assert out.returncode == 2 and "mmlu" in out.stderr and "fanoutqa_search" in out.stderr
