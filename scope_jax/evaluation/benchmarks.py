@@ -23,6 +23,8 @@ import numpy as np
 from etils import epath
 
 from scope_jax import assets
+from scope_jax.data import demo
+from scope_jax.retrieval import realdata
 from scope_jax.rewards import match
 
 TYPES = ("qa", "qa_search", "math", "mc", "judge")
@@ -252,8 +254,6 @@ def fanoutqa_gold(answer: Any) -> tuple[str, ...]:
 def _fanoutqa(search_only: bool) -> list[Example]:
   """FanOutQA dev sub-questions, once per id (some repeat across questions), without the one
   with an empty answer; `search_only`: only those whose evidence page is in the demo corpus."""
-  from scope_jax.data import demo  # imported here: these load JAX and the index code
-  from scope_jax.retrieval import realdata
   titles = {p.title for p in demo.demo_passages()} if search_only else None
   out: dict[str, Example] = {}
   for q in realdata.fanoutqa_subquestions():

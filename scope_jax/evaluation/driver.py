@@ -13,6 +13,7 @@ import dataclasses
 import json
 import time
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 from absl import logging
@@ -136,13 +137,15 @@ class Session:
       if not self.opts.overwrite and (target / "results.json").exists():
         continue
       metrics, records = ev.evaluate(sampler, bench, desc=f"{bench.name} {model.label}")
+      if jax.process_index() != 0:  # every host evaluates (the mesh spans them); one writes
+        continue
       eval_lib.write_results(target, bench, metrics, records, step=model.step, label=model.label,
                              extra={"settings": dataclasses.asdict(self.settings),
                                     "run": self.opts.run, "role": self.opts.role,
                                     "model": self.opts.model if model.step is None else None})
       logging.info("%s %s: %s", bench.name, model.label, _headline(bench.type, metrics))
       scalars.update({f"eval/{bench.name}/{k}": v for k, v in metrics.items()})
-    if model.step is not None and scalars:
+    if model.step is not None and scalars and jax.process_index() == 0:
       writer = events.EventsWriter(self.root / "tb")
       writer.scalars(model.step, scalars)
       writer.close()

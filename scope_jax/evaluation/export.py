@@ -8,6 +8,7 @@ import json
 import os
 import tempfile
 
+import jax
 from etils import epath
 
 from scope_jax import tokenizer as tok_lib
@@ -46,7 +47,9 @@ def export(model, out, *, dtype=None, info: dict | None = None) -> epath.Path:
   """Writes `model` (evaluation.models.Model) to `out` as a HF checkpoint; returns the path."""
   out = epath.Path(out)
   tok = hf_tokenizer(model.tokenizer)
-  hf_io.save_hf(model.config, model.params, out, dtype=dtype)
+  hf_io.save_hf(model.config, model.params, out, dtype=dtype)  # gathers on every host
+  if jax.process_index() != 0:
+    return out
   with tempfile.TemporaryDirectory() as tmp:
     tok.save_pretrained(tmp)
     for name in sorted(os.listdir(tmp)):

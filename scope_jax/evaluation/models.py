@@ -16,6 +16,7 @@ import tempfile
 from typing import Any
 
 import jax.numpy as jnp
+import ml_collections
 from etils import epath
 
 from scope_jax import run_record
@@ -87,7 +88,6 @@ def load_spec(spec: str, mesh, rules: shd.Rules, dtype, *, record=None,
 
 
 def _model_section(source: str, param_dtype: str):
-  import ml_collections
   return ml_collections.ConfigDict(dict(source=source, param_dtype=param_dtype,
                                         tiny=dict(vocab_size=1)))
 

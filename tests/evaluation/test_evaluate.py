@@ -83,36 +83,58 @@ def demo_hf(tmp_path_factory):
   return out
 
 
-def test_greedy_predictions_equal_transformers_generate(demo_hf, tmp_path):
-  """Base-model evaluation of a HF checkpoint on real questions (FanOutQA sub-questions, GSM8K):
-  every greedy sample is HF's greedy continuation, token for token, up to our stop string."""
+def _assert_greedy_equals_generate(hf_dir, out, benchmarks, limit, max_new_tokens, batch_size=4):
+  """Evaluates `hf:<hf_dir>` greedily, then checks every sample against HF's greedy
+  `generate` on the same prompt ids: equal token for token (as text, special tokens kept), up
+  to our stop string `</answer>` when the rollout stopped there. Returns how many stopped."""
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  settings = eval_lib.Settings(max_new_tokens=40, batch_size=4)
-  opts = driver.Options(benchmarks="fanoutqa,gsm8k", model=f"hf:{demo_hf}", out=str(tmp_path),
-                        limit=6, progress=False, settings=settings)
+  settings = eval_lib.Settings(max_new_tokens=max_new_tokens, batch_size=batch_size)
+  opts = driver.Options(benchmarks=",".join(b for b, _ in benchmarks), model=f"hf:{hf_dir}",
+                        out=str(out), limit=limit, progress=False, settings=settings)
   driver.run(opts)
-  tok = transformers.AutoTokenizer.from_pretrained(str(demo_hf))
-  hf = transformers.AutoModelForCausalLM.from_pretrained(str(demo_hf), dtype=torch.float32).eval()
+  tok = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+  hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
   ev = eval_lib.Evaluator(tok, settings, progress=False)
   stopped = 0
-  for bench, kind in (("fanoutqa", "qa"), ("gsm8k", "math")):
-    lines = (tmp_path / bench / "base" / "predictions.jsonl").read_text().splitlines()
-    assert len(lines) == 6
+  for bench, kind in benchmarks:
+    lines = (out / bench / "base" / "predictions.jsonl").read_text().splitlines()
+    assert len(lines) == limit
     for rec in map(json.loads, lines):
       ids = ev.prompt(ev.template(kind), question=rec["question"])
       with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False,
+        gen = hf.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
                           attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-      ref = tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=False)
+      ref = tok.decode(gen[0, len(ids):].tolist(), skip_special_tokens=False)
       ours = rec["samples"][0]
       if ours.endswith("</answer>") and ours != ref:  # our rollout stops at the final tag
         assert ref.startswith(ours) and "</answer>" not in ref[:len(ours) - len("</answer>")]
         stopped += 1
       else:
         assert ours == ref, (rec["id"], ours, ref)
+  return stopped
+
+
+def test_greedy_predictions_equal_transformers_generate(demo_hf, tmp_path):
+  """Base-model evaluation of a HF checkpoint (the bundled demo model, exported) on real
+  questions: 6 FanOutQA sub-questions and 6 GSM8K problems, 40 new tokens each."""
+  _assert_greedy_equals_generate(demo_hf, tmp_path, [("fanoutqa", "qa"), ("gsm8k", "math")],
+                                 limit=6, max_new_tokens=40)
   results = json.loads((tmp_path / "gsm8k" / "base" / "results.json").read_text())
   assert results["num_examples"] == 6 and results["step"] is None
+
+
+@pytest.mark.slow
+def test_greedy_predictions_of_the_real_gguf_model_equal_transformers_generate(tmp_path):
+  """The same on the real Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, dequantised and exported to
+  HF): the first 5 GSM8K problems, 96 new tokens each, and 5 FanOutQA sub-questions."""
+  model = models.load_spec("gguf:qwen2.5-0.5b-gguf", shd.make_mesh((1, -1, 1)),
+                           shd.SAMPLING_RULES, jnp.float32)
+  export_lib.export(model, tmp_path / "hf")
+  del model
+  _assert_greedy_equals_generate(tmp_path / "hf", tmp_path / "out",
+                                 [("gsm8k", "math"), ("fanoutqa", "qa")], limit=5,
+                                 max_new_tokens=96, batch_size=5)
 
 
 def _cli(*args):
@@ -128,3 +150,20 @@ def test_cli_errors_are_one_line_and_name_the_path(tmp_path):
   assert out.returncode == 2 and "/no/such.jsonl" in out.stderr
   out = _cli("--model=demo", f"--out={tmp_path}", "--benchmarks=gsm8k,mmlu")
   assert out.returncode == 2 and "mmlu" in out.stderr and "fanoutqa_search" in out.stderr
+
+
+def test_export_cli_writes_a_loadable_checkpoint_and_names_mistakes(tmp_path):
+  run = lambda *a: subprocess.run([sys.executable, "-m", "scope_jax.export", *a], cwd=ROOT,
+                                  text=True, capture_output=True, timeout=300,
+                                  env=dict(os.environ, PYTHONPATH=ROOT))
+  out = run("--model=demo", f"--out={tmp_path}/hf", "--dtype=bfloat16")
+  assert out.returncode == 0, out.stderr[-2000:]
+  names = {p.name for p in (tmp_path / "hf").iterdir()}
+  assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+          "generation_config.json"} <= names
+  config = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert config["torch_dtype"] == "bfloat16" and config["model_type"] == "qwen2"
+  out = run(f"--run={tmp_path}", f"--out={tmp_path}/x")
+  assert out.returncode == 2 and "--run needs --role" in out.stderr
+  out = run("--model=demo")
+  assert out.returncode == 2 and "--out is required" in out.stderr

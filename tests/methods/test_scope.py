@@ -289,6 +289,7 @@ def test_judge_is_bit_identical_after_a_run(tmp_path, monkeypatch):
       chex.assert_trees_all_equal(end, leaves(policy.state.params))
 
 
+@pytest.mark.slow  # five scripted runs; the gs:// run test resumes a demo in the default suite
 def test_resume_inside_and_between_stages_matches_an_uninterrupted_run(tmp_path, monkeypatch):
   """Stops after step 0 (inside Stage 1), 1 (between the stages), 2 (inside Stage 2, after the
   task set was built) and resumes each time; every step's metrics equal the uninterrupted run's."""
