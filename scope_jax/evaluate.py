@@ -4,11 +4,12 @@
         --benchmarks=fanoutqa_search,gsm8k
     python -m scope_jax.evaluate --model=hf:/ckpt/Qwen2.5-7B-Instruct --benchmarks=gsm8k \
         --num_samples=8 --temperature=0.6 --out=/tmp/eval
-    python -m scope_jax.evaluate --run=runs/spell --role=policy --step=all --watch \
-        --benchmarks=file:gs://bucket/nq_test.parquet:qa,gsm8k --model=initial
+    python -m scope_jax.evaluate --run=runs/spell --role=policy --watch --model=initial \
+        --benchmarks=file:gs://bucket/nq_test.parquet:qa,gsm8k
 
 Benchmarks: built in (gsm8k, fanoutqa, fanoutqa_search) or `file:<path>:<type>` with type qa,
-qa_search, math, mc or judge. Results go to `<run>/eval/<benchmark>/step_<N>/` (or --out).
+qa_search, math, mc or judge. Results go to `<run>/eval/<benchmark>/step_<N>/` (or --out; a run
+with several trained policies adds the policy: `<run>/eval/<policy>/<benchmark>/…`).
 """
 
 import sys
@@ -20,14 +21,16 @@ from scope_jax.evaluation import driver
 from scope_jax.evaluation import evaluator as eval_lib
 
 _RUN = flags.DEFINE_string("run", None, "A run's workdir (local or gs://).")
-_STEP = flags.DEFINE_string("step", "latest", "latest | all | N[,M...] (with --run).")
+_STEP = flags.DEFINE_string("step", "latest", "latest | all | N[,M...] (with --run; --watch "
+                             "evaluates every committed step and each new one).")
 _ROLE = flags.DEFINE_string("role", None, "The trained role (or policy) of the run to evaluate.")
 _MODEL = flags.DEFINE_string("model", None, "A base model: hf:<dir> | gguf:<file or asset> | demo "
                              "| preset:<name> | initial (the run's own start). With --run: the "
                              "baseline row of the table.")
 _BENCHMARKS = flags.DEFINE_string("benchmarks", None, "Comma-separated: gsm8k, fanoutqa, "
                                   "fanoutqa_search, file:<path>:<qa|qa_search|math|mc|judge>.")
-_OUT = flags.DEFINE_string("out", None, "Results root (local or gs://); default <run>/eval.")
+_OUT = flags.DEFINE_string("out", None, "Results root (local or gs://); default <run>/eval, or "
+                           "eval/<model name> for --model alone.")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "Tokenizer of --model when its directory "
                                  "has none: a HF dir, 'demo' or 'byte'.")
 _JUDGE = flags.DEFINE_string("judge", None, "Judge model for `judge` benchmarks (same forms as "
@@ -46,7 +49,9 @@ _MAX_CONTEXT = flags.DEFINE_integer("max_context", 4096, "Prompt + answer tokens
                                     "rollout.max_context when left at 4096).")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Questions per batched rollout.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-_SYNTAX = flags.DEFINE_enum("syntax", "xml", ["xml", "qwen"], "Search-call syntax.")
+_SYNTAX = flags.DEFINE_string("syntax", "", "Search-call syntax, xml (<search>) or qwen "
+                               "(<tool_call>); default: the run's, else xml.")
+_KS = flags.DEFINE_list("ks", None, "k of pass@k and maj@k (default 1,2,4,... <= n, and n).")
 _INDEX = flags.DEFINE_string("index", None, "Local faiss index directory (qa_search).")
 _ENCODER = flags.DEFINE_string("encoder", "minilm", "Query encoder of --index.")
 _URL = flags.DEFINE_string("retrieval_url", None, "A Search-R1-compatible retrieval server.")
@@ -64,12 +69,13 @@ _PROGRESS = flags.DEFINE_bool("progress", True, "Progress bars.")
 
 
 def options() -> driver.Options:
+  """The flags as driver options (a malformed number is a ValueError, reported in one line)."""
   settings = eval_lib.Settings(
       num_samples=_NUM_SAMPLES.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
       max_new_tokens=_MAX_NEW_TOKENS.value, max_turns=_MAX_TURNS.value,
       max_prompt_tokens=_MAX_PROMPT.value, max_context=_MAX_CONTEXT.value,
       batch_size=_BATCH.value, seed=_SEED.value, syntax=_SYNTAX.value,
-      judge_style=_JUDGE_STYLE.value)
+      judge_style=_JUDGE_STYLE.value, ks=tuple(int(k) for k in _KS.value or ()))
   return driver.Options(
       benchmarks=_BENCHMARKS.value, run=_RUN.value, step=_STEP.value, role=_ROLE.value,
       model=_MODEL.value, out=_OUT.value, tokenizer=_TOKENIZER.value, judge=_JUDGE.value,

@@ -41,7 +41,10 @@ def load():
     raise ValueError("--run needs --role: the trained role (or policy) to export.")
   record = run_record.read(_RUN.value)
   policy = run_record.policy_for(record, _ROLE.value)
-  step = run_record.select_steps(run_record.committed_steps(record), _STEP.value)
+  available = run_record.committed_steps(record)
+  if not available:
+    raise ValueError(f"The run {record.path} has no committed checkpoint yet.")
+  step = run_record.select_steps(available, _STEP.value)
   if len(step) != 1:
     raise ValueError(f"--step={_STEP.value!r} names {len(step)} steps; export one at a time.")
   dtype = jnp.dtype(record.config.model.param_dtype)
@@ -56,11 +59,11 @@ def main(argv):
     if not _OUT.value:
       raise ValueError("--out is required: the directory (local or gs://) to write.")
     model, info = load()
-  except (OSError, ValueError, KeyError) as e:
+    out = export_lib.export(model, _OUT.value, dtype=_DTYPE.value and jnp.dtype(_DTYPE.value),
+                            info=info)
+  except (OSError, ValueError, KeyError) as e:  # bad flags, paths, roles; an unwritable --out
     print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
     sys.exit(2)
-  out = export_lib.export(model, _OUT.value, dtype=_DTYPE.value and jnp.dtype(_DTYPE.value),
-                          info=info)
   logging.info("Exported %s to %s", info, out)
   print(f"Exported {info} to {out}")
 

@@ -9,9 +9,11 @@ local or gs://, is enough to load any trained role at any step.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 
 import jax
@@ -132,6 +134,7 @@ def load_tokenizer(record: RunRecord):
     return tok_lib.load_tokenizer(record.tokenizer)
   src = epath.Path(record.path) / TOKENIZER_DIR
   local = tempfile.mkdtemp(prefix="scope_jax_tokenizer_")
+  atexit.register(shutil.rmtree, local, ignore_errors=True)
   for f in src.iterdir():
     epath.Path(local, f.name).write_bytes(f.read_bytes())
   return tok_lib.load_tokenizer(local)

@@ -16,8 +16,10 @@ import time
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from absl import logging
 from etils import epath
+from jax.experimental import multihost_utils
 
 from scope_jax import events, run_record
 from scope_jax import sharding as shd
@@ -26,6 +28,8 @@ from scope_jax.evaluation import evaluator as eval_lib
 from scope_jax.evaluation import models, scoring
 from scope_jax.methods import runtime
 from scope_jax.retrieval import search
+
+MAX_BROADCAST_STEPS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +58,8 @@ class Options:
 
 
 class Session:
-  """The pieces an evaluation shares across steps: mesh, benchmarks, tool, judge, output root."""
+  """The pieces an evaluation shares across steps: mesh, benchmarks, tool, judge, output root.
+  Everything a mistake in the flags can break is checked here, before any model loads."""
 
   def __init__(self, opts: Options):
     if not opts.run and not opts.model:
@@ -62,12 +67,9 @@ class Session:
                        f"--model={models.SPEC_HELP}.")
     if opts.run and not opts.role:
       raise ValueError("--run needs --role: the trained role (or policy) to evaluate.")
-    if not opts.run and not opts.out:
-      raise ValueError("--model without --run needs --out=<dir or gs://…> for the results.")
     self.opts = opts
-    self.record = run_record.read(opts.run) if opts.run else None
-    if self.record is not None:
-      run_record.policy_for(self.record, opts.role)  # a wrong role fails before anything loads
+    self.record = self._read_record() if opts.run else None
+    self.policy = run_record.policy_for(self.record, opts.role) if self.record else None
     self.specs = bench_lib.parse_specs(opts.benchmarks)
     self.benches = [bench_lib.load(s, limit=opts.limit) for s in self.specs]
     cfg = self.record.config if self.record is not None else None
@@ -75,18 +77,38 @@ class Session:
     self.mesh = shd.make_mesh(shape)
     self.rules = runtime.mesh_rules(cfg)[1] if cfg is not None else shd.SAMPLING_RULES
     self.dtype = jnp.dtype(opts.dtype or (cfg.model.param_dtype if cfg is not None else "float32"))
-    settings, default = opts.settings, eval_lib.Settings()
-    if cfg is not None and settings.max_context == default.max_context:  # the run's budget
-      settings = dataclasses.replace(settings, max_context=int(cfg.rollout.max_context))
-      if settings.max_prompt_tokens == default.max_prompt_tokens:
-        settings = dataclasses.replace(
-            settings, max_prompt_tokens=int(cfg.rollout.max_prompt_tokens))
-    settings.validate()
-    self.settings = settings
-    self.root = epath.Path(opts.out or f"{self.record.path}/eval")
+    self.settings = _run_settings(opts.settings, cfg)
+    if self.settings.num_samples > 1 and self.settings.temperature == 0:
+      logging.warning("num_samples=%d with temperature 0: greedy samples are identical; set "
+                      "--temperature for pass@k.", self.settings.num_samples)
+    self.root = epath.Path(opts.out or (f"{self.record.path}/eval" if self.record else
+                                        f"eval/{_spec_name(opts.model)}"))
+    if self.record is not None and len(self.record.policies) > 1:
+      self.root = self.root / self.policy  # SCOPE's challenger and solver never collide
+    self.steps = None
+    if self.record is not None and not opts.watch:
+      available = run_record.committed_steps(self.record)
+      if not available:
+        raise ValueError(f"The run {self.record.path} has no committed checkpoint yet; use "
+                         "--watch to wait for one.")
+      self.steps = run_record.select_steps(available, opts.step)
     self._tool = None
     self._judge = None
     self._run_tokenizer = None
+    self._finished: set[str] = set()  # labels evaluated (or found done) in this session
+
+  def _read_record(self):
+    """The run's record; under --watch, waits for a run that has not written it yet."""
+    start = time.monotonic()
+    while True:
+      try:
+        return run_record.read(self.opts.run)
+      except FileNotFoundError:
+        waited = time.monotonic() - start
+        if not self.opts.watch or (self.opts.watch_timeout and waited > self.opts.watch_timeout):
+          raise
+        logging.info("Waiting for the run to start writing %s/run.json", self.opts.run)
+        time.sleep(self.opts.poll_seconds)
 
   # ------------------------------------------------------------------------------- pieces
   def tool(self):
@@ -120,9 +142,32 @@ class Session:
   def result_dir(self, bench, label: str) -> epath.Path:
     return self.root / bench.name / label
 
+  def identity(self, label: str) -> dict:
+    """What results must have been computed with to count as this evaluation's."""
+    return {"settings": dataclasses.asdict(self.settings),
+            "model": self.opts.model if label == "base" else None,
+            "policy": None if label == "base" else self.policy}
+
   def done(self, label: str) -> bool:
-    return not self.opts.overwrite and all(
-        (self.result_dir(b, label) / "results.json").exists() for b in self.benches)
+    """True when every benchmark has results for `label` from this same evaluation; results of
+    another model or other settings are an error (--overwrite replaces them)."""
+    if label in self._finished:
+      return True
+    if self.opts.overwrite:
+      return False
+    want = self.identity(label)
+    for bench in self.benches:
+      path = self.result_dir(bench, label) / "results.json"
+      if not path.exists():
+        return False
+      have = json.loads(path.read_text())
+      have = {k: have.get(k) for k in want}
+      if have != json.loads(json.dumps(want)):
+        diff = [k for k in want if have[k] != json.loads(json.dumps(want[k]))]
+        raise ValueError(f"{path} holds results of another evaluation (its {', '.join(diff)} "
+                         "differ from this one); pass --overwrite to replace them, or --out.")
+    self._finished.add(label)
+    return True
 
   # ------------------------------------------------------------------------------- running
   def evaluate_model(self, model) -> None:
@@ -140,11 +185,11 @@ class Session:
       if jax.process_index() != 0:  # every host evaluates (the mesh spans them); one writes
         continue
       eval_lib.write_results(target, bench, metrics, records, step=model.step, label=model.label,
-                             extra={"settings": dataclasses.asdict(self.settings),
-                                    "run": self.opts.run, "role": self.opts.role,
-                                    "model": self.opts.model if model.step is None else None})
+                             extra={**self.identity(model.label), "run": self.opts.run,
+                                    "role": self.opts.role})
       logging.info("%s %s: %s", bench.name, model.label, _headline(bench.type, metrics))
       scalars.update({f"eval/{bench.name}/{k}": v for k, v in metrics.items()})
+    self._finished.add(model.label)
     if model.step is not None and scalars and jax.process_index() == 0:
       writer = events.EventsWriter(self.root / "tb")
       writer.scalars(model.step, scalars)
@@ -156,7 +201,8 @@ class Session:
                                            record=self.record, tokenizer=self.opts.tokenizer))
 
   def evaluate_steps(self, steps) -> list[int]:
-    """Evaluates the steps not done yet; returns the ones it evaluated."""
+    """Evaluates the steps not done yet; returns the ones it evaluated. A step that training
+    deleted (keep_checkpoints) before it could be read is skipped with a warning."""
     evaluated = []
     for step in steps:
       if self.done(f"step_{step}"):
@@ -164,42 +210,80 @@ class Session:
         continue
       if self._run_tokenizer is None:
         self._run_tokenizer = run_record.load_tokenizer(self.record)
-      self.evaluate_model(models.load_step(self.record, step, self.opts.role, self.mesh,
-                                           self.rules, self.dtype, tokenizer=self._run_tokenizer))
+      try:
+        model = models.load_step(self.record, step, self.policy, self.mesh, self.rules,
+                                 self.dtype, tokenizer=self._run_tokenizer)
+      except Exception:  # noqa: BLE001 — re-raised unless the step is gone
+        if step in agreed_steps(self.record):
+          raise
+        logging.warning("Checkpoint step %d was deleted before it could be read (the run keeps "
+                        "only its newest checkpoints); skipping it.", step)
+        continue
+      self.evaluate_model(model)
       evaluated.append(step)
     return evaluated
+
+
+def _run_settings(settings: eval_lib.Settings, cfg) -> eval_lib.Settings:
+  """`settings` with the run's context budget and search syntax where the flags kept their
+  defaults; validated."""
+  default = eval_lib.Settings()
+  if cfg is not None and settings.max_context == default.max_context:
+    settings = dataclasses.replace(settings, max_context=int(cfg.rollout.max_context))
+    if settings.max_prompt_tokens == default.max_prompt_tokens:
+      settings = dataclasses.replace(settings, max_prompt_tokens=int(cfg.rollout.max_prompt_tokens))
+  if cfg is not None and not settings.syntax:
+    settings = dataclasses.replace(settings, syntax=cfg.get(cfg.method, {}).get("syntax", "xml"))
+  settings = dataclasses.replace(settings, syntax=settings.syntax or "xml")
+  settings.validate()
+  return settings
+
+
+def _spec_name(spec: str) -> str:
+  """A directory name for a model spec: 'hf:/ckpt/Qwen2.5-7B/' → 'Qwen2.5-7B'."""
+  tail = spec.split(":", 1)[-1].rstrip("/").rsplit("/", 1)[-1] or spec
+  return "".join(c if c.isalnum() or c in "._-" else "_" for c in tail)
+
+
+def agreed_steps(record) -> list[int]:
+  """Committed steps as process 0 sees them, on every host (a checkpoint that commits between
+  two hosts' listings must not make them evaluate different steps)."""
+  steps = run_record.committed_steps(record)
+  if jax.process_count() == 1:
+    return steps
+  steps = steps[-MAX_BROADCAST_STEPS:]
+  buf = np.full(MAX_BROADCAST_STEPS + 1, -1, np.int64)
+  buf[0], buf[1:1 + len(steps)] = len(steps), steps
+  buf = multihost_utils.broadcast_one_to_all(buf)
+  return [int(s) for s in buf[1:1 + int(buf[0])]]
 
 
 def run(opts: Options | Session) -> list[dict]:
   """Evaluates what `opts` names; returns the rows of the final table (one per model)."""
   session = opts if isinstance(opts, Session) else Session(opts)
-  opts = session.opts
   session.evaluate_base()
   if session.record is not None:
-    available = run_record.committed_steps(session.record)
-    if not opts.watch:
-      if not available:
-        raise ValueError(f"The run {session.record.path} has no committed checkpoint yet; "
-                         "use --watch to wait for one.")
-      session.evaluate_steps(run_record.select_steps(available, opts.step))
-    else:
+    if session.opts.watch:
       watch(session)
+    else:
+      session.evaluate_steps(session.steps)
   rows = table_rows(session)
   print(format_table(rows, session))
   return rows
 
 
 def watch(session: Session) -> None:
-  """Evaluates each new committed checkpoint once, polling, until the run's last step
-  (`total_steps − 1`) is evaluated, `watch_timeout` passes without a new one, or Ctrl-C."""
-  opts, record = session.opts, session.record
-  last_step = int(record.config.total_steps) - 1
+  """Evaluates every committed checkpoint once, polling for new ones, until the run's last step
+  (`total_steps − 1`, re-read each time: a resumed run may raise it) is evaluated,
+  `watch_timeout` passes without a new checkpoint, or Ctrl-C."""
+  opts = session.opts
   idle_since = time.monotonic()
   try:
     while True:
-      available = run_record.committed_steps(record)
+      available = agreed_steps(session.record)
       if session.evaluate_steps(available):
         idle_since = time.monotonic()
+      last_step = int(run_record.read(opts.run).config.total_steps) - 1
       if last_step in available and session.done(f"step_{last_step}"):
         logging.info("The run's last step %d is evaluated; done watching.", last_step)
         return

@@ -46,9 +46,10 @@ class Settings:
   max_context: int = 4096
   batch_size: int = 16  # examples per rollout call (each with num_samples rows)
   seed: int = 0
-  syntax: str = "xml"  # search syntax: 'xml' (<search>) or 'qwen' (<tool_call>)
+  syntax: str = ""  # search syntax: 'xml' (<search>), 'qwen' (<tool_call>); '' = a run's, or xml
   judge_style: str = "spell"  # the judge prompt: SPELL's verifier or SCOPE's grader
   judge_max_tokens: int = 512
+  ks: tuple[int, ...] = ()  # k of pass@k and maj@k (default 1, 2, 4, … ≤ n, and n)
 
   def validate(self) -> None:
     if self.num_samples < 1 or self.batch_size < 1 or self.max_new_tokens < 1:
@@ -58,8 +59,11 @@ class Settings:
                        f"within max_context={self.max_context}.")
     if self.judge_style not in JUDGE_STYLES:
       raise ValueError(f"judge_style={self.judge_style!r}: choose one of {JUDGE_STYLES}.")
-    if self.syntax not in ("xml", "qwen"):
+    if self.syntax not in ("", "xml", "qwen"):
       raise ValueError(f"syntax={self.syntax!r}: choose 'xml' or 'qwen'.")
+    if any(not 1 <= k <= self.num_samples for k in self.ks):
+      raise ValueError(f"ks={list(self.ks)}: every k of pass@k / maj@k must be between 1 and "
+                       f"num_samples={self.num_samples}.")
 
 
 def make_sampler(model, *, mesh, rules, dtype, max_context: int) -> Sampler:
@@ -89,6 +93,10 @@ class Evaluator:
     self.progress = progress
 
   @property
+  def syntax(self) -> str:
+    return self.settings.syntax or "xml"
+
+  @property
   def checker(self):
     if self._checker is None:
       self._checker = mathcheck.default_checker()
@@ -96,6 +104,9 @@ class Evaluator:
 
   # ------------------------------------------------------------------------------- prompts
   def template(self, kind: str) -> str:
+    """The answer prompt of a benchmark type (qa_search's names the search syntax)."""
+    if kind == "qa_search" and self.syntax == "qwen":
+      kind = "qa_search_qwen"
     return self.templates.get(kind) or prompts_lib.load("eval", kind)
 
   def prompt(self, template: str, tokenizer=None, **fields) -> list[int]:
@@ -111,7 +122,7 @@ class Evaluator:
   def rollout_config(self, kind: str, max_turns: int, max_new_tokens: int,
                      temperature: float) -> RolloutConfig:
     s = self.settings
-    return RolloutConfig(syntax=s.syntax, final_tags=FINAL_TAGS[kind], max_turns=max_turns,
+    return RolloutConfig(syntax=self.syntax, final_tags=FINAL_TAGS[kind], max_turns=max_turns,
                          max_turn_tokens=max_new_tokens, max_obs_tokens=s.max_obs_tokens,
                          max_total_tokens=s.max_context, temperature=temperature,
                          top_p=s.top_p if temperature > 0 else 1.0)
@@ -142,7 +153,7 @@ class Evaluator:
       self._judge(bench, records)
     per_example = [dict(scores=r["details"], answers=r["canonical"], lengths=r["lengths"],
                         searches=r["searches"], type=bench.type) for r in records]
-    metrics = scoring.aggregate(per_example)
+    metrics = scoring.aggregate(per_example, ks=self.settings.ks or None)
     metrics["time/seconds"] = time.perf_counter() - start
     if bench.type == "judge":
       verdicts = [v for r in records for v in r["verdicts"]]
@@ -186,7 +197,7 @@ class Evaluator:
 
   def _judge(self, bench, records: list[dict]) -> None:
     """Scores every sample of a `judge` benchmark with the judge model (greedy, one call per
-    batch): acc = 1 when the judge says the answer matches the reference."""
+    batch): acc = 1 when the judge says the answer matches the reference (the first gold)."""
     if self.judge is None:
       raise ValueError(f"Benchmark {bench.name} (judge) needs a judge model: pass --judge or "
                        "--model (the base model judges by default).")
@@ -195,7 +206,8 @@ class Evaluator:
     jobs = [(r, j) for r in records for j in range(len(r["answers"]))]
     prompts = [self._judge_prompt(r["question"], _judged_text(r, j), r["gold"][0])
                for r, j in jobs]
-    config = self.rollout_config("math", 0, self.settings.judge_max_tokens, 0.0)
+    config = RolloutConfig(final_tags=(), max_turns=0, max_turn_tokens=self.settings.judge_max_tokens,
+                           max_total_tokens=self.settings.max_context, temperature=0.0)
     for r in records:
       r["verdicts"] = [None] * len(r["answers"])
     step = self.settings.batch_size * self.settings.num_samples

@@ -11,7 +11,9 @@ model, or a base checkpoint named by a spec. Every one comes with its tokenizer.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import shutil
 import tempfile
 from typing import Any
 
@@ -46,6 +48,7 @@ def local_tokenizer_dir(directory: str) -> str:
   if "://" not in str(directory):
     return str(directory)
   local = tempfile.mkdtemp(prefix="scope_jax_tokenizer_")
+  atexit.register(shutil.rmtree, local, ignore_errors=True)
   for name in TOKENIZER_FILES:
     src = epath.Path(directory) / name
     if src.exists():
@@ -98,7 +101,8 @@ def _initial(record, mesh, rules, dtype, tokenizer, label) -> Model:
   if (warm / "config.json").exists():
     config, params = hf_io.load_hf(warm, mesh=mesh, dtype=dtype, rules=rules)
   else:
-    section = record.config.model
+    section = ml_collections.ConfigDict(record.config.model.to_dict())
+    section.param_dtype = jnp.dtype(dtype).name
     config, params = runtime.load_model(section, mesh, record.config.seed, rules)
   return Model(label, None, config, params, tok)
 

@@ -91,6 +91,10 @@ def test_evaluate_from_gcs_writes_results_to_gcs(gcs_run, monkeypatch):
                       lambda *a, **k: pytest.fail("a finished step was evaluated again"))
   again = driver.run(opts)
   assert [r["model"] for r in again] == ["step_0", "step_1"]
+  # Results of other settings are never taken for this evaluation's.
+  other = dataclasses.replace(opts, settings=dataclasses.replace(settings, max_new_tokens=25))
+  with pytest.raises(ValueError, match="holds results of another evaluation .*settings"):
+    driver.run(other)
 
 
 def test_export_from_gcs_loads_in_transformers_with_equal_logits(gcs_run, tmp_path):
@@ -152,6 +156,10 @@ def test_watch_evaluates_each_new_checkpoint_once(gcs_run, monkeypatch):
   rows = driver.run(opts)
   assert evaluated == ["gsm8k step_0", "gsm8k step_1"] and len(polls) >= 4
   assert [r["model"] for r in rows] == ["step_0", "step_1"]
+  # --overwrite evaluates each step again, once, and the watch still ends.
+  evaluated.clear()
+  driver.run(dataclasses.replace(opts, overwrite=True))
+  assert evaluated == ["gsm8k step_0", "gsm8k step_1"]
   # A watch that sees no new checkpoint gives up after watch_timeout.
   monkeypatch.setattr(run_record, "committed_steps", lambda record: [0])
   evaluated.clear()

@@ -1,9 +1,13 @@
 """run.json: step selection, role → policy resolution, and errors that name the path."""
 
+import json
+
 import ml_collections
 import pytest
 
 from scope_jax import run_record
+from scope_jax import sharding as shd
+from scope_jax.evaluation import driver
 from scope_jax.models import tiny_config
 
 
@@ -47,3 +51,23 @@ def test_a_corrupt_or_missing_record_names_the_path(tmp_path):
   (tmp_path / "run.json").write_text("{not json")
   with pytest.raises(ValueError, match=f"{tmp_path}/run.json is not a valid run record"):
     run_record.read(str(tmp_path))
+
+
+def test_a_run_with_several_policies_keeps_each_policys_results_apart(tmp_path):
+  """SCOPE trains a challenger and a solver: their results live under eval/<policy>/."""
+  config = ml_collections.ConfigDict(dict(
+      method="scope", total_steps=2, seed=0, mesh=dict(shape=(1, -1, 1)),
+      rollout=dict(max_context=2048, max_prompt_tokens=1536), scope=dict(syntax="qwen"),
+      model=dict(param_dtype="float32")))
+  config.mesh.rules = dict(train=shd.rules_to_config(shd.TRAIN_RULES),
+                           sampling=shd.rules_to_config(shd.SAMPLING_RULES))
+  record = {"version": 1, "method": "scope", "preset": "demo",
+            "model": tiny_config().to_hf_config("float32"), "policies": ["challenger", "solver"],
+            "roles": {"challenger": "challenger", "solver": "solver", "judge_entity": None},
+            "tokenizer": "demo", "config": config.to_dict()}
+  (tmp_path / "run.json").write_text(json.dumps(record))
+  opts = driver.Options(benchmarks="gsm8k", run=str(tmp_path), role="solver", watch=True, limit=1)
+  session = driver.Session(opts)
+  assert str(session.root) == f"{tmp_path}/eval/solver"
+  assert session.settings.syntax == "qwen"  # the run's search syntax
+  assert session.settings.max_prompt_tokens == 1536  # and its prompt budget
