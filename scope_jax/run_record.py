@@ -61,11 +61,17 @@ def write(rt, workdir: str) -> None:
   record = {
       "version": VERSION, "method": rt.config.method, "preset": rt.config.preset,
       "model": rt.model_config.to_hf_config(rt.config.model.param_dtype),
-      "policies": list(rt.policies),
-      "roles": {name: (role.policy.name if role.policy is not None else None)
-                for name, role in rt.roles.items()},
+      "policies": rt.checkpointed(),  # every params tree a checkpoint holds
+      "roles": {name: _played_by(rt, role) for name, role in rt.roles.items()},
       "tokenizer": spec, "config": json.loads(rt.config.to_json_best_effort())}
   events.write_whole(root / RUN_FILE, json.dumps(record, indent=2).encode())
+
+
+def _played_by(rt, role) -> str | None:
+  """The checkpointed params a role plays (a policy or tracked params); None: frozen, unsaved."""
+  if role.policy is not None:
+    return role.policy.name
+  return role.frozen if role.frozen in rt.tracked else None
 
 
 def _save_tokenizer(tokenizer, target: epath.Path) -> None:

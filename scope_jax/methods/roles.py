@@ -30,12 +30,14 @@ class Role:
   def __init__(self, name: str, settings: ml_collections.ConfigDict, *, sampler, tokenizer,
                max_prompt_tokens: int, max_context: int, seed: int = 0, tool=None,
                final_tags: Sequence[str] = (), templates: Callable[[str], str] | None = None,
-               policy=None, timer=None, progress: bool = False, strip_think: bool = False):
+               policy=None, timer=None, progress: bool = False, strip_think: bool = False,
+               system: str | None = None, frozen: str | None = None):
     self.name, self.settings, self.sampler, self.tokenizer = name, settings, sampler, tokenizer
     self.max_prompt_tokens, self.max_context = max_prompt_tokens, max_context
     self.seed, self.tool, self.final_tags = seed, tool, tuple(final_tags)
     self.templates, self.policy, self.timer, self.progress = templates, policy, timer, progress
-    self.strip_think = strip_think
+    self.strip_think, self.system = strip_think, system  # system: a system message, if any
+    self.frozen = frozen  # the name of the frozen params that play the role (None: a policy)
     self._calls, self._step = 0, 0
     self._stats: dict[str, list[float]] = collections.defaultdict(list)
     self._finish: collections.Counter = collections.Counter()
@@ -55,14 +57,18 @@ class Role:
     text, cut = prompts_lib.fit_prompt(prompt, self.max_prompt_tokens, self._count,
                                        role=f"role {self.name!r}")
     self._cut += cut
-    return render_chat(self.tokenizer, [{"role": "user", "content": text}])
+    return render_chat(self.tokenizer, self._messages(text))
 
   def render(self, name: str, *, fit: Sequence[str] = (), **fields) -> list[int]:
     """`prompt` for the role's template `name`."""
     return self.prompt(prompts_lib.Prompt(self.template(name), fields, tuple(fit)))
 
+  def _messages(self, text: str) -> list[dict]:
+    system = [{"role": "system", "content": self.system}] if self.system else []
+    return system + [{"role": "user", "content": text}]
+
   def _count(self, text: str) -> int:
-    return len(render_chat(self.tokenizer, [{"role": "user", "content": text}]))
+    return len(render_chat(self.tokenizer, self._messages(text)))
 
   # ---------------------------------------------------------------------------- rollouts
   def rollout_config(self) -> RolloutConfig:

@@ -2,8 +2,9 @@
 trained policies, frozen params and roles.
 
 A run has one base model and any number of trained *policies* (params + optimizer state, updated
-by the shared `Learner`) and *frozen* params (a judge, a KL reference, an EMA teacher are just
-other pytrees). A *role* (questioner, solver, judge, ...) is one of those plus its prompts,
+by the shared `Learner`), *frozen* params (a judge, a KL reference: just other pytrees), and
+*tracked* params that the method moves itself (an EMA teacher) and that are checkpointed with
+the policies. A *role* (questioner, solver, judge, ...) is one of those plus its prompts,
 sampling settings, optional tool and seed stream (`methods/roles.py`).
 """
 
@@ -115,6 +116,7 @@ class Runtime:
         rules=self.train_rules)
     self.policies: dict[str, learner_lib.Policy] = {}
     self.frozen: dict[str, Any] = {}
+    self.tracked: list[str] = []  # frozen params the method updates itself, checkpointed
     self.roles: dict[str, Role] = {}
     self._frozen_samplers: dict[str, Sampler] = {}
     self._base_frozen: set[str] = set()
@@ -151,6 +153,19 @@ class Runtime:
     self.frozen[name] = self.base_params if params is None else params
     return self.frozen[name]
 
+  def add_tracked(self, name: str, params=None):
+    """Params the method updates itself (an EMA teacher: `set_frozen` after each change), saved in
+    every checkpoint next to the policies; a copy of `params` (default: the base model)."""
+    self.tracked.append(name)
+    self.frozen[name] = jax.tree.map(jnp.copy, self.base_params if params is None else params)
+    return self.frozen[name]
+
+  def set_frozen(self, name: str, params) -> None:
+    """Replaces the frozen (or tracked) params `name`; roles playing them see the new weights."""
+    self.frozen[name] = params
+    if name in self._frozen_samplers:
+      self._frozen_samplers[name].update_params(params)
+
   def rebase(self, params) -> None:
     """Makes `params` the base model (after the demo warm-up): every policy restarts from a
     copy of it, and every frozen copy of the base (a judge, a KL reference) becomes it."""
@@ -160,13 +175,13 @@ class Runtime:
       policy.state = train_step.init_train_state(copy, self.learner.optimizer)
       policy.sampler.update_params(copy)
     for name in self._base_frozen:
-      self.frozen[name] = params
-      if name in self._frozen_samplers:
-        self._frozen_samplers[name].update_params(params)
+      self.set_frozen(name, params)
+    for name in self.tracked:  # tracked params start again from a copy of the new base
+      self.set_frozen(name, jax.tree.map(jnp.copy, params))
 
   def add_role(self, name: str, settings: ml_collections.ConfigDict, *, policy=None,
                frozen: str | None = None, tool=None, final_tags=(), templates=None,
-               strip_think: bool = False) -> Role:
+               strip_think: bool = False, system: str | None = None) -> Role:
     """A role played by a trained `policy` or by the frozen params named `frozen`."""
     if (policy is None) == (frozen is None):
       raise ValueError(f"Role {name!r} needs exactly one of a policy or frozen params.")
@@ -183,7 +198,8 @@ class Runtime:
                 max_prompt_tokens=limit, max_context=self.config.rollout.max_context,
                 seed=self.config.seed, tool=tool, final_tags=tuple(final_tags),
                 templates=templates, policy=policy, timer=self.timer,
-                progress=self.config.get("progress", True), strip_think=strip_think)
+                progress=self.config.get("progress", True), strip_think=strip_think,
+                system=system, frozen=frozen)
     self.roles[name] = role
     return role
 
@@ -206,9 +222,20 @@ class Runtime:
 
   # ---------------------------------------------------------------------------- state
   def device_state(self) -> dict:
-    return {name: p.state for name, p in self.policies.items()}
+    """What a checkpoint holds on device: each policy's TrainState and each tracked params tree
+    (as {"params": ...}, so evaluation restores either the same way)."""
+    state = {name: p.state for name, p in self.policies.items()}
+    state.update({name: {"params": self.frozen[name]} for name in self.tracked})
+    return state
 
   def load_device_state(self, state: dict) -> None:
     for name, s in state.items():
+      if name in self.tracked:
+        self.set_frozen(name, s["params"])
+        continue
       self.policies[name].state = s
       self.policies[name].sampler.update_params(s.params)
+
+  def checkpointed(self) -> list[str]:
+    """Names whose params every checkpoint holds: the policies, then the tracked params."""
+    return list(self.policies) + list(self.tracked)

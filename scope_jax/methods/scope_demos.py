@@ -38,11 +38,20 @@ def _short(title: str, words: int = 4) -> str:
   return " ".join(title.split()[:words])
 
 
-def _search_action(query: str, syntax: str) -> str:
+def search_action(query: str, syntax: str) -> str:
+  """A search call in the rollout's syntax ('xml' <search> or 'qwen' <tool_call>)."""
   if syntax == "xml":
     return f"<search>{query}</search>"
   return ('<tool_call>{"name": "search", "arguments": {"query": ' + json.dumps(query) +
           "}}</tool_call>")
+
+
+def observation_ids(tok, hits: Sequence[Passage], syntax: str, max_obs: int) -> list[int]:
+  """Search results as the rollout appends them: wrapped, the body cut to `max_obs` tokens."""
+  prefix, suffix = RolloutConfig(syntax=syntax).observation_wrappers()
+  body = tok.encode(format_passages(hits), add_special_tokens=False)[:max_obs]
+  return (tok.encode(prefix, add_special_tokens=False) + body +
+          tok.encode(suffix, add_special_tokens=False))
 
 
 class _Demos:
@@ -52,17 +61,13 @@ class _Demos:
     self.scope, self.rt, self.cfg, self.rng = scope, scope.rt, scope.cfg, rng
     self.tok, self.prompts = self.rt.tokenizer, scope.prompts
     self.eos = self.tok.decode([self.rt.eos_ids[0]], skip_special_tokens=False)
-    rc = RolloutConfig(syntax=self.cfg.syntax)
-    self.obs_prefix, self.obs_suffix = rc.observation_wrappers()
     self.max_obs = self.cfg.roles.solver.get("max_obs_tokens", 500)
 
   def prompt(self, role: str, prompt) -> list[int]:
     return self.scope.roles[role].prompt(prompt)
 
   def observation(self, hits: list[Passage]) -> list[int]:
-    body = self.tok.encode(format_passages(hits), add_special_tokens=False)[:self.max_obs]
-    return (self.tok.encode(self.obs_prefix, add_special_tokens=False) + body +
-            self.tok.encode(self.obs_suffix, add_special_tokens=False))
+    return observation_ids(self.tok, hits, self.cfg.syntax, self.max_obs)
 
   def search_chain(self, doc: Passage, k: int) -> tuple[list[str], list[list[Passage]]]:
     """k queries, the first on the document's title, each next one on an entity (title) found
@@ -97,7 +102,7 @@ class _Demos:
     pieces = []
     for q, hits in zip(queries, results):
       pieces += [("generated", f"<think>Search for the task.</think>\n"
-                               f"{_search_action(q, self.cfg.syntax)}"),
+                               f"{search_action(q, self.cfg.syntax)}"),
                  ("observation", self.observation(hits))]
     pieces.append(("generated", f"<think>Write the task.</think>\n<task>\n<question>{question}"
                                 "</question>\n</task>" + self.eos))
@@ -109,7 +114,7 @@ class _Demos:
     cfg, pieces = self.cfg, []
     for q, hits in zip(queries[:cfg.roles.solver.max_turns], results):
       pieces += [("generated", f"<think>Search for the answer.</think>\n"
-                               f"{_search_action(q, cfg.syntax)}"),
+                               f"{search_action(q, cfg.syntax)}"),
                  ("observation", self.observation(hits))]
     pieces.append(("generated", f"<think>Answer.</think>\n<answer>{answer}</answer>" + self.eos))
     prompt = self.prompt("solver", self.prompts.solver(question, cfg.roles.solver.max_turns))

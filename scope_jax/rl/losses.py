@@ -149,7 +149,9 @@ def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
 
   Logits are formed one chunk of T at a time inside a rematerialised scan, so neither the forward
   nor the backward pass holds [B, T, V]. Log-probs use logits / temperature (the sampler's
-  convention). Returns a dict of [B, T] float32 arrays: 'logp', 'entropy', 'distill'.
+  convention). Returns a dict of [B, T] float32 arrays: 'logp', 'entropy', 'distill', and
+  with a teacher 'teacher_logp' (the teacher's log-prob of the same target token, for the
+  teacher–student gap on sampled tokens).
   """
   b, t, _ = hidden_BTD.shape
   chunk = min(chunk, t)
@@ -177,6 +179,7 @@ def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
       v = logp_BCV.shape[-1]
       out["distill"] = topk_reverse_kl(logp_BCV.reshape(-1, v), t_logp.reshape(-1, v),
                                        distill_topk or v, tail=distill_tail).reshape(y_BC.shape)
+      out["teacher_logp"] = jnp.take_along_axis(t_logp, y_BC[..., None], axis=-1)[..., 0]
     else:
       out["distill"] = jnp.zeros_like(out["logp"])
     return out

@@ -136,10 +136,12 @@ def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, c
       ref_logp = sequence_stats(config, ref_params, mb.tokens, mb.mask, lc=lc, dtype=dtype)["logp"]
     kl = losses.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), lc.kl_kind)
     parts["kl_loss"] = losses.aggregate(kl, m, lc.agg_mode, lc.norm_length)[0] / counts["agg"]
+  sums = {}
   if lc.distill_coef > 0:
     d_sum, _ = losses.aggregate(stats["distill"], m, lc.distill_agg_mode, lc.norm_length)
     parts["distill_loss"] = d_sum / counts["distill"]
-  sums = {"entropy": (stats["entropy"] * m).sum(), "clip_frac": (clipped * m).sum(),
+    sums["teacher_gap"] = ((stats["teacher_logp"] - logp) * m).sum()  # on the sampled tokens
+  sums |= {"entropy": (stats["entropy"] * m).sum(), "clip_frac": (clipped * m).sum(),
           "logp": (logp * m).sum(),
           "logprob_gap": (jnp.abs(logp - mb.old_logp) * m).sum()}
   if "router" in stats:  # a mixture of experts: loads for the metrics, optional balancing loss
@@ -210,6 +212,8 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
                "skipped": new_state.skipped, "finite": finite}
     if "kl_loss" in parts:
       metrics["kl"] = parts["kl_loss"]
+    if "teacher_gap" in sums:  # mean log π_T(y_t) − log π_S(y_t) over the student's own tokens
+      metrics["teacher_logprob_gap"] = sums["teacher_gap"] / tokens
     if "router_load" in sums:  # each expert's share of the routed pairs; none is dropped
       load_E = sums["router_load"]
       share_E = load_E / jnp.maximum(load_E.sum(), 1.0)

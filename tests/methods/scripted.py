@@ -1,6 +1,7 @@
 """Scripted policies for method tests: each answers every role of a method by reading its prompt."""
 
 import re
+import zlib
 
 import numpy as np
 
@@ -145,3 +146,56 @@ class ScriptedOpenSirSampler(ScriptedSampler):
     a, b = (int(x) for x in re.findall(r"What is (\d+) \+ (\d+)\?", text)[-1])
     answer = a + b if rng.random() < 0.6 else a + b + int(rng.integers(1, 3))
     return f"{a} + {b} = {answer}.\nTherefore, the final answer is: $\\boxed{{{answer}}}$"
+
+
+class ScriptedPiPlaySampler(ScriptedSampler):
+  """Plays π-Play's roles by reading the compact prompts (XML syntax; real searches):
+
+  Examiner: searches the document title until it made n − 1 searches, then asks for the fifth
+  word of the last page it read (the document itself for one hop); every `malformed_every`-th
+  question (by a hash of its page, so a resumed run writes the same) leaves out the <question>
+  (0: none). Student: searches the page named in
+  the question, then answers its fifth word 3 times in 5 (else 'unknown'). Teacher: searches the
+  same way, then answers with the <answer> it was shown in the construction path 9 times in 10.
+  """
+
+  logprob = -1.0
+
+  def __init__(self, tokenizer, malformed_every: int = 4):
+    super().__init__(tokenizer)
+    self.malformed_every = malformed_every
+
+  @staticmethod
+  def fifth_word(text):
+    return re.sub(r"[^\w]", "", text.split()[4])
+
+  def _search_or(self, prompt, response):
+    found = re.findall(r"Doc 1\(Title: .*?\) (.*)", response)
+    if found:
+      return found[0]
+    page = re.findall(r"Question: In (.*?), which word", prompt)[-1]
+    return f"<think>Search.</think>\n<search> {page} </search>"
+
+  def _answer(self, text, rng):
+    prompt, _, response = text.rpartition("<|im_start|>assistant\n")
+    if "You are the examiner" in prompt:
+      hops, title, body = re.findall(r'n = (\d+)\. Document: \(Title: "(.*?)"\) (.*)', prompt)[-1]
+      found = re.findall(r"Doc 1\(Title: (.*?)\) (.*)", response)
+      if len(found) < int(hops) - 1:
+        return f"<think>Hop {len(found) + 1}.</think>\n<search> {title} </search>"
+      page, body = found[-1] if found else (title, body)
+      question = f"<question>In {page}, which word comes fifth?</question>"
+      if self.malformed_every and zlib.crc32(page.encode()) % self.malformed_every == 0:
+        question = ""
+      return f"<think>Ask.</think>\n{question}<answer>{self.fifth_word(body)}</answer>"
+    if "You are the teacher" in prompt or "Answer the question." in prompt:
+      page = self._search_or(prompt, response)
+      if page.startswith("<think>"):
+        return page
+      if "You are the teacher" in prompt:
+        shown = re.findall(r"<answer>(.*?)</answer>", prompt.split("=====")[1])
+        answer = shown[-1] if shown and rng.random() < 0.9 else "unknown"
+      else:
+        answer = self.fifth_word(page) if rng.random() < 0.6 else "unknown"
+      return f"<think>Answer.</think>\n<answer>{answer}</answer>"
+    raise AssertionError(f"unknown role for prompt: {prompt[:200]!r}")

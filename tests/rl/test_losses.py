@@ -159,7 +159,8 @@ def _naive_stats(h, w, y, th, tw, k, temperature):
   return {"logp": jnp.take_along_axis(logp, y[..., None], -1)[..., 0],
           "entropy": losses.entropy(logp),
           "distill": losses.topk_reverse_kl(logp.reshape(-1, logp.shape[-1]),
-                                            tl.reshape(-1, tl.shape[-1]), k).reshape(y.shape)}
+                                            tl.reshape(-1, tl.shape[-1]), k).reshape(y.shape),
+          "teacher_logp": jnp.take_along_axis(tl, y[..., None], -1)[..., 0]}
 
 
 def test_chunked_stats_equal_naive_values_and_gradients():

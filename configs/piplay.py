@@ -1,0 +1,134 @@
+"""π-Play: an examiner, a student and an EMA teacher that sees how each question was built
+(ALGORITHMS §5).
+
+    python -m scope_jax.main --config=configs/piplay.py --workdir=runs/piplay            # CPU demo
+    python -m scope_jax.main --config=configs/piplay.py:paper --workdir=gs://bucket/piplay \
+        --config.model.source=hf:/ckpt/Qwen3-4B --config.model.tokenizer=/ckpt/Qwen3-4B \
+        --config.retrieval.encoder=/ckpt/e5-base-v2 --config.retrieval.index=gs://bucket/wiki18_e5 \
+        --config.retrieval.corpus=/data/wiki18.jsonl
+
+Presets:
+  demo            (default) the bundled warmed demo model over the bundled Wikipedia corpus and
+                  its MiniLM index, compact prompts, 1- and 2-hop questions; a few CPU minutes.
+  paper           App. A for Qwen3-4B and Qwen3-8B (thinking prompts, λ = 0.03, 0.003, 0.002);
+                  for Qwen3-8B set model.source / model.tokenizer to its checkpoint.
+  paper_instruct  App. A for Qwen3-4B-Instruct-2507 (Instruct prompts, λ = 0.1, 0.03, 0.03).
+
+Ablations (paper Table 4) are switches: --config.piplay.teacher=none (no distillation, λ = 0),
+gt (the teacher sees the answer only), gt_hops (answer and hop count), partial_qcp (a random half
+of the construction path); the default is qcp (the whole path).
+"""
+
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs import base  # noqa: E402  (config files are also loaded by path)
+
+PRESETS = ("demo", "paper", "paper_instruct")
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  preset = base.parse_preset(arg, PRESETS)
+  c = base.base_config()
+  c.method = "piplay"
+  c.preset = preset
+
+  c.retrieval = ml_collections.ConfigDict()
+  c.retrieval.corpus = "demo"  # source documents: 'demo' (bundled) or a JSONL corpus path
+  c.retrieval.index = ""  # prebuilt index dir (scope_jax.retrieval.build_index); '' = demo index
+  c.retrieval.encoder = "minilm"  # query encoder: asset name or checkpoint dir (E5-base-v2 in the paper)
+  c.retrieval.url = ""  # use a running Search-R1 retrieval server instead of an in-process index
+  c.retrieval.topk = 3  # documents per query
+  c.retrieval.max_documents = 0  # sample source documents from the first N passages (0 = all)
+
+  s = c.piplay = ml_collections.ConfigDict()
+  s.iterations = 3  # self-play iterations: examiner steps, data generation, student steps
+  s.examiner_steps = 50  # examiner updates per iteration
+  s.student_steps = 50  # student updates per iteration (the teacher follows each one)
+  s.examiner_batch = 256  # documents per examiner update (one sample each: group size 1)
+  s.student_batch = 256  # questions per student update
+  s.group_size = 5  # G student rollouts per question (GRPO)
+  s.attempts = 5  # n student attempts behind the examiner's difficulty reward
+  s.hop_choices = (1, 2, 3, 4)  # n: hops of a question (n − 1 searches)
+  s.hop_ratio = (4, 3, 2, 1)  # stratified 4:3:2:1 over hop_choices
+  s.lambdas = (0.03, 0.003, 0.002)  # λ per iteration (the last value repeats)
+  s.tau = 0.05  # teacher EMA: ψ ← (1 − τ)ψ + τθ after every student step
+  s.teacher = "qcp"  # what the teacher sees: qcp | partial_qcp | gt | gt_hops | none (λ = 0)
+  s.teacher_eval_samples = 1  # teacher rollouts per student question for teacher/em (0 = off)
+  s.syntax = "qwen"  # search action: 'qwen' (<tool_call> with query_list, the paper) or 'xml'
+  s.prompt_style = "paper"  # 'paper' (App. D) or 'compact' (short ones for small models)
+  s.variant = "thinking"  # App. D prompts: 'thinking' (Qwen3-4B/8B) or 'instruct' (2507)
+  s.max_doc_chars = 4000  # source document characters shown to the examiner
+  s.adv_eps = 1e-6  # δ of the hop-keyed and group z-scores (population std)
+  s.examiner_loss = ml_collections.ConfigDict(dict(kl_beta=0.0))  # LossConfig overrides: KL 0
+  s.student_loss = ml_collections.ConfigDict(dict(  # ε = 0.2, KL 0 (Table 6 also lists 1e-3)
+      kl_beta=0.0, eps_low=0.2, eps_high=0.2, distill_topk=50, distill_tail=True,
+      distill_agg_mode="seq-mean-token-mean"))  # K = 50 (App. B, Table 9); (1/|y|) Σ_t KL_t
+  s.data = ml_collections.ConfigDict()
+  s.data.size = 0  # questions per iteration (0 = student_batch × student_steps)
+  s.data.candidates_per_round = 512  # examiner samples per data-generation round
+  s.data.max_rounds = 30  # stop after this many rounds even if the set is short
+  s.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
+      examiner=base.role(2048, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
+                         max_prompt_tokens=3072),
+      student=base.role(2048, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
+                        max_prompt_tokens=1024),
+      teacher=base.role(2048, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
+                        max_prompt_tokens=6144)))
+  # Tables 5–7: AdamW (0.9, 0.999), weight decay 0.01, lr 1e-6 constant with 3% warmup, grad
+  # clip 1.0, max sequence 8192 (4096 for the examiner's rollouts: its prompt limit plus turns).
+  # One optimizer setting serves both policies (the examiner's table also lists 5e-7).
+  c.total_steps = s.get_ref("iterations") * (s.get_ref("examiner_steps") +
+                                             s.get_ref("student_steps"))
+  c.optim.lr = 1e-6
+  c.optim.total_steps = s.get_ref("iterations") * s.get_ref("student_steps")
+  c.optim.warmup_steps = (c.optim.get_ref("total_steps") * 3 + 99) // 100
+  c.optim.schedule = "constant"
+  c.optim.weight_decay = 0.01
+  c.optim.grad_clip = 1.0
+  c.loss.agg_mode = "token-mean"
+  c.loss.temperature = 1.0
+  c.rollout.max_context = 8192
+  c.rollout.max_prompt_tokens = 6144
+
+  if preset == "demo":
+    s.iterations = 2
+    s.examiner_steps = 1
+    s.student_steps = 1
+    s.examiner_batch = 4
+    s.student_batch = 2
+    s.hop_choices = (1, 2)  # one search at most: small models cannot count turns
+    s.hop_ratio = (1, 1)
+    s.lambdas = (0.3, 0.1)  # visible on a 2-step demo; the paper's are for 4B–8B models
+    s.syntax = "xml"
+    s.prompt_style = "compact"
+    s.max_doc_chars = 200
+    s.data.candidates_per_round = 4
+    s.data.max_rounds = 2
+    base.demo_warmup(c)
+    s.roles = ml_collections.ConfigDict(dict(
+        examiner=base.role(64, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
+        student=base.role(48, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
+        teacher=base.role(48, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64)))
+    c.optim.lr = 1e-4
+    c.optim.warmup_steps = 0
+    c.optim.weight_decay = 0.0
+    c.loss.temperature = 0.5  # the policies' sampling temperature
+    c.loss.micro_batch_rows = 8
+    c.rollout.max_context = 2048
+    c.rollout.max_prompt_tokens = 1536
+  else:
+    c.model.source = "preset:qwen3-4b"  # replace with hf:<path> for real weights
+    c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
+    c.model.dtype = "bfloat16"
+    c.model.remat = "full"
+    c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
+    c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
+    c.loss.micro_batch_rows = 4
+    if preset == "paper_instruct":
+      s.variant = "instruct"
+      s.lambdas = (0.1, 0.03, 0.03)
+  return c

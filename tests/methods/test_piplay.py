@@ -1,0 +1,392 @@
+"""π-Play end to end: configs, prompts, scripted steps through the real updates and the real
+index, the teacher batch and its privileged prompt, the λ schedule, the EMA teacher across
+resumes, and the CLI demo."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import piplay as piplay_config
+from scope_jax import checkpoint as ckpt_lib
+from scope_jax import metrics as metrics_lib
+from scope_jax import run_record
+from scope_jax.data import demo
+from scope_jax.methods import piplay, piplay_demos, runner, runtime
+from scope_jax.methods import piplay_prompts as P
+from scope_jax.rewards import piplay as R
+from scope_jax.rl import learner as learner_lib
+from tests.methods.cli import kill_once_exists
+from tests.methods.scripted import ScriptedPiPlaySampler, play_all_roles
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TITLES = {p.title for p in demo.demo_passages()}
+
+
+def small_config(**overrides):
+  c = piplay_config.get_config("demo")
+  c.warmup.steps = 0  # the scripted policy needs no warm-up
+  c.loss.micro_batch_rows = 1  # 8 rows on the 8-device mesh, not 64
+  c.piplay.examiner_steps = 2
+  c.piplay.student_steps = 2
+  c.piplay.examiner_batch = 6
+  c.piplay.student_batch = 2
+  c.piplay.group_size = 3
+  c.piplay.attempts = 3
+  c.piplay.hop_choices, c.piplay.hop_ratio = (1, 2, 3), (1, 1, 1)
+  c.piplay.data.candidates_per_round = 4
+  c.piplay.roles.examiner.max_turns = 2
+  for role in ("examiner", "student", "teacher"):
+    c.piplay.roles[role].max_new_tokens = 80
+    c.piplay.roles[role].max_obs_tokens = 48
+  c.progress = False
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+def scripted(rt, **kw):
+  method = piplay.PiPlay(rt)
+  play_all_roles(rt, ScriptedPiPlaySampler(rt.tokenizer, **kw))
+  return method
+
+
+def leaves(params):
+  return [np.asarray(x).copy() for x in jax.tree.leaves(params)]
+
+
+# ---------------------------------------------------------------------------------- configs
+
+@pytest.mark.parametrize("preset", piplay_config.PRESETS)
+def test_every_preset_loads(preset):
+  c = piplay_config.get_config(preset)
+  if preset != "demo":
+    c.model.tokenizer, c.retrieval.encoder, c.retrieval.index = "/tmp", "/tmp/e5", "/tmp/idx"
+    c.retrieval.corpus = "/tmp/corpus.jsonl"
+  runner.validate(c)
+  if preset == "paper":
+    assert tuple(c.piplay.lambdas) == (0.03, 0.003, 0.002) and c.piplay.variant == "thinking"
+    assert c.total_steps == 300 and c.piplay.examiner_batch == c.piplay.student_batch == 256
+    assert c.piplay.roles.student.max_turns == 5 and c.piplay.tau == 0.05
+    assert c.piplay.student_loss.distill_topk == 50 and c.piplay.group_size == 5
+  if preset == "paper_instruct":
+    assert tuple(c.piplay.lambdas) == (0.1, 0.03, 0.03) and c.piplay.variant == "instruct"
+
+
+def test_validation_names_the_fix():
+  for key, value, needle in [("piplay.teacher", "all", "piplay.teacher"),
+                             ("piplay.hop_choices", (1, 5), "piplay.hop_choices"),
+                             ("piplay.hop_ratio", (1,), "one weight per entry"),
+                             ("piplay.lambdas", (0.1, -1.0), "none negative"),
+                             ("piplay.tau", 0.0, "(0, 1]"),
+                             ("piplay.attempts", 1, "at least 2"),
+                             ("piplay.roles.examiner.max_turns", 1, "largest hop count")]:
+    c = small_config()
+    c.update_from_flattened_dict({key: value})
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace("]", r"\]")):
+      runner.validate(c)
+
+
+@pytest.mark.parametrize("style", sorted(P.STYLES))
+@pytest.mark.parametrize("variant", P.VARIANTS)
+@pytest.mark.parametrize("syntax", ["xml", "qwen"])
+def test_prompts_carry_the_same_fields_in_every_style(style, variant, syntax):
+  prompts = P.Prompts(style, variant, syntax, max_doc_chars=40)
+  doc = demo.demo_passages()[0]
+  examiner = prompts.examiner(doc, 3).text()
+  assert "n = 3" in examiner and doc.title in examiner and doc.text[:10] in examiner
+  assert doc.text[30:80] not in examiner  # the document is cut to max_doc_chars
+  teacher = prompts.teacher("THE-PATH", "THE-QUESTION").text()
+  assert "THE-PATH" in teacher and teacher.rstrip().endswith("THE-QUESTION")
+  student = prompts.student("THE-QUESTION").text()
+  assert "THE-QUESTION" in student and "THE-PATH" not in student
+  for text in (examiner, teacher, student):
+    if syntax == "xml":
+      assert "<search>" in text and "tool_call" not in text and "tool_response" not in text
+    else:
+      assert "<tool_call>" in text and "<search>" not in text
+  assert (prompts.system() is not None) == (style == "paper" and syntax == "qwen")
+
+
+def test_xml_syntax_rewrites_the_papers_example_calls():
+  text = ('<tool_call>\\n{"name": "search", "arguments": {"query_list": ["1988 AFL"]}}\\n'
+          '</tool_call> <tool_response> ...... </tool_response> by <tool_call> query </tool_call>')
+  assert P.xml_syntax(text) == ("<search> 1988 AFL </search> <information> ...... </information> "
+                                "by <search> query </search>")
+
+
+# ---------------------------------------------------------------------------------- steps
+
+def test_schedule_and_lambda(tmp_path):
+  rt = runtime.Runtime(small_config(), str(tmp_path))
+  m = piplay.PiPlay(rt)
+  assert [m.locate(s) for s in range(5)] == [(0, "examiner", 0), (0, "examiner", 1),
+                                             (0, "student", 0), (0, "student", 1),
+                                             (1, "examiner", 0)]
+  assert [m.distill_coef(i) for i in range(4)] == [0.3, 0.1, 0.1, 0.1]
+  m.cfg.teacher = "none"
+  assert m.distill_coef(0) == 0.0
+  picks = m.examiner_prompts(0)
+  assert sorted(h for _, h in picks) == [1] * 4 + [2] * 4 + [3] * 4  # stratified 1:1:1
+  assert not {d.id for d, _ in picks} & {d.id for d, _ in m.data_prompts(0)}
+
+
+def test_examiner_step_rewards_and_hop_keyed_update(tmp_path):
+  rt = runtime.Runtime(small_config(), str(tmp_path))
+  m = scripted(rt)
+  student_before = leaves(m.student.state.params)
+  examiner_before = leaves(m.examiner.state.params)
+  seen = {}
+  train = rt.train
+
+  def spy(policy, trajs, advs, **kw):
+    seen["advs"] = np.asarray(advs)
+    return train(policy, trajs, advs, **kw)
+
+  rt.train = spy
+  propose = m.propose
+  m.propose = lambda picks: seen.setdefault("qs", propose(picks))
+  rt.begin_step(0)
+  metrics = m.step(0)
+  qs = seen["qs"]
+  assert metrics["phase"] == 0 and metrics["examiner/train/applied"] == 1.0
+  for q in qs:  # the scripted examiner searched as asked and its answer is in the sources
+    if q.valid:
+      assert q.traj.num_searches == min(q.hops - 1, 2) and q.parts["ans"] == 1.0
+  assert metrics["examiner/valid_rate"] < 1.0  # some rows leave out the <question>
+  assert metrics["examiner/malformed_no_question"] >= 1
+  assert "examiner/hop2/searches" in metrics and metrics["examiner/hop2/required_searches"] == 1
+  assert "examiner/student_solve_rate/mean" in metrics
+  hops = [h for _, h in m.examiner_prompts(0)[:6]]
+  for h in set(hops):  # advantages are z-scored within each hop group
+    group = seen["advs"][np.asarray(hops) == h]
+    assert abs(group.sum()) < 1e-4
+  chex.assert_trees_all_equal(student_before, leaves(m.student.state.params))
+  with pytest.raises(AssertionError):
+    chex.assert_trees_all_equal(examiner_before, leaves(m.examiner.state.params))
+
+
+def test_student_step_teacher_sees_the_qcp_and_the_student_does_not(tmp_path, monkeypatch):
+  rt = runtime.Runtime(small_config(**{"piplay.examiner_steps": 1}), str(tmp_path))
+  m = scripted(rt, malformed_every=0)
+  batches = []
+  make_batch = learner_lib.Learner.make_batch
+
+  def spy(self, trajs, advs, teacher_prompts=None):
+    out = make_batch(self, trajs, advs, teacher_prompts)
+    batches.append(out[0])
+    return out
+
+  monkeypatch.setattr(learner_lib.Learner, "make_batch", spy)
+  teacher_before = leaves(rt.frozen["teacher"])
+  rt.begin_step(1)
+  metrics = m.step(1)  # the first student step: builds the data set, then trains
+  assert metrics["phase"] == 1 and metrics["data/size"] >= 2
+  assert metrics["student/lambda"] == 0.3 and metrics["student/train/distill_loss"] > 0
+  assert "student/train/teacher_logprob_gap" in metrics and "teacher/em" in metrics
+  assert metrics["teacher/em"] > metrics["student/outcome/mean"]  # the QCP helps (scripted)
+  batch = batches[-1]
+  decode = lambda row: rt.tokenizer.decode([int(t) for t in row if t != rt.pad_id])
+  resp = batch.loss_mask.sum(1) > 0
+  for i in np.flatnonzero(resp):
+    cols = np.flatnonzero(batch.mask[i])
+    p_end = np.flatnonzero(batch.loss_mask[i])[0]
+    chex.assert_trees_all_equal(batch.tokens[i, p_end:], batch.teacher_tokens[i, p_end:])
+    student_prompt = decode(batch.tokens[i, cols[0]:p_end])
+    teacher_prompt = decode(batch.teacher_tokens[i, :p_end])
+    assert "Document:" not in student_prompt and "=====" not in student_prompt
+    assert "n = " in teacher_prompt and "Document:" in teacher_prompt  # the QCP ...
+    assert "<answer>" in teacher_prompt.split("=====")[1]  # ... down to the examiner's answer
+  record = m.datasets["0"][0]
+  assert record["privileged"].startswith("n = ")
+  # the teacher moved by τ towards the updated student: ψ = 0.95 ψ0 + 0.05 θ
+  expect = [0.95 * a + 0.05 * b for a, b in zip(teacher_before, leaves(m.student.state.params))]
+  chex.assert_trees_all_close(leaves(rt.frozen["teacher"]), expect, atol=1e-6, rtol=1e-6)
+
+
+def test_lambda_change_between_iterations_changes_the_loss(tmp_path):
+  """The same student batch under iteration 0's λ and iteration 1's: the loss differs by
+  Δλ · D_distill (the step cache compiles one program per λ)."""
+  rt = runtime.Runtime(small_config(**{"piplay.examiner_steps": 1}), str(tmp_path))
+  m = scripted(rt, malformed_every=0)
+  rt.begin_step(1)
+  data = m.build_dataset(0, {})[:2]
+  trajs = m.solve([r["question"] for r in data], 3)
+  teacher = m.teacher_prompts(data)
+  advs = np.zeros(len(trajs), np.float32)
+  out, saved = {}, jax.tree.map(jnp.copy, m.student.state)
+  for it in (0, 1):
+    m.student.state = jax.tree.map(jnp.copy, saved)  # the same params for both (steps donate)
+    loss = dataclasses.replace(m.student.loss, distill_coef=m.distill_coef(it))
+    out[it] = rt.learner.train(m.student, trajs, advs, loss=loss,
+                               teacher_params=rt.frozen["teacher"],
+                               teacher_prompts=[teacher[t.prompt_index] for t in trajs])
+  d = out[0]["distill_loss"]
+  assert d > 0 and out[0]["distill_loss"] == pytest.approx(out[1]["distill_loss"], rel=1e-5)
+  assert out[0]["loss"] - out[1]["loss"] == pytest.approx((0.3 - 0.1) * d, rel=1e-4)
+  assert rt.learner.num_compiled == 2
+
+
+def test_no_teacher_ablation_skips_distillation(tmp_path):
+  rt = runtime.Runtime(small_config(**{"piplay.examiner_steps": 1, "piplay.teacher": "none"}),
+                       str(tmp_path))
+  m = scripted(rt, malformed_every=0)
+  teacher_before = leaves(rt.frozen["teacher"])
+  rt.begin_step(1)
+  metrics = m.step(1)
+  assert "student/train/distill_loss" not in metrics and "teacher/em" not in metrics
+  assert metrics["student/lambda"] == 0.0
+  chex.assert_trees_all_equal(teacher_before, leaves(rt.frozen["teacher"]))
+
+
+# --------------------------------------------------------------------- runs and resume
+
+def _run_scripted(config, workdir, monkeypatch, holder=None):
+  def make(rt):
+    method = scripted(rt)
+    if holder is not None:
+      holder["method"] = method
+    return method
+  monkeypatch.setattr(piplay, "make_method", make)
+  return runner.run(config, str(workdir))
+
+
+def _comparable(rec):
+  return {k: v for k, v in rec.items() if not k.startswith("time/") and "per_s" not in k}
+
+
+@pytest.mark.slow  # eight scripted steps; the default suite checks the checkpoint round trip
+def test_resume_in_both_phases_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+  """Stops after step 0 (inside the examiner phase) and step 2 (inside the student phase, after
+  the data set was built and the teacher moved); every step's metrics and the final teacher
+  equal the uninterrupted run's, bit for bit."""
+  def config(steps=None):
+    c = small_config(**{"piplay.iterations": 1})
+    if steps is not None:
+      c.total_steps = steps
+    return c
+  full, cut = {}, {}
+  _run_scripted(config(), tmp_path / "full", monkeypatch, full)
+  for steps in (1, 3, None):
+    _run_scripted(config(steps), tmp_path / "cut", monkeypatch, cut)
+  a = {r["step"]: r for r in metrics_lib.read_jsonl(tmp_path / "full" / "metrics.jsonl")}
+  b = {r["step"]: r for r in metrics_lib.read_jsonl(tmp_path / "cut" / "metrics.jsonl")}
+  assert sorted(a) == sorted(b) == [0, 1, 2, 3]
+  for step in range(4):
+    assert _comparable(a[step]) == _comparable(b[step]), step
+  bits = lambda ps: [x.view(np.uint8) for x in leaves(ps)]
+  chex.assert_trees_all_equal(bits(full["method"].rt.frozen["teacher"]),
+                              bits(cut["method"].rt.frozen["teacher"]))
+  assert full["method"].datasets == cut["method"].datasets
+  record = run_record.read(str(tmp_path / "cut"))  # the teacher is saved and can be evaluated
+  assert record.policies == ("examiner", "student", "teacher")
+  assert record.roles["teacher"] == "teacher"
+
+
+def test_checkpoint_restores_the_teacher_and_the_data_bit_identically(tmp_path):
+  rt = runtime.Runtime(small_config(**{"piplay.examiner_steps": 1}), str(tmp_path / "a"))
+  m = scripted(rt, malformed_every=0)
+  rt.begin_step(1)
+  m.step(1)  # builds the data set, trains the student, moves the teacher
+  ckpt = ckpt_lib.Checkpointer(tmp_path / "ckpt", async_save=False)
+  ckpt.save(1, rt.device_state(), m.host_state())
+  fresh_rt = runtime.Runtime(small_config(**{"piplay.examiner_steps": 1}), str(tmp_path / "b"))
+  fresh = piplay.PiPlay(fresh_rt)
+  step, state, host = ckpt.restore_latest(fresh_rt.device_state())
+  fresh_rt.load_device_state(state)
+  fresh.load_host_state(host)
+  bits = lambda ps: [x.view(np.uint8) for x in leaves(ps)]
+  assert step == 1 and fresh.datasets == m.datasets
+  chex.assert_trees_all_equal(bits(rt.frozen["teacher"]), bits(fresh_rt.frozen["teacher"]))
+  with pytest.raises(AssertionError):  # the restored teacher is not the base model
+    chex.assert_trees_all_equal(bits(fresh_rt.base_params), bits(fresh_rt.frozen["teacher"]))
+  # the teacher role plays the restored params
+  assert fresh.roles["teacher"].sampler is fresh_rt._frozen_samplers["teacher"]
+  chex.assert_trees_all_equal(bits(fresh_rt.frozen["teacher"]),
+                              bits(fresh.roles["teacher"].sampler.params))
+
+
+def test_demonstrations_cover_every_role_with_real_search_results(tmp_path):
+  rt = runtime.Runtime(small_config(), str(tmp_path))
+  method = piplay.PiPlay(rt)
+  demos = piplay_demos._Demos(method, np.random.default_rng(0)).build(4)
+  text = [rt.tokenizer.decode(list(d.tokens)) for d in demos]
+  assert sum("You are the examiner" in t for t in text) >= 6
+  assert sum("You are the teacher" in t for t in text) >= 4
+  assert sum("Answer the question." in t for t in text) >= 4
+  for d, t in zip(demos, text):
+    for s in d.spans:
+      if s.kind == "observation":
+        assert not d.loss_mask[s.start:s.end].any()
+        assert all(x in TITLES for x in _titles(s.text))
+    final = d.spans[-1].text
+    assert "</answer>" in final and d.loss_mask[-1] == 1
+    if "You are the examiner" in t:
+      assert R.parse_examiner(final).malformed is None
+
+
+def _titles(text):
+  import re
+  return re.findall(r"Doc \d+\(Title: (.*?)\)", text)
+
+
+# ------------------------------------------------------------------------------- the CLI demo
+
+def _cli(workdir, *extra, wait=True):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  cmd = [sys.executable, "-m", "scope_jax.main", "--config=configs/piplay.py",
+         f"--workdir={workdir}", *extra]
+  if wait:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1500)
+  return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                          env=env)
+
+
+QUICK_WARMUP = ("--config.warmup.steps=20", "--config.warmup.documents=8")
+
+
+def test_cli_demo_runs_every_phase(tmp_path):
+  """The demo's pipeline with a short warm-up (the default command is the slow test below):
+  both iterations of examiner and student steps, checkpoints with the teacher, metrics, samples,
+  TensorBoard."""
+  out = _cli(tmp_path / "run", *QUICK_WARMUP)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "Finished piplay (demo)" in out.stdout and "wall time per phase" in out.stdout
+  records = metrics_lib.read_jsonl(tmp_path / "run" / "metrics.jsonl")
+  assert [r["phase"] for r in records] == [0, 1, 0, 1]
+  assert "examiner/reward/mean" in records[0] and "data/size" in records[1]
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[-1] == "3"
+  assert (tmp_path / "run" / "samples.log").exists() and (tmp_path / "run" / "tb").exists()
+  assert run_record.read(str(tmp_path / "run")).policies == ("examiner", "student", "teacher")
+
+
+@pytest.mark.slow
+def test_cli_default_demo_trains_every_phase_on_its_own_output(tmp_path):
+  """The default command: the warmed model's own examiner writes questions the students answer,
+  the student trains with distillation from the teacher, and the teacher's EM is logged."""
+  out = _cli(tmp_path / "run")
+  assert out.returncode == 0, out.stderr[-3000:]
+  records = metrics_lib.read_jsonl(tmp_path / "run" / "metrics.jsonl")
+  examiner = [r for r in records if r["phase"] == 0]
+  assert np.mean([r["examiner/valid_rate"] for r in examiner]) >= 0.5
+  student = [r for r in records if r["phase"] == 1]
+  assert all(r["data/size"] > 0 and r["student/train/distill_loss"] > 0 for r in student)
+  assert all("teacher/em" in r for r in student)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_after, phase", [("0", "examiner"), ("1", "student")])
+def test_cli_sigkill_and_resume_in_each_phase(tmp_path, kill_after, phase):
+  proc = _cli(tmp_path / "cut", wait=False)
+  kill_once_exists(proc, tmp_path / "cut" / "checkpoints" / kill_after, timeout=1200)
+  resumed = _cli(tmp_path / "cut")
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert "Resuming from checkpoint step" in resumed.stderr
+  records = metrics_lib.read_jsonl(tmp_path / "cut" / "metrics.jsonl")
+  assert [r["step"] for r in records] == [0, 1, 2, 3]
+  assert records[int(kill_after)]["phase"] == piplay.PHASES.index(phase)

@@ -1,0 +1,122 @@
+"""π-Play's formulas (ALGORITHMS §5) against values computed by hand."""
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scope_jax.rewards import piplay as R
+from scope_jax.rl import advantages as adv_lib
+from scope_jax.rl.ema import ema_update
+
+DOC = "Ada Lovelace was an English mathematician known for work on the Analytical Engine."
+
+
+@pytest.mark.parametrize("k, expected", [(0, 0.0), (1, 1.0), (2, 0.75), (3, 0.5), (4, 0.25),
+                                         (5, 0.0)])
+def test_difficulty_reward_over_five_attempts(k, expected):
+  """r_d = 1[0 < k < 5]·(5 − k)/4 + r_f: 1, 3/4, 2/4, 1/4 for k = 1..4; 0 when none or all are
+  right (here with r_f = 0, then with r_f = 0.4 added on top)."""
+  assert R.difficulty_reward(k, 5, 0.0) == pytest.approx(expected)
+  assert R.difficulty_reward(k, 5, 0.4) == pytest.approx(expected + 0.4)
+
+
+def test_difficulty_reward_needs_two_attempts():
+  with pytest.raises(ValueError, match="at least 2"):
+    R.difficulty_reward(0, 1, 0.0)
+
+
+def _format(final, turns, hops, calls, sources=(DOC,)):
+  return R.format_reward(R.parse_examiner(final), turns, list(sources), calls, hops)
+
+
+def test_format_reward_well_formed_transcript():
+  """Two turns, both with <think>; 2 hops and 1 valid call: tool = min(2/2, 1) = 1; the answer
+  'English mathematician' (2 words) is in the document: ans = 1.
+  r_f = 0.5·(1 + 1 + 1 + 1)/4 = 0.5."""
+  turns = ["<think>search</think><search>Ada</search>",
+           "<think>ask</think><question>What was Ada Lovelace?</question>"
+           "<answer>English mathematician</answer>"]
+  parts = _format(turns[-1], turns, hops=2, calls=1)
+  assert parts == {"think": 1.0, "tool": 1.0, "ans": 1.0, "format": 0.5}
+
+
+def test_format_reward_missing_think_and_too_few_calls():
+  """One turn of two with <think> (think = 1/2); 3 hops, no call: tool = min(1/3, 1); the
+  answer is found in a tool result, not the document. r_f = 0.5·(1 + 1/2 + 1/3 + 1)/4."""
+  turns = ["<search>Ada</search>",
+           "<think>ask</think><question>Who designed the engine?</question>"
+           "<answer>Charles Babbage</answer>"]
+  parts = _format(turns[-1], turns, hops=3, calls=0,
+                  sources=(DOC, "Doc 1(Title: Engine) Charles Babbage designed it."))
+  assert parts["think"] == 0.5 and parts["tool"] == pytest.approx(1 / 3) and parts["ans"] == 1.0
+  assert parts["format"] == pytest.approx(0.5 * (1 + 0.5 + 1 / 3 + 1) / 4)
+
+
+def test_format_reward_long_answers_and_answers_not_in_the_sources():
+  """7 words present: ans = 0.5; 11 words present: 0; absent from every source: 0. One hop with
+  no call: tool = 1. No think at all."""
+  seven = "English mathematician known for work on the"
+  long_doc = DOC + " " + "one two three four five six seven eight nine ten eleven"
+  for answer, ans in ((seven, 0.5), ("one two three four five six seven eight nine ten eleven", 0.0),
+                      ("Grace Hopper", 0.0)):
+    final = f"<question>Who was she?</question><answer>{answer}</answer>"
+    parts = _format(final, [final], hops=1, calls=0, sources=(long_doc,))
+    assert parts["tool"] == 1.0 and parts["think"] == 0.0 and parts["ans"] == ans
+    assert parts["format"] == pytest.approx(0.5 * (1 + 0 + 1 + ans) / 4)
+
+
+@pytest.mark.parametrize("final, reason", [
+    ("<answer>London</answer>", "no_question"),  # no <question>
+    ("<question>Where?</question><answer> </answer>", "no_answer"),  # an empty answer
+    ("<question>Where?</question>", "no_answer"),
+    ("<question>Is the capital London?</question><answer>London</answer>",
+     "answer_in_question"),  # the answer given away inside the question
+    ("<question>Is it the city?</question><answer>The</answer>", "no_answer"),  # only an article
+])
+def test_malformed_examiner_output_scores_zero(final, reason):
+  out = R.parse_examiner(final)
+  assert out.malformed == reason
+  parts = R.format_reward(out, ["<think>x</think>" + final], [DOC + " London"], 1, 2)
+  assert parts["format"] == 0.0 and parts["ans"] == 0.0
+
+
+def test_outcome_is_exact_match_after_normalisation():
+  assert R.outcome("The Analytical  Engine.", "analytical engine") == 1.0
+  assert R.outcome("Analytical Engine 2", "analytical engine") == 0.0
+  assert R.outcome(None, "x") == 0.0
+
+
+def test_hop_keyed_zscore_by_hand():
+  """Hop 1: rewards 1, 0 → mean ½, population std ½ → ±1. Hop 2: 0.5, 0.5, 0.8 → mean 0.6,
+  std √(0.01·2 + 0.04)/√3 = √0.02 → (−0.1, −0.1, 0.2)/√0.02. A hop with one row gets 0."""
+  rewards = [1.0, 0.5, 0.0, 0.5, 0.8, 0.3]
+  hops = [1, 2, 1, 2, 2, 3]
+  got = adv_lib.keyed_zscore(rewards, hops, delta=0.0)
+  s = np.sqrt(0.02)
+  chex.assert_trees_all_close(got, np.asarray([1.0, -0.1 / s, -1.0, -0.1 / s, 0.2 / s, 0.0],
+                                              np.float32), atol=1e-5, rtol=0)
+
+
+def test_ema_after_three_steps_by_hand():
+  """ψ ← 0.95ψ + 0.05θ three times, with θ = 2, 4, 6 after each student step and ψ₀ = 0:
+  0.1, then 0.295, then 0.58025."""
+  teacher = {"w": jnp.zeros((2,), jnp.float32)}
+  for theta in (2.0, 4.0, 6.0):
+    teacher = ema_update(teacher, {"w": jnp.full((2,), theta)}, 0.05)
+  chex.assert_trees_all_close(teacher, {"w": jnp.full((2,), 0.58025)}, atol=1e-6, rtol=0)
+
+
+def test_privileged_information_variants():
+  pieces = ["n = 2. Document: D\n", "<think>a</think><search>q</search>", "<information>r</information>",
+            "<think>b</think><question>Q?</question><answer>A</answer>"]
+  assert R.privileged_text("qcp", pieces, "A", 2) == "".join(pieces)
+  assert R.privileged_text("gt", pieces, "A", 2) == "<answer> A </answer>"
+  assert R.privileged_text("gt_hops", pieces, "A", 2) == \
+      "The question takes n = 2 hops.\n<answer> A </answer>"
+  half = R.privileged_text("partial_qcp", pieces, "A", 2, np.random.default_rng(0))
+  assert half.startswith(pieces[0])  # the task line is always kept
+  kept = [p for p in pieces[1:] if p in half]
+  assert len(kept) == 2 and half == pieces[0] + "".join(kept)  # a half, in order
+  with pytest.raises(ValueError, match="choose one of"):
+    R.privileged_text("everything", pieces, "A", 2)
