@@ -72,6 +72,10 @@ class Session:
     self.policy = run_record.policy_for(self.record, opts.role) if self.record else None
     self.specs = bench_lib.parse_specs(opts.benchmarks)
     self.benches = [bench_lib.load(s, limit=opts.limit) for s in self.specs]
+    if opts.model:
+      models.check_spec(opts.model, record=self.record, tokenizer=opts.tokenizer)
+    if opts.judge and any(b.type == "judge" for b in self.benches):
+      models.check_spec(opts.judge, record=self.record)
     cfg = self.record.config if self.record is not None else None
     shape = opts.mesh_shape or (tuple(cfg.mesh.shape) if cfg is not None else (1, -1, 1))
     self.mesh = shd.make_mesh(shape)
@@ -149,25 +153,28 @@ class Session:
             "policy": None if label == "base" else self.policy}
 
   def done(self, label: str) -> bool:
-    """True when every benchmark has results for `label` from this same evaluation; results of
-    another model or other settings are an error (--overwrite replaces them)."""
+    """True when every benchmark has results for `label` from this same evaluation (model,
+    settings and number of examples); results of another evaluation, on any benchmark, are an
+    error (--overwrite replaces them)."""
     if label in self._finished:
       return True
     if self.opts.overwrite:
       return False
-    want = self.identity(label)
+    complete = True
     for bench in self.benches:
       path = self.result_dir(bench, label) / "results.json"
       if not path.exists():
-        return False
+        complete = False  # the others are still checked: a benchmark with results is skipped
+        continue
+      want = json.loads(json.dumps({**self.identity(label), "num_examples": len(bench.examples)}))
       have = json.loads(path.read_text())
-      have = {k: have.get(k) for k in want}
-      if have != json.loads(json.dumps(want)):
-        diff = [k for k in want if have[k] != json.loads(json.dumps(want[k]))]
+      diff = [k for k in want if have.get(k) != want[k]]
+      if diff:
         raise ValueError(f"{path} holds results of another evaluation (its {', '.join(diff)} "
                          "differ from this one); pass --overwrite to replace them, or --out.")
-    self._finished.add(label)
-    return True
+    if complete:
+      self._finished.add(label)
+    return complete
 
   # ------------------------------------------------------------------------------- running
   def evaluate_model(self, model) -> None:
@@ -325,9 +332,8 @@ def format_table(rows: list[dict], session: Session) -> str:
   cols = []
   for bench in session.benches:
     primary = scoring.PRIMARY[bench.type]
-    ks = scoring.ks(session.settings.num_samples)
-    cols += [(bench.name, f"mean@n/{primary}"), (bench.name, f"pass@{ks[-1]}"),
-             (bench.name, f"maj@{ks[-1]}")]
+    k = max(session.settings.ks or scoring.ks(session.settings.num_samples))
+    cols += [(bench.name, f"mean@n/{primary}"), (bench.name, f"pass@{k}"), (bench.name, f"maj@{k}")]
   head = ["model"] + [f"{b} {m}" for b, m in cols]
   lines = [head] + [[r["model"]] + [f"{r[b][m]:.3f}" if m in r.get(b, {}) else "-"
                                     for b, m in cols] for r in rows]

@@ -66,12 +66,24 @@ def _hf_tokenizer(directory: str, override: str | None):
   return tok_lib.load_tokenizer(local)
 
 
+def check_spec(spec: str, *, record=None, tokenizer: str | None = None) -> None:
+  """The mistakes in `spec` that need no weights read: an unknown form, 'initial' without a run,
+  'preset:' without a tokenizer, a hf: directory without config.json."""
+  if spec == "initial" and record is None:
+    raise ValueError("--model=initial names a run's starting model; it needs --run.")
+  if spec.startswith("preset:") and not tokenizer:
+    raise ValueError(f"--model={spec} has random weights and no tokenizer; pass --tokenizer.")
+  if spec.startswith("hf:"):
+    hf_io.read_hf_config(spec[len("hf:"):])  # names the directory when it has no config.json
+  elif spec not in ("initial", "demo") and not spec.startswith(("gguf:", "preset:")):
+    raise ValueError(f"Unknown model spec {spec!r}; use {SPEC_HELP}.")
+
+
 def load_spec(spec: str, mesh, rules: shd.Rules, dtype, *, record=None,
               tokenizer: str | None = None, label: str = "base") -> Model:
   """The base model named by `spec` (see the module docstring), on `mesh` under `rules`."""
+  check_spec(spec, record=record, tokenizer=tokenizer)
   if spec == "initial":
-    if record is None:
-      raise ValueError("--model=initial names a run's starting model; it needs --run.")
     return _initial(record, mesh, rules, dtype, tokenizer, label)
   if spec == "demo":
     config, params = hf_io.load_hf(warmup.BUNDLED, mesh=mesh, dtype=dtype, rules=rules)
@@ -81,13 +93,11 @@ def load_spec(spec: str, mesh, rules: shd.Rules, dtype, *, record=None,
     config, params = hf_io.load_hf(path, mesh=mesh, dtype=dtype, rules=rules)
     return Model(label, None, config, params, _hf_tokenizer(path, tokenizer))
   if spec.startswith(("gguf:", "preset:")):
-    if spec.startswith("preset:") and not tokenizer:
-      raise ValueError(f"--model={spec} has random weights and no tokenizer; pass --tokenizer.")
     source = _model_section(spec, param_dtype=jnp.dtype(dtype).name)
     config, params = runtime.load_model(source, mesh, 0, rules)
     tok = tok_lib.load_tokenizer(tokenizer or ("gguf:" + spec[len("gguf:"):]))
     return Model(label, None, config, params, tok)
-  raise ValueError(f"Unknown model spec {spec!r}; use {SPEC_HELP}.")
+  raise AssertionError(spec)  # check_spec rejects every other form
 
 
 def _model_section(source: str, param_dtype: str):

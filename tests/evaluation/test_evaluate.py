@@ -1,6 +1,7 @@
 """The evaluator end to end: metrics through the real scorers (hand-computed pass@k and maj@k),
 the judge, greedy predictions equal to transformers' `generate`, and the CLI's errors."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -167,3 +168,53 @@ def test_export_cli_writes_a_loadable_checkpoint_and_names_mistakes(tmp_path):
   assert out.returncode == 2 and "--run needs --role" in out.stderr
   out = run("--model=demo")
   assert out.returncode == 2 and "--out is required" in out.stderr
+
+
+def _tiny_set(path, n=3):
+  path.write_text("".join(json.dumps({"question": f"Question {i}?", "gold": "a"}) + "\n"
+                          for i in range(n)))
+  return path
+
+
+def test_results_of_fewer_examples_or_other_settings_are_never_reused(tmp_path):
+  """A finished base model (or step) is recognised by its model, settings and number of
+  examples, on every benchmark: a --limit smoke test never stands in for the full set, and a
+  benchmark whose results came from other settings is an error even after a missing one."""
+  first, second = _tiny_set(tmp_path / "first.jsonl"), _tiny_set(tmp_path / "second.jsonl")
+  settings = eval_lib.Settings(max_new_tokens=4, batch_size=4)
+  opts = driver.Options(benchmarks=f"file:{first}:qa", model="demo", out=str(tmp_path / "out"),
+                        limit=2, progress=False, settings=settings)
+  driver.run(opts)
+  with pytest.raises(ValueError, match="another evaluation \\(its num_examples differ"):
+    driver.run(dataclasses.replace(opts, limit=None))
+  other = dataclasses.replace(opts, benchmarks=f"file:{second}:qa,file:{first}:qa",
+                              settings=dataclasses.replace(settings, max_new_tokens=5))
+  with pytest.raises(ValueError, match=f"{tmp_path}/out/first/base/results.json holds results "
+                                       "of another evaluation \\(its settings differ"):
+    driver.run(other)
+  assert not (tmp_path / "out" / "second").exists()  # checked before anything is evaluated
+
+
+def test_the_table_shows_the_largest_chosen_k(tmp_path):
+  bench = _tiny_set(tmp_path / "tiny.jsonl")
+  opts = driver.Options(benchmarks=f"file:{bench}:qa", model="demo", progress=False,
+                        settings=eval_lib.Settings(num_samples=4, temperature=1.0, ks=(1, 3)))
+  session = driver.Session(opts)
+  rows = [{"model": "base", "tiny": {"mean@n/em": 0.5, "pass@1": 0.5, "maj@1": 0.25,
+                                      "pass@3": 0.75, "maj@3": 0.5}}]
+  head, line = driver.format_table(rows, session).splitlines()
+  assert head.split("  ")[1:] == ["tiny mean@n/em", "tiny pass@3", "tiny maj@3"]
+  assert line.split() == ["base", "0.500", "0.750", "0.500"]
+
+
+def test_model_and_judge_specs_are_checked_before_any_model_loads(tmp_path):
+  bench = _tiny_set(tmp_path / "tiny.jsonl")
+  session = lambda **kw: driver.Session(driver.Options(benchmarks=f"file:{bench}:judge", **kw))
+  with pytest.raises(ValueError, match="Unknown model spec 'bogus'"):
+    session(model="bogus")
+  with pytest.raises(FileNotFoundError, match=f"No config.json in {tmp_path}/nothing"):
+    session(model=f"hf:{tmp_path}/nothing")
+  with pytest.raises(FileNotFoundError, match=f"No config.json in {tmp_path}/judge"):
+    session(model="demo", judge=f"hf:{tmp_path}/judge")
+  with pytest.raises(ValueError, match="no tokenizer; pass --tokenizer"):
+    session(model="preset:qwen2.5-0.5b")
