@@ -121,13 +121,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     a.phases = ml_collections.ConfigDict(dict(
         pg=phase_limits(1, 4), grm=phase_limits(2, 3), pm=phase_limits(2, 3)))
     a.roles = ml_collections.ConfigDict(dict(
-        pg=base.role(64, temperature=0.7, top_p=1.0, max_turns=1, max_obs_tokens=64),
-        pm=base.role(48, temperature=0.7, top_p=1.0, max_turns=1, max_obs_tokens=64),
-        grm=base.role(32, temperature=0.7, top_p=1.0, max_turns=1, max_obs_tokens=64)))
+        pg=base.role(64, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64),
+        pm=base.role(48, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64),
+        grm=base.role(32, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64)))
     base.demo_warmup(c)
     c.optim.lr = 1e-4
     c.loss.kl_beta = 0.0  # the demo skips the reference forward
-    c.loss.temperature = 0.7  # the roles' sampling temperature
+    c.loss.temperature = 1.0  # the roles' sampling temperature
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048
     c.rollout.max_prompt_tokens = 1536
