@@ -308,7 +308,7 @@ class Asl(Method):
         {"phase": "grm", "question": items[t.prompt_index]["question"],
          "answer judged": items[t.prompt_index]["response"],
          "stored score": items[t.prompt_index]["score"],
-         "GRM output": final_text(t)[-MAX_SAMPLE_CHARS:], "GRM score": str(p)}
+         "GRM output": t.response_text()[-MAX_SAMPLE_CHARS:], "GRM score": str(p)}
         for t, p in list(zip(trajs, preds))[:2]])
     return {**m, **train}
 
