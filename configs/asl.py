@@ -46,7 +46,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.retrieval.encoder = "minilm"  # query encoder: asset name or checkpoint dir (E5 in the paper)
   c.retrieval.url = ""  # use a running Search-R1 retrieval server instead of an in-process index
   c.retrieval.topk = 3  # documents per search (3 in the paper)
-  c.retrieval.max_documents = 0  # unused by ASL's roles (they only search)
+  c.retrieval.max_documents = 0  # demonstrations draw extra topics from the first N passages (0 = all)
 
   a = c.asl = ml_collections.ConfigDict()
   a.topics = ""  # iteration-0 topics: '' = the shipped list, 'corpus' = the demo corpus's categories, or a file

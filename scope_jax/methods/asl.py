@@ -163,9 +163,9 @@ class Asl(Method):
     cfg, limits = self.cfg, self.cfg.phases[self.phase]
     if self.phase == "pg":
       n = len(self.rewards)
-      if n >= limits.max_steps:
-        return True, "max_steps"
-      return (len(self.d_pm) >= self.pm_target() and n >= limits.min_steps), "target"
+      if len(self.d_pm) >= self.pm_target() and n >= limits.min_steps:
+        return True, "target"
+      return n >= limits.max_steps, "max_steps"
     return R.phase_done(self.rewards, window=cfg.slope_window, threshold=cfg.slope_threshold,
                         min_steps=limits.min_steps, max_steps=limits.max_steps,
                         ema=cfg.slope_ema)
