@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from scope_jax.rewards import asl as A
 from scope_jax.rewards import match
 from scope_jax.rewards import scope as S
 from scope_jax.rewards import spell as R
@@ -23,7 +24,8 @@ PIECES = ["<think>", "</think>", "<search>", "</search>", "<tool_call>", "</tool
           "The correct answer is ", "Therefore, the answer is", "the answer is:", "(A)", "(B)",
           " C ", "D.", "1. [critical] ", "- (bonus) ", "important: ", "\\boxed{", "NaN",
           "Infinity", "true", "1e308", "9" * 400, "-", "\n", "\r\n", "\x85", "\t", " " * 64, "é",
-          "\ud800", "😀", "\x00", "<|im_end|>", "\\boxed", "\\fbox{", "\\boxed ", "{\\frac{1}{2}}"]
+          "\ud800", "😀", "\x00", "<|im_end|>", "\\boxed", "\\fbox{", "\\boxed ", "{\\frac{1}{2}}",
+          "conclusion: ", "conclusion:", "correct", "wrong", "correct/wrong", "**"]
 
 
 def _random_text(rng: np.random.Generator) -> str:
@@ -41,7 +43,9 @@ def _adversarial() -> list[str]:
       "<score>" * 8000, "[[YES" * 8000, "(" * CAP, "A" * CAP, "x" * (1 << 20),
       '{"question": "' + "q" * CAP + '", "answer": "a"}', "<answer>" + "a" * CAP,
       "<task><question>" * 3000 + "</question></task>", "\ud800" * 1000,
-      "\\boxed{" * (CAP // 7), "\\boxed{" + "{" * CAP, "\\boxed " + " " * CAP]
+      "\\boxed{" * (CAP // 7), "\\boxed{" + "{" * CAP, "\\boxed " + " " * CAP,
+      "<answer>conclusion" + " " * CAP + "correct</answer>", "<answer>" + "conclusion: " * 4000,
+      "<question>" + "x " * CAP + "</question><answer>" + "y " * CAP + "</answer>"]
 
 
 PARSERS = {
@@ -64,6 +68,8 @@ PARSERS = {
     "task": S.well_formed_task,
     "think": lambda t: S.think_share([t, t[:100]]),
     "datum_strip": strip_think,
+    "asl_task": A.parse_task,
+    "asl_verdict": A.parse_verdict,
 }
 
 

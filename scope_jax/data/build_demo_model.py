@@ -22,7 +22,7 @@ from absl import app, flags, logging
 from scope_jax.methods import runner, warmup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-_METHODS = flags.DEFINE_list("methods", ["spell", "scope", "opensir", "piplay"],
+_METHODS = flags.DEFINE_list("methods", ["spell", "scope", "opensir", "asl", "piplay"],
                                   "Methods whose demonstrations to fit.")
 
 

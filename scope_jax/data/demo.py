@@ -25,11 +25,18 @@ BUNDLED = pathlib.Path(__file__).parent / "bundled"
 CORPUS = BUNDLED / "wiki_leads_2k.jsonl"
 EMBEDDINGS = BUNDLED / "wiki_leads_2k.minilm.f16.npy"  # MiniLM passage vectors (float16)
 EMBEDDINGS_ENCODER = BUNDLED / "wiki_leads_2k.minilm.json"  # identity of the encoder that made them
+CATEGORIES = BUNDLED / "wiki_leads_2k.categories.json"  # passage id → its vital-article category
 NUM_PASSAGES = 2000
 
 
 def demo_passages() -> list[Passage]:
   return load_corpus(CORPUS)
+
+
+def demo_categories() -> list[str]:
+  """The bundled corpus's categories (Wikipedia vital-article topics), without 'Uncategorized'."""
+  cats = json.loads(CATEGORIES.read_text(encoding="utf-8"))
+  return sorted(set(cats.values()) - {"Uncategorized"})
 
 
 def build_demo_corpus(out=CORPUS, n: int = NUM_PASSAGES, seed: int = 0) -> list[Passage]:
@@ -50,6 +57,9 @@ def build_demo_corpus(out=CORPUS, n: int = NUM_PASSAGES, seed: int = 0) -> list[
   passages = [Passage(f"wiki-{i:05d}", data[t]["title"], data[t]["extract"].strip())
               for i, t in enumerate(picked)]
   write_corpus(passages, out)
+  categories = {p.id: data[t].get("topic", "Uncategorized") for p, t in zip(passages, picked)}
+  pathlib.Path(out).with_suffix(".categories.json").write_text(
+      json.dumps(categories, indent=0, sort_keys=True) + "\n", encoding="utf-8")
   return passages
 
 

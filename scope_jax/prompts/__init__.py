@@ -29,6 +29,11 @@ def load(method: str, name: str) -> str:
   return path.read_text(encoding="utf-8").strip()
 
 
+def placeholders(template: str) -> set[str]:
+  """The `{field}` names a template uses."""
+  return set(_PLACEHOLDER.findall(template))
+
+
 def render(template: str, **fields) -> str:
   names = set(_PLACEHOLDER.findall(template))
   missing = [k for k in fields if k not in names]

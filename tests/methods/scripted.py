@@ -199,3 +199,64 @@ class ScriptedPiPlaySampler(ScriptedSampler):
         answer = self.fifth_word(page) if rng.random() < 0.6 else "unknown"
       return f"<think>Answer.</think>\n<answer>{answer}</answer>"
     raise AssertionError(f"unknown role for prompt: {prompt[:200]!r}")
+
+
+class ScriptedAslSampler(ScriptedSampler):
+  """Plays ASL's three roles (compact or paper prompts, XML search; searches go to the real tool).
+
+  PG: searches its topic (or the previous answer), then asks which entity that search returns
+  first, answered with the first retrieved title. PM: makes the same search and answers with the
+  first title 3 times in 5, else 'nothing'. GRM: makes the same search and says correct iff the
+  student's answer is the first title, flipped 1 time in 10. `pg_mode` makes the PG malformed
+  ('no_question', 'empty_answer', 'answer_in_question'); `grm_garbage` makes every GRM output
+  unparseable.
+  """
+
+  logprob = -1.2
+
+  def __init__(self, tokenizer, pg_mode: str = "good", grm_garbage: bool = False,
+               grm_flip: float = 0.1):
+    super().__init__(tokenizer)
+    self.pg_mode, self.grm_garbage, self.grm_flip = pg_mode, grm_garbage, grm_flip
+
+  @staticmethod
+  def _query(question):
+    found = re.search(r"does the search for (.*?) return first\?", question)
+    return found.group(1) if found else question
+
+  def _answer(self, text, rng):
+    prompt, _, response = text.rpartition("<|im_start|>assistant\n")
+    first = re.findall(r"Doc 1\(Title: (.*?)\)", response)
+    if "Write a question about" in prompt or "Please generate a question about" in prompt \
+        or "Students answer" in prompt or "I asked a question to my students:" in prompt:
+      if not first:
+        topic = re.search(r"(?:Write a question about|Please generate a question about) (.*?)"
+                          r"(?: with one entity|\.\n)", prompt)
+        query = topic.group(1) if topic else re.search(
+            r"\(answer: (.*?)\)\.|The true answer to this question is:\n(.*)\n", prompt)
+        if not isinstance(query, str):
+          query = next(g for g in query.groups() if g)
+        return f"<search>{query}</search>"
+      query = re.findall(r"<search>(.*?)</search>", response)[-1]
+      question = f"Which entity does the search for {query} return first?"
+      if self.pg_mode == "no_question":
+        return f"<answer>{first[0]}</answer>"
+      if self.pg_mode == "empty_answer":
+        return f"<question>{question}</question>\n<answer> </answer>"
+      if self.pg_mode == "answer_in_question":
+        return f"<question>Is it {first[0]}?</question>\n<answer>{first[0]}</answer>"
+      return f"<question>{question}</question>\n<answer>{first[0]}</answer>"
+    prompt = prompt.replace("<|im_end|>", "")
+    question = re.search(r"Question: (.*)\n|to my student:\n(.*)\n", prompt)
+    question = next(g for g in question.groups() if g)
+    if not first:
+      return f"<search>{self._query(question)}</search>"
+    if "Verify the student's answer" in prompt or "verify the correctness" in prompt:
+      if self.grm_garbage:
+        return "<answer>I cannot decide.</answer>"
+      student = re.search(r"Student's answer: (.*)|My student's answer is:\n(.*)\n", prompt)
+      student = next(g for g in student.groups() if g)
+      right = (student.strip() == first[0]) != (rng.random() < self.grm_flip)
+      return "<answer>conclusion: " + ("correct" if right else "wrong") + "</answer>"
+    name = first[0] if rng.random() < 0.6 else "nothing"
+    return f"<answer>{name}</answer>"

@@ -1,0 +1,142 @@
+"""ASL: a Prompt Generator, a Policy Model and a Generative Reward Model co-evolve on one policy
+with the search tool (ALGORITHMS §4, ASL.txt §3).
+
+    python -m scope_jax.main --config=configs/asl.py --workdir=runs/asl             # CPU demo
+    python -m scope_jax.main --config=configs/asl.py:paper --workdir=gs://bucket/asl \
+        --config.model.source=hf:/ckpt/Qwen2.5-7B-Instruct --config.model.tokenizer=/ckpt/Qwen2.5-7B-Instruct \
+        --config.retrieval.encoder=/ckpt/e5-base-v2 --config.retrieval.index=gs://bucket/wiki18_e5 \
+        --config.retrieval.corpus=/data/wiki-18.jsonl
+
+Presets:
+  demo   (default) the small demo model, format-warmed on ASL's demonstrations, compact prompts,
+         the bundled corpus and its MiniLM index, topics from the corpus's categories, small
+         phase targets: every phase runs within the demo's steps.
+  paper  App. D for Qwen2.5-7B-Instruct: N = 128, K = 5, C = 0.8, M = 10, seed 37, |D_PM|
+         targets 2,000 (iteration 0) and 4,000, E5 over the 2018 Wikipedia dump (paths from you).
+
+Phases are open-ended: one runner step is one update of the current phase, and the method decides
+when a phase ends (PG: |D_PM| reaches its target; GRM and PM: the slope rule). `total_steps` only
+caps the run; a resumed run continues in the phase it was in.
+"""
+
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs import base  # noqa: E402  (config files are also loaded by path)
+
+PRESETS = ("demo", "paper")
+
+
+def phase_limits(min_steps: int, max_steps: int) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(min_steps=min_steps, max_steps=max_steps))
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  preset = base.parse_preset(arg, PRESETS)
+  c = base.base_config()
+  c.method = "asl"
+  c.preset = preset
+
+  c.retrieval = ml_collections.ConfigDict()
+  c.retrieval.corpus = "demo"  # documents: 'demo' (bundled) or the JSONL corpus the index holds
+  c.retrieval.index = ""  # prebuilt index dir (scope_jax.retrieval.build_index); '' = demo index
+  c.retrieval.encoder = "minilm"  # query encoder: asset name or checkpoint dir (E5 in the paper)
+  c.retrieval.url = ""  # use a running Search-R1 retrieval server instead of an in-process index
+  c.retrieval.topk = 3  # documents per search (3 in the paper)
+  c.retrieval.max_documents = 0  # demonstrations draw extra topics from the first N passages (0 = all)
+
+  a = c.asl = ml_collections.ConfigDict()
+  a.topics = ""  # iteration-0 topics: '' = the shipped list, 'corpus' = the demo corpus's categories, or a file
+  a.syntax = "qwen"  # search action: 'qwen' (<tool_call> to `retrieve`, the paper's) or 'xml' (<search>)
+  a.prompt_style = "paper"  # 'paper' (App. A prompts) or 'compact' (the same in a few lines)
+  a.pg_batch = 128  # N meta prompts per PG update
+  a.grm_batch = 128  # N (x, y, s) per GRM update
+  a.pm_batch = 128  # N questions per PM update
+  a.group_size = 5  # G rollouts per prompt in every phase (GRPO; Search-R1's n = 5)
+  a.validity_samples = 5  # K GRM judgments of each (x, a)
+  a.validity_threshold = 0.8  # C: keep (x, a) iff the mean judgment s̄ > C
+  a.pm_samples = 10  # M PM answers per valid question (the PG's reward)
+  a.pg_reward = "entropy"  # 'entropy' (binary entropy of {s_m}, the paper) or 'azr' (1 − p̄)
+  a.gate_reward = True  # a question failing the validity gate gets r_PG = 0 (else: its entropy)
+  a.grm_mode = "co_trained"  # 'co_trained' | 'no_grm_phase' (the paper's ablation) | 'frozen' (M0 judges)
+  a.pm_target_first = 2000  # the PG phase ends when |D_PM| reaches this in iteration 0 ...
+  a.pm_target = 4000  # ... and this in later iterations
+  a.stores = ml_collections.ConfigDict(dict(  # bounds of the stores (oldest entries dropped first)
+      pg=8000, pm=8000, grm=80000))
+  # Slope rule (GRM and PM phases): least-squares slope, in reward per step, of the last
+  # `slope_window` points of the phase's mean training reward after an exponential moving
+  # average y_t = ema·y_{t−1} + (1 − ema)·x_t; the phase ends when it is below the threshold
+  # (the paper's 0.05; its unit and smoothing are not given), never before min_steps or before
+  # the window is full, and always at max_steps.
+  a.slope_window = 10
+  a.slope_threshold = 0.05
+  a.slope_ema = 0.5
+  a.phases = ml_collections.ConfigDict(dict(
+      pg=phase_limits(1, 1000), grm=phase_limits(10, 200), pm=phase_limits(10, 200)))
+  a.verification_data = ""  # JSONL of real (question, response, score) for the GRM phase
+  a.verification_share = 0.0  # share of each GRM batch drawn from it (the paper's late-stage boost)
+  a.adv_std = "population"  # group z-score std: population | unbiased
+  a.adv_eps = 1e-6
+  a.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
+      pg=base.role(1024, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500),
+      pm=base.role(1024, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500),
+      grm=base.role(1024, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500)))
+
+  # Advantages: GRPO (group z-score over G) by default; the released code trains with PPO + GAE
+  # and a critic, which this implementation does not include. Optimiser and KL follow Search-R1,
+  # whose setting the paper adopts (§3.1): lr 1e-6, β = 1e-3 (k3), token-mean.
+  c.seed = 37
+  c.total_steps = 2000  # a cap: phases end on data size and reward slope, not on a step count
+  c.optim.lr = 1e-6
+  c.optim.warmup_steps = 0
+  c.optim.schedule = "constant"
+  c.optim.grad_clip = 1.0
+  c.loss.agg_mode = "token-mean"
+  c.loss.kl_beta = 1e-3
+  c.loss.kl_kind = "k3"
+  c.loss.temperature = 1.0
+  c.rollout.max_context = 8192
+  c.rollout.max_prompt_tokens = 2048
+
+  if preset == "demo":
+    c.seed = 0
+    c.total_steps = 12
+    a.topics = "corpus"
+    a.syntax = "xml"
+    a.prompt_style = "compact"
+    a.pg_batch = 4
+    a.grm_batch = 4
+    a.pm_batch = 4
+    a.group_size = 2
+    a.validity_samples = 3
+    a.pm_samples = 4
+    a.pm_target_first = 6
+    a.pm_target = 6
+    a.stores = ml_collections.ConfigDict(dict(pg=64, pm=64, grm=256))
+    a.slope_window = 2
+    a.slope_ema = 0.0
+    a.phases = ml_collections.ConfigDict(dict(
+        pg=phase_limits(1, 4), grm=phase_limits(2, 3), pm=phase_limits(2, 3)))
+    a.roles = ml_collections.ConfigDict(dict(
+        pg=base.role(64, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64),
+        pm=base.role(48, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64),
+        grm=base.role(32, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64)))
+    base.demo_warmup(c)
+    c.optim.lr = 1e-4
+    c.loss.kl_beta = 0.0  # the demo skips the reference forward
+    c.loss.temperature = 1.0  # the roles' sampling temperature
+    c.loss.micro_batch_rows = 8
+    c.rollout.max_context = 2048
+    c.rollout.max_prompt_tokens = 1536
+  elif preset == "paper":
+    c.model.source = "preset:qwen2.5-7b"  # replace with hf:<path> for the real weights
+    c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
+    c.model.dtype = "bfloat16"
+    c.model.remat = "full"
+    c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
+    c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
+    c.loss.micro_batch_rows = 4
+  return c

@@ -1,0 +1,189 @@
+"""ASL rewards and rules (ALGORITHMS §4, ASL.txt §3): parsing the Prompt Generator's (x, a) and
+the GRM's verdict, the validity gate, the PG reward (binary entropy, or AZR's 1 − p̄), the GRM's
+agreement reward, the PM's HARDER/EASIER flag, and the reward-curve slope that ends the GRM and
+PM phases. Model output is untrusted text: malformed output is reported (an error name or
+``None``), never raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Sequence
+
+import numpy as np
+
+from scope_jax.rewards.match import normalize
+from scope_jax.rollout.parsers import extract_tag
+
+MAX_TEXT = 20_000  # characters of model output looked at (the end: where the final tags are)
+MAX_QUESTION_CHARS = 2_000
+MAX_ANSWER_CHARS = 500
+HARDER, EASIER = "HARDER", "EASIER"
+PG_REWARDS = ("entropy", "azr")
+# "conclusion: correct/wrong" (Fig. 12); bounded: at most 40 characters between the two words.
+# A copied "correct/wrong" placeholder is no verdict.
+_VERDICT = re.compile(r"conclusion\s{0,4}[:：]?\s{0,40}\**\s{0,4}(correct|wrong|incorrect)\b(?!\s{0,4}/)",
+                      re.IGNORECASE)
+PG_ERRORS = ("no_question", "empty_question", "no_answer", "empty_answer", "answer_in_question",
+             "too_long")
+
+
+# ------------------------------------------------------------------------------- parsing
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A generated question x and its reference answer a (both stripped, non-empty)."""
+
+  question: str
+  answer: str
+
+
+def parse_task(text: str) -> tuple[Task | None, str | None]:
+  """(Task, None) from the PG's final turn `<question>x</question> <answer>a</answer>`, or
+  (None, error) with error in PG_ERRORS: no or empty <question>, no or empty <answer>, an answer
+  inside the question (an <answer> tag in it, or the answer's words leaked into it), too long."""
+  text = str(text)[-MAX_TEXT:]
+  question = extract_tag(text, "question")
+  if question is None:
+    return None, "no_question"
+  if not question:
+    return None, "empty_question"
+  if "<answer>" in question or "</answer>" in question:
+    return None, "answer_in_question"
+  answer = extract_tag(text[text.rfind("</question>"):], "answer")
+  if answer is None:
+    return None, "no_answer"
+  if not answer:
+    return None, "empty_answer"
+  if len(question) > MAX_QUESTION_CHARS or len(answer) > MAX_ANSWER_CHARS:
+    return None, "too_long"
+  if answer_leaked(question, answer):
+    return None, "answer_in_question"
+  return Task(question, answer), None
+
+
+def answer_leaked(question: str, answer: str) -> bool:
+  """True if the normalised answer occurs as whole words in the normalised question."""
+  a, q = normalize(answer), normalize(question)
+  return bool(a) and f" {a} " in f" {q} "
+
+
+def parse_verdict(text: str | None) -> int | None:
+  """The GRM's score from `<answer>conclusion: correct/wrong</answer>`: 1, 0, or None when
+  there is no <answer> or no conclusion in it (malformed)."""
+  if text is None:
+    return None
+  body = extract_tag(str(text)[-MAX_TEXT:], "answer")
+  if body is None:
+    return None
+  found = _VERDICT.search(body[:MAX_ANSWER_CHARS])
+  if found is None:
+    return None
+  return int(found.group(1).lower() == "correct")
+
+
+def score(verdict: int | None) -> int:
+  """A malformed verdict counts as 0 (no credit, and not stored as a reference score)."""
+  return 0 if verdict is None else int(verdict)
+
+
+# ------------------------------------------------------------------------------- rewards
+
+def mean_score(scores: Sequence[int | None]) -> float:
+  """s̄ over K (or M, or N) GRM scores, malformed ones counted as 0."""
+  return float(np.mean([score(s) for s in scores])) if len(scores) else 0.0
+
+
+def is_valid(scores: Sequence[int | None], threshold: float = 0.8) -> bool:
+  """Validity gate: keep (x, a) iff s̄ of the GRM's K judgments is strictly above C."""
+  return mean_score(scores) > threshold
+
+
+def binary_entropy(p: float) -> float:
+  """H(p) = −p ln p − (1 − p) ln(1 − p) in nats (0 at p ∈ {0, 1}, ln 2 at 1/2)."""
+  if p <= 0.0 or p >= 1.0:
+    return 0.0
+  return float(-p * math.log(p) - (1.0 - p) * math.log(1.0 - p))
+
+
+def azr_reward(p: float) -> float:
+  """Absolute Zero's proposer reward: 1 − p̄, but 0 when every answer is right or wrong."""
+  if p <= 0.0 or p >= 1.0:
+    return 0.0
+  return 1.0 - p
+
+
+def pg_reward(scores: Sequence[int | None] | None, kind: str = "entropy") -> float:
+  """r_PG from the GRM's scores s_m of the PM's M answers: the entropy of {s_m} (binary
+  entropy of their mean), or AZR's 1 − p̄. None (a malformed or invalid question) → 0."""
+  if kind not in PG_REWARDS:
+    raise ValueError(f"Unknown PG reward {kind!r}; choose one of: {', '.join(PG_REWARDS)}.")
+  if not scores:
+    return 0.0
+  p = mean_score(scores)
+  return binary_entropy(p) if kind == "entropy" else azr_reward(p)
+
+
+def grm_reward(predicted: int | None, reference: int) -> float:
+  """r_GRM = 1[ŝ = s]: agreement with the stored reference score (malformed ŝ → 0)."""
+  return float(predicted is not None and int(predicted) == int(reference))
+
+
+def difficulty_flag(s_bar: float) -> str:
+  """HARDER when the PM's mean score s̄ > 0.5 (too easy), else EASIER."""
+  return HARDER if s_bar > 0.5 else EASIER
+
+
+# ------------------------------------------------------------------------- phase termination
+
+def smooth(values: Sequence[float], ema: float) -> np.ndarray:
+  """Exponential moving average y_t = ema·y_{t−1} + (1 − ema)·x_t, y_0 = x_0 (ema 0: none)."""
+  x = np.asarray(values, np.float64)
+  if not 0.0 <= ema < 1.0:
+    raise ValueError(f"EMA factor {ema} must be in [0, 1).")
+  out = x.copy()
+  for t in range(1, len(x)):
+    out[t] = ema * out[t - 1] + (1.0 - ema) * x[t]
+  return out
+
+
+def slope(values: Sequence[float], window: int, ema: float = 0.0) -> float | None:
+  """Least-squares slope (reward per step) of the last `window` points of the smoothed curve;
+  None when the curve is shorter than the window."""
+  if window < 2:
+    raise ValueError(f"The slope window must be at least 2 points, got {window}.")
+  if len(values) < window:
+    return None
+  y = smooth(values, ema)[-window:]
+  x = np.arange(window, dtype=np.float64)
+  x -= x.mean()
+  return float((x * (y - y.mean())).sum() / (x * x).sum())
+
+
+def phase_done(values: Sequence[float], *, window: int, threshold: float, min_steps: int,
+               max_steps: int, ema: float = 0.0) -> tuple[bool, str]:
+  """(done, why) for a slope-terminated phase after len(values) steps: done at max_steps
+  ('max_steps'); never before min_steps or before the window is full; else done when the slope
+  is below the threshold ('slope')."""
+  n = len(values)
+  if n >= max_steps:
+    return True, "max_steps"
+  if n < min_steps:
+    return False, "min_steps"
+  s = slope(values, window, ema)
+  if s is None:
+    return False, "window"
+  return (True, "slope") if s < threshold else (False, "rising")
+
+
+# ------------------------------------------------------------------------------- stores
+
+def bounded_add(store: list, items: Sequence, limit: int) -> int:
+  """Appends `items` to `store`, then drops the oldest entries beyond `limit` (FIFO); returns
+  how many were dropped."""
+  store.extend(items)
+  over = max(len(store) - limit, 0)
+  del store[:over]
+  return over
