@@ -5,9 +5,9 @@ The paper starts from Qwen2.5-7B-Instruct, which already searches and writes `<q
 from these, built from the bundled corpus with real search results as observations:
   PG (topic): search the topic → a question about one retrieved document, answered by its title;
   PG (flagged previous task): search the previous answer → a new question about what it finds;
-  PM: search the question → the first retrieved title;
+  PM: search the question → the first retrieved title (the second one, a third of the time);
   GRM: search the question → "correct" when the student's answer is the first retrieved title,
-    else "wrong" (one right and one wrong answer per question).
+    else "wrong" (one right and one wrong answer per question: the second result or any title).
 Five demonstrations per `warmup.documents`.
 """
 
@@ -17,11 +17,11 @@ import json
 
 import numpy as np
 
-from scope_jax.retrieval.corpus import Passage, format_passages
+from scope_jax.methods.scope_demos import observation_ids
+from scope_jax.retrieval.corpus import Passage
 from scope_jax.rewards import asl as R
 from scope_jax.rewards.match import normalize
 from scope_jax.rl import sft
-from scope_jax.rollout.agent import RolloutConfig
 from scope_jax.rollout.types import Trajectory
 
 PHRASE_WORDS = 8
@@ -55,9 +55,6 @@ class _Demos:
     self.m, self.rt, self.cfg, self.rng = method, method.rt, method.cfg, rng
     self.tok = self.rt.tokenizer
     self.eos = self.tok.decode([self.rt.eos_ids[0]], skip_special_tokens=False)
-    prefix, suffix = RolloutConfig(syntax=self.cfg.syntax).observation_wrappers()
-    self.prefix = self.tok.encode(prefix, add_special_tokens=False)
-    self.suffix = self.tok.encode(suffix, add_special_tokens=False)
     self.max_obs = self.cfg.roles.pm.get("max_obs_tokens", 500)
 
   def search(self, queries: list[str]) -> list[tuple[list[Passage], list[int]]]:
@@ -65,8 +62,7 @@ class _Demos:
     out = []
     for hits in self.m.tool.retrieve(queries):
       docs = [p for p, _ in hits]
-      body = self.tok.encode(format_passages(docs), add_special_tokens=False)[:self.max_obs]
-      out.append((docs, self.prefix + body + self.suffix))
+      out.append((docs, observation_ids(self.tok, docs, self.cfg.syntax, self.max_obs)))
     return out
 
   def demo(self, role: str, prompt, query: str, obs: list[int], final: str) -> Trajectory:
@@ -94,8 +90,14 @@ class _Demos:
       out.append(self.demo("pg", P.pg({"topic": topic}, 0), topic, obs,
                            f"<question>{question}</question>\n<answer>{doc.title}</answer>"))
       first = q_hits[0].title
-      out.append(self.demo("pm", P.pm(question), question, q_obs, f"<answer>{first}</answer>"))
-      other = passages[int(self.rng.integers(len(passages)))].title
+      # A third of the PM's answers name the second result: the warmed PM then answers some
+      # questions wrongly, so the PM's answers to one question disagree and the PG's entropy
+      # reward (and the GRM's verdicts) carry signal from the first iteration on.
+      second = q_hits[1].title if len(q_hits) > 1 else first
+      said = second if self.rng.random() < 1 / 3 else first
+      out.append(self.demo("pm", P.pm(question), question, q_obs, f"<answer>{said}</answer>"))
+      other = (second if second != first and self.rng.random() < 0.5 else
+               passages[int(self.rng.integers(len(passages)))].title)
       for completion in dict.fromkeys((first, other)):
         verdict = "correct" if completion == first else "wrong"
         out.append(self.demo("grm", P.grm(question, completion), question, q_obs,

@@ -3,13 +3,15 @@
 The paper starts from Qwen3 models that already think, call the search tool and write
 <question>/<answer>. The CPU demo's small model learns the formats on copy questions read from
 the bundled corpus ("In <title>, what comes after '<three words>'?", answered by the next two
-words): a one-hop examiner asks about its own document, a two-hop examiner searches first and
-asks about what came back, and the student (and the teacher, whose prompt also holds the
+words): a one-hop examiner asks about its own document, a two-hop examiner searches its title
+first and asks about the top result, and the student (and the teacher, whose prompt also holds the
 examiner's construction path) searches the title and copies the answer from the results.
 Observations are real results from the bundled index, as in a rollout.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -21,6 +23,7 @@ from scope_jax.rl import sft
 from scope_jax.rollout.types import Trajectory
 
 PHRASE_START = 8  # the question's three words start within the first words of a text
+_PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-]*$")
 ANSWER_WORDS = 2
 
 
@@ -28,21 +31,21 @@ def short(title: str, words: int = 4) -> str:
   return " ".join(title.split()[:words])
 
 
-def copy_question(passage: Passage, rng: np.random.Generator) -> tuple[str, str] | None:
-  """("In <title>, what comes after '<w1 w2 w3>'?", "<w4 w5>") from the start of the text, at a
-  place where the answer has a content word (not "of a")."""
-  words = passage.text.split()
-  if len(words) < PHRASE_START + 3 + ANSWER_WORDS:
-    return None
-  for i in rng.permutation(PHRASE_START):
-    phrase = " ".join(words[i:i + 3])
-    answer = " ".join(words[i + 3:i + 3 + ANSWER_WORDS]).strip(".,;:()\"'")
-    question = f"In {short(passage.title)}, what comes after \"{phrase}\"?"
-    if max((len(w) for w in match.normalize(answer).split()), default=0) < 4:
+def copy_question(passage: Passage) -> tuple[str, str] | None:
+  """("In <title>, what comes after '<w1 w2 w3>'?", "<w4 w5>"): the first three plain words of
+  the text followed by two whose answer has a content word (a small model copies from a fixed
+  place far more easily than from a random one)."""
+  words = [w.strip(".,;:()\"'") for w in passage.text.split()][:PHRASE_START + 3 + ANSWER_WORDS]
+  for i in range(len(words) - 3 - ANSWER_WORDS + 1):
+    phrase, answer = words[i:i + 3], words[i + 3:i + 3 + ANSWER_WORDS]
+    if not all(_PLAIN.match(w) for w in phrase + answer):
       continue
-    qa = R.parse_examiner(f"<question>{question}</question><answer>{answer}</answer>")
+    if max(len(w) for w in match.normalize(" ".join(answer)).split() or [""]) < 4:
+      continue
+    question = f"In {short(passage.title)}, what comes after \"{' '.join(phrase)}\"?"
+    qa = R.parse_examiner(f"<question>{question}</question><answer>{' '.join(answer)}</answer>")
     if qa.malformed is None:
-      return question, answer
+      return question, " ".join(answer)
   return None
 
 
@@ -60,19 +63,19 @@ class _Demos:
   def act(self, why: str, text: str) -> tuple[str, str]:
     return ("generated", f"<think>{why}</think>\n{text}")
 
-  def examiner(self, doc: Passage, hops: int, via: Passage | None):
+  def examiner(self, doc: Passage, hops: int):
     """(demonstration, qa, QCP pieces, target passage) for a 1-hop question about `doc`, or a
-    2-hop one that searches `via`'s title first and asks about the top result."""
+    2-hop one that searches the document's title first and asks about the top result."""
     pieces, target = [], doc
     if hops == 2:
-      hits, obs = self.search(short(via.title))
+      hits, obs = self.search(short(doc.title))
       if not hits:
         return None
-      pieces += [self.act("Search for a linked page.", search_action(short(via.title),
+      pieces += [self.act("Search for a linked page.", search_action(short(doc.title),
                                                                      self.cfg.syntax)),
                  ("observation", obs)]
       target = hits[0]
-    qa = copy_question(target, self.rng)
+    qa = copy_question(target)
     if qa is None:
       return None
     pieces.append(self.act("Ask about it.", f"<question>{qa[0]}</question>\n<answer>{qa[1]}"
@@ -94,12 +97,12 @@ class _Demos:
 
   def build(self, num_docs: int) -> list[Trajectory]:
     passages = self.m.passages
-    picks = self.rng.choice(len(passages), min(2 * num_docs, len(passages)), replace=False)
+    picks = self.rng.choice(len(passages), min(num_docs, len(passages)), replace=False)
     out = []
-    for i in range(min(num_docs, len(picks) // 2)):
-      doc, via = passages[picks[i]], passages[picks[num_docs + i]]
+    for i in picks:
+      doc = passages[i]
       for hops in (1, 2):
-        made = self.examiner(doc, hops, via)
+        made = self.examiner(doc, hops)
         if made is None:
           continue
         demo, (question, answer), qcp, target = made
