@@ -40,13 +40,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.method = "asl"
   c.preset = preset
 
-  c.retrieval = ml_collections.ConfigDict()
-  c.retrieval.corpus = "demo"  # documents: 'demo' (bundled) or the JSONL corpus the index holds
-  c.retrieval.index = ""  # prebuilt index dir (scope_jax.retrieval.build_index); '' = demo index
-  c.retrieval.encoder = "minilm"  # query encoder: asset name or checkpoint dir (E5 in the paper)
-  c.retrieval.url = ""  # use a running Search-R1 retrieval server instead of an in-process index
-  c.retrieval.topk = 3  # documents per search (3 in the paper)
-  c.retrieval.max_documents = 0  # demonstrations draw extra topics from the first N passages (0 = all)
+  c.retrieval = base.retrieval()
 
   a = c.asl = ml_collections.ConfigDict()
   a.topics = ""  # iteration-0 topics: '' = the shipped list, 'corpus' = the demo corpus's categories, or a file

@@ -74,6 +74,19 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def retrieval() -> ml_collections.ConfigDict:
+  """The search tool of the methods that search (SCOPE, ASL, π-Play): the bundled demo index by
+  default; a prebuilt index directory or a running Search-R1 server for real corpora."""
+  r = ml_collections.ConfigDict()
+  r.corpus = "demo"  # source documents: 'demo' (bundled) or the JSONL corpus the index holds
+  r.index = ""  # prebuilt index dir (scope_jax.retrieval.build_index); '' = demo index
+  r.encoder = "minilm"  # query encoder: asset name or checkpoint dir (E5-base-v2 in the papers)
+  r.url = ""  # use a running Search-R1 retrieval server instead of an in-process index
+  r.topk = 3  # documents per query
+  r.max_documents = 0  # sample source documents (topics) from the first N passages (0 = all)
+  return r
+
+
 def role(max_new_tokens: int, temperature: float = 0.7, top_p: float = 0.95, top_k: int = 0,
          max_prompt_tokens: int = 0, **extra) -> ml_collections.ConfigDict:
   """Sampling settings and prompt limit of one role (max_prompt_tokens 0 = the run's

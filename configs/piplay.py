@@ -36,13 +36,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.method = "piplay"
   c.preset = preset
 
-  c.retrieval = ml_collections.ConfigDict()
-  c.retrieval.corpus = "demo"  # source documents: 'demo' (bundled) or a JSONL corpus path
-  c.retrieval.index = ""  # prebuilt index dir (scope_jax.retrieval.build_index); '' = demo index
-  c.retrieval.encoder = "minilm"  # query encoder: asset name or checkpoint dir (E5-base-v2 in the paper)
-  c.retrieval.url = ""  # use a running Search-R1 retrieval server instead of an in-process index
-  c.retrieval.topk = 3  # documents per query
-  c.retrieval.max_documents = 0  # sample source documents from the first N passages (0 = all)
+  c.retrieval = base.retrieval()
 
   s = c.piplay = ml_collections.ConfigDict()
   s.iterations = 3  # self-play iterations: examiner steps, data generation, student steps

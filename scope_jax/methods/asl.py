@@ -283,7 +283,7 @@ class Asl(Method):
     return items
 
   def grm_step(self, step: int) -> dict[str, float]:
-    cfg, g = self.cfg, self.cfg.group_size
+    g = self.cfg.group_size
     items = self.grm_items()
     role = self.roles["grm"]
     trajs = role.generate([role.prompt(self.prompts.grm(x["question"], x["response"]))

@@ -23,7 +23,6 @@ import dataclasses
 import time
 from typing import Sequence
 
-import jax
 import numpy as np
 from absl import logging
 

@@ -2,6 +2,7 @@
 layout of role samplers, the generic demo warm-up, and the package's import layering."""
 
 import ast
+import importlib
 import json
 import pathlib
 import subprocess
@@ -160,14 +161,15 @@ def test_generic_warm_up_fits_caches_and_reloads(tmp_path, monkeypatch):
     chex.assert_trees_all_equal(warmed, jax.tree.map(np.asarray, rt2.base_params))
 
 
-def test_the_bundled_demo_model_matches_the_spell_demo(tmp_path):
-  """The shipped weights were fitted on the SPELL demo's current demonstrations with its
-  current settings (else the README's first command would warm up for minutes)."""
+@pytest.mark.parametrize("method", runner.METHODS)
+def test_the_bundled_demo_model_matches_every_demo(tmp_path, method):
+  """The shipped weights were fitted on each demo's current demonstrations with its current
+  settings (else the README's commands would warm up for minutes first)."""
   meta = json.loads((warmup.BUNDLED / "warmup.json").read_text())
-  c = spell_config.get_config("demo")
-  rt, method = runner.build(c, str(tmp_path), warm_start=False)
+  c = importlib.import_module(f"configs.{method}").get_config("demo")
+  rt, m = runner.build(c, str(tmp_path), warm_start=False)
   assert meta["settings"] == warmup.settings_key(c, rt.model_config)
-  assert meta["demos"]["spell"] == warmup.demos_digest(warmup.demonstrations(method, c))
+  assert meta["demos"][method] == warmup.demos_digest(warmup.demonstrations(m, c))
   assert (warmup.BUNDLED / "model.safetensors").stat().st_size < 8 * 2**20
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from configs import opensir as opensir_config
 from scope_jax import metrics as metrics_lib
-from scope_jax.methods import opensir, runner, runtime, warmup
+from scope_jax.methods import opensir, runner, runtime
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedOpenSirSampler, play_all_roles
 
@@ -127,14 +127,6 @@ def test_pool_and_rng_round_trip_exactly(stepped):
   assert fresh.pool.concepts == method.pool.concepts
   chex.assert_trees_all_equal(fresh.pool.embeddings, method.pool.embeddings)
   assert fresh.rng.bit_generator.state == method.rng.bit_generator.state
-
-
-def test_the_bundled_demo_model_was_fitted_on_these_demonstrations(tmp_path):
-  meta = json.loads((warmup.BUNDLED / "warmup.json").read_text())
-  c = opensir_config.get_config("demo")
-  rt, method = runner.build(c, str(tmp_path), warm_start=False)
-  assert meta["settings"] == warmup.settings_key(c, rt.model_config)
-  assert meta["demos"]["opensir"] == warmup.demos_digest(warmup.demonstrations(method, c))
 
 
 def _run(workdir, steps, wait=True):
