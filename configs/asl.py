@@ -72,6 +72,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       pg=phase_limits(1, 1000), grm=phase_limits(10, 200), pm=phase_limits(10, 200)))
   a.verification_data = ""  # JSONL of real (question, response, score) for the GRM phase
   a.verification_share = 0.0  # share of each GRM batch drawn from it (the paper's late-stage boost)
+  a.verification_from_iteration = 2  # ... from this iteration on (the paper: the third, §4.3)
   a.adv_std = "population"  # group z-score std: population | unbiased
   a.adv_eps = 1e-6
   a.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
@@ -80,8 +81,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       grm=base.role(1024, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500)))
 
   # Advantages: GRPO (group z-score over G) by default; the released code trains with PPO + GAE
-  # and a critic, which this implementation does not include. Optimiser and KL follow Search-R1,
-  # whose setting the paper adopts (§3.1): lr 1e-6, β = 1e-3 (k3), token-mean.
+  # and a critic, which this implementation does not include. The learning rate and KL follow
+  # Search-R1, whose setting the paper adopts (§3.1): lr 1e-6, β = 1e-3 (k3), token-mean; no
+  # warm-up and no weight decay (Search-R1's verl recipe warms up over 28.5% of its steps).
   c.seed = 37
   c.total_steps = 2000  # a cap: phases end on data size and reward slope, not on a step count
   c.optim.lr = 1e-6

@@ -52,6 +52,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.tau = 0.05  # teacher EMA: ψ ← (1 − τ)ψ + τθ after every student step
   s.teacher = "qcp"  # what the teacher sees: qcp | partial_qcp | gt | gt_hops | none (λ = 0)
   s.teacher_eval_samples = 1  # teacher rollouts per student question for teacher/em (0 = off)
+  s.teacher_eval_every = 10  # ... on every N-th student step of an iteration (first included)
   s.syntax = "qwen"  # search action: 'qwen' (<tool_call> with query_list, the paper) or 'xml'
   s.prompt_style = "paper"  # 'paper' (App. D) or 'compact' (short ones for small models)
   s.variant = "thinking"  # App. D prompts: 'thinking' (Qwen3-4B/8B) or 'instruct' (2507)
@@ -67,14 +68,17 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.data.max_rounds = 30  # stop after this many rounds even if the set is short
   s.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
       examiner=base.role(2048, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
-                         max_prompt_tokens=3072),
+                         max_prompt_tokens=3072, max_context=4096),  # Table 5: 4096
       student=base.role(2048, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
                         max_prompt_tokens=1024),
       teacher=base.role(2048, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
                         max_prompt_tokens=6144)))
   # Tables 5–7: AdamW (0.9, 0.999), weight decay 0.01, lr 1e-6 constant with 3% warmup, grad
-  # clip 1.0, max sequence 8192 (4096 for the examiner's rollouts: its prompt limit plus turns).
-  # One optimizer setting serves both policies (the examiner's table also lists 5e-7).
+  # clip 1.0, max sequence 8192 (4096 for the examiner's rollouts, so its whole path fits the
+  # teacher's prompt).
+  # One optimizer setting serves both policies (the examiner's table also lists 5e-7), and each
+  # policy keeps its AdamW state and schedule across iterations (one warm-up of 3% of its 150
+  # updates); the paper's code is unreleased, and Dr.Zero restarts its solver each iteration.
   c.total_steps = s.get_ref("iterations") * (s.get_ref("examiner_steps") +
                                              s.get_ref("student_steps"))
   c.optim.lr = 1e-6
@@ -93,15 +97,16 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     s.examiner_steps = 1
     s.student_steps = 1
     s.examiner_batch = 4
-    s.student_batch = 2
+    s.student_batch = 4
     s.hop_choices = (1, 2)  # one search at most: small models cannot count turns
     s.hop_ratio = (1, 1)
     s.lambdas = (0.3, 0.1)  # visible on a 2-step demo; the paper's are for 4B–8B models
     s.syntax = "xml"
     s.prompt_style = "compact"
     s.max_doc_chars = 200
-    s.data.candidates_per_round = 4
+    s.data.candidates_per_round = 8
     s.data.max_rounds = 2
+    s.teacher_eval_every = 1
     base.demo_warmup(c)
     s.roles = ml_collections.ConfigDict(dict(
         examiner=base.role(64, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),

@@ -276,7 +276,9 @@ class Asl(Method):
   # ---------------------------------------------------------------------------- GRM phase
   def grm_items(self) -> list[dict]:
     cfg = self.cfg
-    n_real = int(round(cfg.verification_share * cfg.grm_batch)) if self.verification else 0
+    late = self.iteration >= cfg.verification_from_iteration
+    n_real = int(round(cfg.verification_share * cfg.grm_batch)) if self.verification and late \
+        else 0
     items = self._sample(self.d_grm, cfg.grm_batch - n_real)
     if n_real:
       items += [dict(x, real=True) for x in self._sample(self.verification, n_real)]

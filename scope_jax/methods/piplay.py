@@ -14,17 +14,23 @@ student steps:
     the student's own rollout to the teacher, whose prompt holds the QCP (the student's does not);
     tool output is masked from both. Then ψ ← (1 − τ)ψ + τθ.
 One runner step is one examiner or student step, so checkpoints land inside and between phases.
-The teacher's params are checkpointed with the policies; the data set is host state.
+The teacher's params are checkpointed with the policies; each iteration's data set (with the
+exact text the teacher sees) is written once to <workdir>/data/iteration_<t>.jsonl, and
+checkpoints keep its digest.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import time
 from typing import Sequence
 
+import jax
 import numpy as np
 from absl import logging
+from etils import epath
 
 from scope_jax import metrics as metrics_lib
 from scope_jax.methods import piplay_demos
@@ -79,8 +85,10 @@ class PiPlay(Method):
     self.prompts = P.Prompts(cfg.prompt_style, cfg.variant, cfg.syntax, cfg.max_doc_chars)
     self.guard = ParseGuard()
     self.datasets: dict[str, list[dict]] = {}  # iteration → its (q, privileged info, o*) records
+    self._digests: dict[str, str] = {}  # iteration → sha256 of <workdir>/data/iteration_<t>.jsonl
     self.stage_seconds: dict[str, float] = {}
     self.examples: list[dict] = []  # a few triples with both answers, for the summary
+    self._perm = None
     # Examiner φ and student θ start from the base model; the teacher ψ is θ's EMA, also
     # starting there; the base model itself is the KL reference when a β > 0 asks for one.
     self.examiner = rt.add_policy("examiner", loss_overrides=dict(cfg.examiner_loss))
@@ -116,7 +124,9 @@ class PiPlay(Method):
     cfg = self.cfg
     size = cfg.examiner_batch * cfg.examiner_steps + cfg.data.candidates_per_round * \
         cfg.data.max_rounds
-    perm = np.random.default_rng([self.rt.config.seed, 23]).permutation(len(self.passages))
+    if self._perm is None:  # one seeded permutation of the corpus per run
+      self._perm = np.random.default_rng([self.rt.config.seed, 23]).permutation(len(self.passages))
+    perm = self._perm
     return [self.passages[i] for i in perm[(it * size + np.arange(size)) % len(self.passages)]]
 
   def _picks(self, docs: Sequence[Passage], it: int, phase: int) -> list[tuple[Passage, int]]:
@@ -144,8 +154,10 @@ class PiPlay(Method):
       turns = turn_texts(traj)
       parsed = self.guard(R.parse_examiner, turns[-1] if turns else "",
                           malformed=R.ExaminerOutput(None, None, "parse_error"))
-      sources = [doc.text] + [c.result for c in traj.tool_calls if c.error is None]
-      parts = R.format_reward(parsed, turns, sources, traj.num_searches, hops)
+      sources = [self.prompts.document(doc)] + [c.result for c in traj.tool_calls
+                                                 if c.error is None]
+      attempts = len(traj.tool_calls) + traj.num_invalid
+      parts = R.format_reward(parsed, turns, sources, traj.num_searches, attempts, hops)
       out.append(Question(doc, hops, traj, parsed, parts, self.prompts.qcp_header(doc, hops)))
     return out
 
@@ -201,7 +213,9 @@ class PiPlay(Method):
     metrics: dict[str, float] = {}
     if str(it) not in self.datasets:
       start = time.perf_counter()
-      self.datasets = {str(it): self.build_dataset(it, metrics)}  # only the current one is kept
+      records = self.build_dataset(it, metrics)
+      self.datasets = {str(it): records}  # only the current one is kept
+      self._digests = {str(it): self._write_dataset(it, records)}
       metrics["time/data"] = dt = time.perf_counter() - start
       self.stage_seconds["data"] = self.stage_seconds.get("data", 0.0) + dt
     data = self.datasets[str(it)]
@@ -227,7 +241,8 @@ class PiPlay(Method):
     if cfg.teacher != "none":
       teacher = ema_update(self.rt.frozen["teacher"], self.student.state.params, cfg.tau)
       self.rt.set_frozen("teacher", teacher)
-      metrics.update(self.teacher_eval(picked, trajs, rewards, step))
+      if k % max(cfg.teacher_eval_every, 1) == 0:
+        metrics.update(self.teacher_eval(picked, trajs, rewards, step))
     return metrics
 
   def teacher_eval(self, picked, trajs, rewards, step) -> dict[str, float]:
@@ -329,12 +344,33 @@ class PiPlay(Method):
             "student attempts (EM)": q.attempts, "reward": round(q.reward, 3)}
 
   # ------------------------------------------------------------------------------ state
+  def data_file(self, it: int) -> epath.Path:
+    return epath.Path(self.rt.workdir) / "data" / f"iteration_{it}.jsonl"
+
+  def _write_dataset(self, it: int, records: list[dict]) -> str:
+    """Writes an iteration's data set once (checkpoints keep only its digest); returns it."""
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if jax.process_index() == 0:
+      path = self.data_file(it)
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(text)
+    return hashlib.sha256(text.encode()).hexdigest()
+
   def host_state(self) -> dict:
-    return {"datasets": self.datasets, "stage_seconds": self.stage_seconds,
-            "examples": self.examples}
+    data = {it: {"size": len(r), "sha256": self._digests[it]} for it, r in self.datasets.items()}
+    return {"data": data, "stage_seconds": self.stage_seconds, "examples": self.examples}
 
   def load_host_state(self, state: dict) -> None:
-    self.datasets = state.get("datasets", {})
+    self.datasets, self._digests = {}, {}
+    for it, meta in state.get("data", {}).items():
+      path = self.data_file(int(it))
+      text = path.read_text() if path.exists() else None
+      if text is None or hashlib.sha256(text.encode()).hexdigest() != meta["sha256"]:
+        raise ValueError(f"The π-Play data set of iteration {it} ({path}) is missing or changed "
+                         "since the checkpoint was written; restore the file, or start the run in "
+                         "a new workdir.")
+      self.datasets[it] = [json.loads(line) for line in text.splitlines()]
+      self._digests[it] = meta["sha256"]
     self.stage_seconds = state.get("stage_seconds", {})
     self.examples = state.get("examples", [])
 

@@ -24,7 +24,7 @@ from scope_jax import metrics as metrics_lib
 from scope_jax import run_record
 from scope_jax import tokenizer as tok_lib
 from scope_jax.methods import warmup as warmup_lib
-from scope_jax.methods.runtime import Runtime, loss_config, mesh_rules
+from scope_jax.methods.runtime import Runtime, loss_config, mesh_rules, role_context
 from scope_jax.models import transformer
 from scope_jax.rl import optim
 from scope_jax.rollout.types import Trajectory
@@ -91,9 +91,11 @@ def validate(config: ml_collections.ConfigDict):
   roles = config.get(config.method, {}).get("roles", {})
   for name, role in roles.items():
     limit = role.get("max_prompt_tokens", 0) or config.rollout.max_prompt_tokens
-    if limit >= config.rollout.max_context:
+    context = role_context(config, role)
+    if limit >= context:
       raise ValueError(f"{config.method}.roles.{name}.max_prompt_tokens={limit} leaves no room for "
-                       f"a response within rollout.max_context={config.rollout.max_context}.")
+                       f"a response within the role's context of {context} tokens "
+                       "(rollout.max_context, or the role's own max_context).")
   warmup_lib.validate(config)
   module = importlib.import_module(f"scope_jax.methods.{config.method}")
   if hasattr(module, "validate_config"):

@@ -71,6 +71,13 @@ def loss_config(config: ml_collections.ConfigDict, overrides=None) -> train_step
   return train_step.LossConfig(**fields)
 
 
+def role_context(config: ml_collections.ConfigDict, settings) -> int:
+  """A role's prompt + response budget: its own `max_context` (e.g. π-Play's 4K examiner), at
+  most the run's `rollout.max_context` (the sampler's cache), which is the default."""
+  own = settings.get("max_context", 0)
+  return min(own, config.rollout.max_context) if own else config.rollout.max_context
+
+
 def make_optimizer(c: ml_collections.ConfigDict):
   """The optimizer every policy of a run uses (from `config.optim`)."""
   return optim.make_optimizer(c.optim.lr, warmup_steps=c.optim.warmup_steps,
@@ -195,7 +202,7 @@ class Runtime:
       sampler = self._frozen_samplers[frozen]
     limit = settings.get("max_prompt_tokens", 0) or self.config.rollout.max_prompt_tokens
     role = Role(name, settings, sampler=sampler, tokenizer=self.tokenizer,
-                max_prompt_tokens=limit, max_context=self.config.rollout.max_context,
+                max_prompt_tokens=limit, max_context=role_context(self.config, settings),
                 seed=self.config.seed, tool=tool, final_tags=tuple(final_tags),
                 templates=templates, policy=policy, timer=self.timer,
                 progress=self.config.get("progress", True), strip_think=strip_think,

@@ -1,6 +1,11 @@
 """π-Play rewards (ALGORITHMS §5): the examiner's difficulty reward with Dr.Zero's format reward,
 the student's exact-match outcome, and the privileged information the teacher is shown.
 
+The paper sets r_f "in the same way as the proposer's format reward in Dr.Zero"; its parts follow
+Dr.Zero's released reward code where the spec's summary is looser: a turn counts as thinking
+only when it opens with <think>, and the tool part is 0 for a multi-hop question with no search
+or with an invalid call (the summary's min((1 + calls)/n, 1) applies when every call was valid).
+
 Examiner and student output is untrusted text: tags are found with linear scans over a bounded
 tail, and anything malformed scores 0 (it is counted by the method, never raised).
 """
@@ -13,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from scope_jax.rewards import match
-from scope_jax.rewards.scope import MAX_TEXT, think_share
+from scope_jax.rewards.scope import MAX_TEXT
 from scope_jax.rollout.parsers import extract_tag
 
 HOPS = (1, 2, 3, 4)  # n: the examiner's required hops (n − 1 searches)
@@ -45,26 +50,42 @@ def parse_examiner(final_turn: str) -> ExaminerOutput:
   return ExaminerOutput(question, answer)
 
 
-def tool_score(valid_calls: int, hops: int) -> float:
-  """min((1 + valid calls) / n, 1): 1 for a one-hop question with no call."""
-  return min((1 + valid_calls) / max(hops, 1), 1.0)
+def think_share(turns: Sequence[str]) -> float:
+  """Fraction of turns that open with a <think>…</think> block (Dr.Zero's `^\s*<think>`)."""
+  if not turns:
+    return 0.0
+  def opens(t: str) -> bool:
+    t = t[:MAX_TEXT].lstrip()
+    return t.startswith("<think>") and t.find("</think>", len("<think>")) >= 0
+  return sum(opens(t) for t in turns) / len(turns)
+
+
+def tool_score(valid_calls: int, attempts: int, hops: int) -> float:
+  """Dr.Zero's tool part: 1 for a one-hop question; otherwise min((1 + valid calls)/n, 1) when
+  the examiner searched and every call it tried was valid, else 0."""
+  if hops <= 1:
+    return 1.0
+  if valid_calls > 0 and valid_calls == attempts:
+    return min((1 + valid_calls) / hops, 1.0)
+  return 0.0
 
 
 def answer_score(answer: str, sources: Sequence[str]) -> float:
-  """1 if the answer appears in the source document or a tool result and has ≤ 5 words, 0.5 if
-  it appears and has ≤ 10 words, else 0."""
+  """1 if the answer appears in the source document (its title included) or a tool result and
+  has ≤ 5 words, 0.5 if it appears and has ≤ 10 words, else 0; 'yes' and 'no' count as found."""
   gold = match.normalize(answer)
-  if not gold or not any(gold in match.normalize(s[-MAX_TEXT:]) for s in sources):
+  found = gold in ("yes", "no") or any(gold in match.normalize(s[-MAX_TEXT:]) for s in sources)
+  if not gold or not found:
     return 0.0
   words = len(gold.split())
   return 1.0 if words <= ANSWER_WORDS_FULL else 0.5 if words <= ANSWER_WORDS_HALF else 0.0
 
 
 def format_reward(out: ExaminerOutput, turns: Sequence[str], sources: Sequence[str],
-                  valid_calls: int, hops: int) -> dict[str, float]:
+                  valid_calls: int, attempts: int, hops: int) -> dict[str, float]:
   """Dr.Zero's proposer format reward r_f = 0.5·(1 + think + tool + ans)/4 for a well-formed
   (question, answer), else 0; returns r_f with its parts (for the metrics)."""
-  parts = {"think": think_share(turns), "tool": tool_score(valid_calls, hops),
+  parts = {"think": think_share(turns), "tool": tool_score(valid_calls, attempts, hops),
            "ans": answer_score(out.answer, sources) if out.malformed is None else 0.0}
   parts["format"] = (0.5 * (1.0 + parts["think"] + parts["tool"] + parts["ans"]) / 4.0
                      if out.malformed is None else 0.0)

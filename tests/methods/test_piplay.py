@@ -3,6 +3,7 @@ index, the teacher batch and its privileged prompt, the λ schedule, the EMA tea
 resumes, and the CLI demo."""
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -295,16 +296,20 @@ def test_checkpoint_restores_the_teacher_and_the_data_bit_identically(tmp_path):
   m.step(1)  # builds the data set, trains the student, moves the teacher
   ckpt = ckpt_lib.Checkpointer(tmp_path / "ckpt", async_save=False)
   ckpt.save(1, rt.device_state(), m.host_state())
-  fresh_rt = runtime.Runtime(small_config(**{"piplay.examiner_steps": 1}), str(tmp_path / "b"))
+  fresh_rt = runtime.Runtime(small_config(**{"piplay.examiner_steps": 1}), str(tmp_path / "a"))
   fresh = piplay.PiPlay(fresh_rt)
   step, state, host = ckpt.restore_latest(fresh_rt.device_state())
   fresh_rt.load_device_state(state)
   fresh.load_host_state(host)
   bits = lambda ps: [x.view(np.uint8) for x in leaves(ps)]
-  assert step == 1 and fresh.datasets == m.datasets
+  assert step == 1 and fresh.datasets == m.datasets  # read back from data/iteration_0.jsonl
+  assert len(json.dumps(host)) < 2000  # the checkpoint keeps a digest, not the data set
   chex.assert_trees_all_equal(bits(rt.frozen["teacher"]), bits(fresh_rt.frozen["teacher"]))
   with pytest.raises(AssertionError):  # the restored teacher is not the base model
     chex.assert_trees_all_equal(bits(fresh_rt.base_params), bits(fresh_rt.frozen["teacher"]))
+  (tmp_path / "a" / "data" / "iteration_0.jsonl").write_text("{}\n")
+  with pytest.raises(ValueError, match="missing or changed"):
+    fresh.load_host_state(host)
   # the teacher role plays the restored params
   assert fresh.roles["teacher"].sampler is fresh_rt._frozen_samplers["teacher"]
   chex.assert_trees_all_equal(bits(fresh_rt.frozen["teacher"]),

@@ -26,13 +26,14 @@ def test_difficulty_reward_needs_two_attempts():
     R.difficulty_reward(0, 1, 0.0)
 
 
-def _format(final, turns, hops, calls, sources=(DOC,)):
-  return R.format_reward(R.parse_examiner(final), turns, list(sources), calls, hops)
+def _format(final, turns, hops, calls, attempts=None, sources=(DOC,)):
+  return R.format_reward(R.parse_examiner(final), turns, list(sources), calls,
+                         calls if attempts is None else attempts, hops)
 
 
 def test_format_reward_well_formed_transcript():
-  """Two turns, both with <think>; 2 hops and 1 valid call: tool = min(2/2, 1) = 1; the answer
-  'English mathematician' (2 words) is in the document: ans = 1.
+  """Two turns, both opening with <think>; 2 hops and 1 valid call of 1: tool = min(2/2, 1) = 1;
+  the answer 'English mathematician' (2 words) is in the document: ans = 1.
   r_f = 0.5·(1 + 1 + 1 + 1)/4 = 0.5."""
   turns = ["<think>search</think><search>Ada</search>",
            "<think>ask</think><question>What was Ada Lovelace?</question>"
@@ -42,24 +43,33 @@ def test_format_reward_well_formed_transcript():
 
 
 def test_format_reward_missing_think_and_too_few_calls():
-  """One turn of two with <think> (think = 1/2); 3 hops, no call: tool = min(1/3, 1); the
-  answer is found in a tool result, not the document. r_f = 0.5·(1 + 1/2 + 1/3 + 1)/4."""
-  turns = ["<search>Ada</search>",
+  """Think counts only turns that open with <think>: 1 of 2. Four hops with 1 valid call of 1:
+  tool = min(2/4, 1) = 0.5; the answer is in a tool result, not the document.
+  r_f = 0.5·(1 + 1/2 + 1/2 + 1)/4 = 0.375."""
+  turns = ["<search>Ada</search> <think>late</think>",
            "<think>ask</think><question>Who designed the engine?</question>"
            "<answer>Charles Babbage</answer>"]
-  parts = _format(turns[-1], turns, hops=3, calls=0,
+  parts = _format(turns[-1], turns, hops=4, calls=1,
                   sources=(DOC, "Doc 1(Title: Engine) Charles Babbage designed it."))
-  assert parts["think"] == 0.5 and parts["tool"] == pytest.approx(1 / 3) and parts["ans"] == 1.0
-  assert parts["format"] == pytest.approx(0.5 * (1 + 0.5 + 1 / 3 + 1) / 4)
+  assert parts == {"think": 0.5, "tool": 0.5, "ans": 1.0, "format": 0.375}
+
+
+@pytest.mark.parametrize("hops, calls, attempts, tool", [
+    (1, 0, 0, 1.0), (1, 2, 3, 1.0),  # one hop: always 1
+    (3, 0, 0, 0.0),  # no search for a 3-hop question
+    (3, 1, 2, 0.0),  # an invalid call among the attempts
+    (3, 1, 1, 2 / 3), (3, 2, 2, 1.0), (3, 4, 4, 1.0)])
+def test_tool_part_follows_dr_zero(hops, calls, attempts, tool):
+  assert R.tool_score(calls, attempts, hops) == pytest.approx(tool)
 
 
 def test_format_reward_long_answers_and_answers_not_in_the_sources():
-  """7 words present: ans = 0.5; 11 words present: 0; absent from every source: 0. One hop with
-  no call: tool = 1. No think at all."""
+  """7 words present: ans = 0.5; 11 words present: 0; absent from every source: 0; 'yes' counts
+  as present; a title counts as part of the document. One hop: tool = 1. No think at all."""
   seven = "English mathematician known for work on the"
-  long_doc = DOC + " " + "one two three four five six seven eight nine ten eleven"
+  long_doc = '(Title: "Ada Lovelace") ' + DOC + " one two three four five six seven eight nine ten eleven"
   for answer, ans in ((seven, 0.5), ("one two three four five six seven eight nine ten eleven", 0.0),
-                      ("Grace Hopper", 0.0)):
+                      ("Grace Hopper", 0.0), ("Yes", 1.0), ("Ada Lovelace", 1.0)):
     final = f"<question>Who was she?</question><answer>{answer}</answer>"
     parts = _format(final, [final], hops=1, calls=0, sources=(long_doc,))
     assert parts["tool"] == 1.0 and parts["think"] == 0.0 and parts["ans"] == ans
@@ -77,7 +87,7 @@ def test_format_reward_long_answers_and_answers_not_in_the_sources():
 def test_malformed_examiner_output_scores_zero(final, reason):
   out = R.parse_examiner(final)
   assert out.malformed == reason
-  parts = R.format_reward(out, ["<think>x</think>" + final], [DOC + " London"], 1, 2)
+  parts = R.format_reward(out, ["<think>x</think>" + final], [DOC + " London"], 1, 1, 2)
   assert parts["format"] == 0.0 and parts["ans"] == 0.0
 
 
