@@ -99,7 +99,7 @@ def role(max_new_tokens: int, temperature: float = 0.7, top_p: float = 0.95, top
 def demo_warmup(c: ml_collections.ConfigDict) -> None:
   """The warm-up every demo preset shares, so the bundled demo model (fitted once on every
   method's demonstrations with these settings) serves each of them."""
-  c.warmup.steps = 1500
+  c.warmup.steps = 3000
   c.warmup.lr = 5e-3
   c.warmup.batch_rows = 8
   c.warmup.documents = 48

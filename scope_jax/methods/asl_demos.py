@@ -5,9 +5,9 @@ The paper starts from Qwen2.5-7B-Instruct, which already searches and writes `<q
 from these, built from the bundled corpus with real search results as observations:
   PG (topic): search the topic → a question about one retrieved document, answered by its title;
   PG (flagged previous task): search the previous answer → a new question about what it finds;
-  PM: search the question → the first retrieved title (the second one, a third of the time);
+  PM: search the question → the first retrieved title;
   GRM: search the question → "correct" when the student's answer is the first retrieved title,
-    else "wrong" (one right and one wrong answer per question: the second result or any title).
+    else "wrong" (one right and one wrong answer per question).
 Five demonstrations per `warmup.documents`.
 """
 
@@ -90,14 +90,8 @@ class _Demos:
       out.append(self.demo("pg", P.pg({"topic": topic}, 0), topic, obs,
                            f"<question>{question}</question>\n<answer>{doc.title}</answer>"))
       first = q_hits[0].title
-      # A third of the PM's answers name the second result: the warmed PM then answers some
-      # questions wrongly, so the PM's answers to one question disagree and the PG's entropy
-      # reward (and the GRM's verdicts) carry signal from the first iteration on.
-      second = q_hits[1].title if len(q_hits) > 1 else first
-      said = second if self.rng.random() < 1 / 3 else first
-      out.append(self.demo("pm", P.pm(question), question, q_obs, f"<answer>{said}</answer>"))
-      other = (second if second != first and self.rng.random() < 0.5 else
-               passages[int(self.rng.integers(len(passages)))].title)
+      out.append(self.demo("pm", P.pm(question), question, q_obs, f"<answer>{first}</answer>"))
+      other = passages[int(self.rng.integers(len(passages)))].title
       for completion in dict.fromkeys((first, other)):
         verdict = "correct" if completion == first else "wrong"
         out.append(self.demo("grm", P.grm(question, completion), question, q_obs,

@@ -118,5 +118,9 @@ class _Demos:
     return out
 
 
+DOCUMENTS_PER_WARMUP_DOCUMENT = 2  # three roles that copy from search results: twice the share
+
+
 def demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
-  return _Demos(method, rng).build(method.rt.config.warmup.documents)
+  return _Demos(method, rng).build(DOCUMENTS_PER_WARMUP_DOCUMENT *
+                                   method.rt.config.warmup.documents)
