@@ -69,7 +69,7 @@ def test_every_preset_loads(preset):
     assert c.retrieval.encoder == "" and c.model.tokenizer == ""  # paths supplied by the user
   else:
     assert (a.topics, a.syntax, a.prompt_style, c.warmup.steps) == ("corpus", "xml", "compact",
-                                                                      1500)
+                                                                      3000)
 
 
 @pytest.mark.parametrize("override, message", [
