@@ -212,6 +212,7 @@ def _on_engine(engine: Engine, tokenizer, prompts, rows, tool, config, num_sampl
   finally:
     pool.shutdown(wait=True)
     engine.cancel()
+    engine.free()
 
 
 def _stops(config: RolloutConfig, search_allowed: bool) -> list[str]:

@@ -88,29 +88,73 @@ def _constrain(x, sharding):
   return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
 
-def _store(cache: kvc.KVCache, rows, view: kvc.KVCache, shardings) -> kvc.KVCache:
-  """Writes a window view back: all rows (`rows` None) or the rows `rows` (out of range: dropped)."""
+def _split(x, axis: int, d: int):
+  """The slot axis [B] as [D, B/D]: one block per slot shard (free under the batch sharding)."""
+  return x.reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
+
+
+def _merge(x, axis: int):
+  return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2:])
+
+
+def take_rows(x, idx_DP, axis: int):
+  """Rows `idx_DP` [D, p] of each slot shard (indices local to the shard): [.., D·p, ..]. Each
+  shard reads only its own rows, so nothing crosses devices."""
+  take = lambda xs, i: jnp.take(xs, i, axis=axis, mode="clip")
+  out = jax.vmap(take, in_axes=(axis, 0), out_axes=axis)(_split(x, axis, idx_DP.shape[0]), idx_DP)
+  return _merge(out, axis)
+
+
+def put_rows(x, idx_DP, rows, axis: int, window: int | None = None):
+  """Writes `rows` [.., D·p, ..] at rows `idx_DP` of each shard (out of range: dropped), into the
+  first `window` positions of the axis after the slots when given."""
+  tail = () if window is None else (slice(0, window),)
+  put = lambda xs, i, ys: xs.at[(slice(None),) * axis + (i,) + tail].set(ys, mode="drop")
+  d = idx_DP.shape[0]
+  out = jax.vmap(put, in_axes=(axis, 0, axis), out_axes=axis)(
+      _split(x, axis, d), idx_DP, _split(rows, axis, d))
+  return _merge(out, axis)
+
+
+def _take_cache(cache: kvc.KVCache, idx_DP, window: int) -> kvc.KVCache:
+  view = _window(cache, window)
+  return kvc.KVCache(k=take_rows(view.k, idx_DP, 1), v=take_rows(view.v, idx_DP, 1),
+                     valid=take_rows(view.valid, idx_DP, 0), end=take_rows(view.end, idx_DP, 0),
+                     next_pos=take_rows(view.next_pos, idx_DP, 0),
+                     pos=take_rows(view.pos, idx_DP, 0))
+
+
+def _put_cache(cache: kvc.KVCache, idx_DP, rows: kvc.KVCache, shardings) -> kvc.KVCache:
+  w = rows.valid.shape[1]
+  new = kvc.KVCache(k=put_rows(cache.k, idx_DP, rows.k, 1, w),
+                    v=put_rows(cache.v, idx_DP, rows.v, 1, w),
+                    valid=put_rows(cache.valid, idx_DP, rows.valid, 0, w),
+                    end=put_rows(cache.end, idx_DP, rows.end, 0),
+                    next_pos=put_rows(cache.next_pos, idx_DP, rows.next_pos, 0),
+                    pos=put_rows(cache.pos, idx_DP, rows.pos, 0, w))
+  return jax.tree.map(_constrain, new, shardings) if shardings is not None else new
+
+
+def _store_window(cache: kvc.KVCache, view: kvc.KVCache, shardings) -> kvc.KVCache:
+  """Writes a window view of every slot back into the cache."""
   w = view.valid.shape[1]
-  r = slice(None) if rows is None else rows
-  put = lambda full, part, idx: full.at[idx].set(part, mode="drop")
-  new = kvc.KVCache(k=put(cache.k, view.k, (slice(None), r, slice(0, w))),
-                    v=put(cache.v, view.v, (slice(None), r, slice(0, w))),
-                    valid=put(cache.valid, view.valid, (r, slice(0, w))),
-                    end=put(cache.end, view.end, (r,)), next_pos=put(cache.next_pos, view.next_pos, (r,)),
-                    pos=put(cache.pos, view.pos, (r, slice(0, w))))
+  new = kvc.KVCache(k=cache.k.at[:, :, :w].set(view.k), v=cache.v.at[:, :, :w].set(view.v),
+                    valid=cache.valid.at[:, :w].set(view.valid), end=view.end,
+                    next_pos=view.next_pos, pos=cache.pos.at[:, :w].set(view.pos))
   return jax.tree.map(_constrain, new, shardings) if shardings is not None else new
 
 
 @functools.partial(jax.jit, static_argnames=("config", "window", "dtype", "shardings"),
                    donate_argnames=("cache", "logits_BV"))
-def _prefill(config: ModelConfig, params, cache: kvc.KVCache, logits_BV, slots_P, start_P,
+def _prefill(config: ModelConfig, params, cache: kvc.KVCache, logits_BV, slots_DP, start_P,
              tokens_PT, mask_PT, *, window: int, dtype, shardings):
-  """Truncates slots `slots_P` to `start_P` tokens, appends the right-padded block and stores
-  the logits after each row's last real token (rows with no real token keep theirs)."""
+  """Truncates slots `slots_DP` (local to each slot shard; P = D·p rows, shard-major) to
+  `start_P` tokens, appends the right-padded block and stores the logits after each row's last
+  real token (rows with no real token keep theirs)."""
   _TRACES["prefill"] += 1
   logging.info("Compiling engine prefill: %d rows × %d tokens, window %d.", *tokens_PT.shape,
                window)
-  sub = jax.tree.map(lambda x: x[slots_P] if x.ndim < 5 else x[:, slots_P], _window(cache, window))
+  sub = _take_cache(cache, slots_DP, window)
   keep_PW = jnp.arange(window)[None, :] < start_P[:, None]
   sub = sub.replace(valid=sub.valid & keep_PW, end=start_P, next_pos=start_P)
   hidden_PTD, sub = transformer.forward(config, params, tokens_PT, attention_mask=mask_PT,
@@ -119,24 +163,23 @@ def _prefill(config: ModelConfig, params, cache: kvc.KVCache, logits_BV, slots_P
   last_P1D = jnp.take_along_axis(hidden_PTD, jnp.maximum(n_P - 1, 0)[:, None, None], axis=1)
   logits_PV = transformer.logits_from_hidden(last_P1D, transformer.unembedding(config, params),
                                              config.final_softcap)[:, 0]
-  keep_slots_P = jnp.where(n_P > 0, slots_P, cache.end.shape[0])  # no real token: keep logits
-  logits_BV = logits_BV.at[keep_slots_P].set(logits_PV, mode="drop")
-  cache = _store(cache, slots_P, sub, shardings and shardings[0])
+  old_PV = take_rows(logits_BV, slots_DP, 0)
+  logits_PV = jnp.where((n_P > 0)[:, None], logits_PV, old_PV)  # no real token: keep logits
+  logits_BV = put_rows(logits_BV, slots_DP, logits_PV, 0)
+  cache = _put_cache(cache, slots_DP, sub, shardings and shardings[0])
   return cache, _constrain(logits_BV, shardings and shardings[1])
 
 
-@functools.partial(jax.jit, static_argnames=("shardings",), donate_argnames=("cache", "logits_BV"))
-def _copy(cache: kvc.KVCache, logits_BV, src_P, dst_P, *, shardings):
-  """Copies slots `src_P` (cache and logits) onto `dst_P`; reads happen before any write."""
+@functools.partial(jax.jit, static_argnames=("window", "shardings"),
+                   donate_argnames=("cache", "logits_BV"))
+def _copy(cache: kvc.KVCache, logits_BV, src_DP, dst_DP, *, window: int, shardings):
+  """Copies slots `src_DP` (cache window and logits) onto `dst_DP`, within each slot shard;
+  every read happens before any write."""
   _TRACES["copy"] += 1
-  take = lambda x: x[:, src_P] if x.ndim == 5 else x[src_P]
-  put = lambda x, y: (x.at[:, dst_P] if x.ndim == 5 else x.at[dst_P]).set(y, mode="drop")
-  cache = jax.tree.map(lambda x: put(x, take(x)), cache)
-  logits_BV = put(logits_BV, take(logits_BV))
-  if shardings is not None:
-    cache = jax.tree.map(_constrain, cache, shardings[0])
-    logits_BV = _constrain(logits_BV, shardings[1])
-  return cache, logits_BV
+  cache = _put_cache(cache, dst_DP, _take_cache(cache, src_DP, window),
+                     shardings and shardings[0])
+  logits_BV = put_rows(logits_BV, dst_DP, take_rows(logits_BV, src_DP, 0), 0)
+  return cache, _constrain(logits_BV, shardings and shardings[1])
 
 
 def select_tokens_rows(logits_BV, keys_B, spec: SamplingSpec, temperature):
@@ -162,18 +205,23 @@ def row_keys(seed_B, turn_B, index_B):
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "chunk", "window", "dtype",
                                              "shardings"),
-                   donate_argnames=("cache", "logits_BV"))
-def _decode(config: ModelConfig, spec: SamplingSpec, params, cache: kvc.KVCache, logits_BV,
-            live_B, budget_B, seed_B, turn_B, count_B, temperature, *, chunk: int, window: int,
-            dtype, shardings):
-  """Up to `chunk` decode steps over every slot; returns the cache, logits, the emitted tokens
-  and log-probs [B, chunk], how many each slot emitted and whether it ended on EOS."""
+                   donate_argnames=("cache", "logits_SV"))
+def _decode(config: ModelConfig, spec: SamplingSpec, params, cache: kvc.KVCache, logits_SV,
+            rows_DP, live_B, budget_B, seed_B, turn_B, count_B, temperature, *, chunk: int,
+            window: int, dtype, shardings):
+  """Up to `chunk` decode steps over B rows: every slot (`rows_DP` None), or the slots `rows_DP`
+  (local to each shard; B = D·p), gathered into a dense batch so that idle slots cost nothing.
+  Returns the cache, logits, the emitted tokens and log-probs [B, chunk], how many each row
+  emitted and whether it ended on EOS."""
   _TRACES["decode"] += 1
-  logging.info("Compiling engine decode: %d slots, chunk %d, window %d.", live_B.shape[0], chunk,
+  logging.info("Compiling engine decode: %d rows, chunk %d, window %d.", live_B.shape[0], chunk,
                window)
   eos = jnp.asarray(spec.eos_ids or (-1,), jnp.int32)
   b = live_B.shape[0]
-  view = _window(cache, window)
+  if rows_DP is None:
+    view, logits_BV = _window(cache, window), logits_SV
+  else:
+    view, logits_BV = _take_cache(cache, rows_DP, window), take_rows(logits_SV, rows_DP, 0)
 
   def cond(carry):
     i, done_B = carry[0], carry[5]
@@ -199,13 +247,23 @@ def _decode(config: ModelConfig, spec: SamplingSpec, params, cache: kvc.KVCache,
           jnp.zeros((b, chunk), jnp.float32), ~live_B | (budget_B <= 0),
           jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool))
   _, view, logits_BV, tokens_BN, logp_BN, _, n_B, eos_B = jax.lax.while_loop(cond, body, init)
-  cache = _store(cache, None, view, shardings and shardings[0])
-  return cache, _constrain(logits_BV, shardings and shardings[1]), tokens_BN, logp_BN, n_B, eos_B
+  if rows_DP is None:
+    cache, logits_SV = _store_window(cache, view, shardings and shardings[0]), logits_BV
+  else:
+    cache = _put_cache(cache, rows_DP, view, shardings and shardings[0])
+    logits_SV = put_rows(logits_SV, rows_DP, logits_BV, 0)
+  return cache, _constrain(logits_SV, shardings and shardings[1]), tokens_BN, logp_BN, n_B, eos_B
 
 
 def compile_counts() -> dict[str, int]:
   """How many times the engine's programs were traced (= compiled) in this process."""
   return dict(_TRACES)
+
+
+def block_bucket(n: int) -> int:
+  """Prefill block lengths: powers of two up to 128, then multiples of 128 (an observation of
+  ~560 tokens pads to 640, not 1024)."""
+  return length_bucket(n, minimum=8) if n <= 128 else -(-n // 128) * 128
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -223,7 +281,7 @@ class Engine:
   or `generate`, which has `Sampler.generate`'s contract."""
 
   def __init__(self, config: ModelConfig, params, *, num_slots: int = 32,
-               max_context: int | None = None, chunk: int = 16, prefill_rows: int = 8,
+               max_context: int | None = None, chunk: int = 16, prefill_rows: int = 4,
                prefill_chunk: int = 512, dtype=jnp.float32, cache_dtype=None, mesh=None,
                rules: shd.Rules = shd.SAMPLING_RULES,
                decode: Callable[[Sequence[int]], str] | None = None, pad_id: int | None = None,
@@ -237,17 +295,14 @@ class Engine:
     self.pad_id = pad_id if pad_id is not None else (config.pad_token_id or 0)
     self.eos_ids = tuple(config.eos_ids if eos_ids is None else eos_ids)
     m = self._batch_multiple()
-    self.num_slots = -(-num_slots // m) * m
-    self.prefill_rows = -(-min(prefill_rows, self.num_slots) // m) * m
+    self.max_slots = -(-num_slots // m) * m
+    self.max_prefill_rows = prefill_rows
+    self.num_slots = self.prefill_rows = 0  # set when the cache is allocated
     self._shardings = self._make_shardings()
-    cache = kvc.init_cache(config, self.num_slots, self.capacity, cache_dtype or dtype)
-    logits = jnp.zeros((self.num_slots, config.vocab_size), jnp.float32)
-    if self._shardings is not None:
-      cache = jax.device_put(cache, self._shardings[0])
-      logits = jax.device_put(logits, self._shardings[1])
-    self.cache, self.logits = cache, logits
-    self.waiting: collections.deque[Request] = collections.deque()
+    self.cache_dtype = cache_dtype or dtype
+    self.cache = self.logits = None  # allocated on first use, freed by `free`
     self.slots: list[_Slot] = []
+    self.waiting: collections.deque[Request] = collections.deque()
     self.stats = collections.Counter()
     self.update_params(params)
 
@@ -260,7 +315,28 @@ class Engine:
     if self.mesh is not None:
       params = transformer.shard_params(params, self.config, self.mesh, self.rules)
     self.params = params
+    self.free()
+
+  def _allocate(self, queued: int) -> None:
+    """A cache of as many slots as the queued requests need (a power of two, at most
+    `num_slots`): a small call does not decode a batch of empty slots."""
+    m = self._batch_multiple()
+    self.num_slots = min(self.max_slots, -(-length_bucket(queued, minimum=1) // m) * m)
+    self.prefill_rows = max(1, min(self.max_prefill_rows, self.num_slots // m))  # per shard
+    cache = kvc.init_cache(self.config, self.num_slots, self.capacity, self.cache_dtype)
+    logits = jnp.zeros((self.num_slots, self.config.vocab_size), jnp.float32)
+    if self._shardings is not None:
+      cache = jax.device_put(cache, self._shardings[0])
+      logits = jax.device_put(logits, self._shardings[1])
+    self.cache, self.logits = cache, logits
     self.slots = [_Slot(np.zeros((0,), np.int32)) for _ in range(self.num_slots)]
+
+  def free(self) -> None:
+    """Gives the cache's memory back (between rollouts); the next request allocates it again."""
+    if self.busy():
+      raise RuntimeError("The engine cannot free its cache while requests are generating.")
+    self.cache = self.logits = None
+    self.slots = []
 
   def _batch_multiple(self) -> int:
     if self.mesh is None:
@@ -307,36 +383,60 @@ class Engine:
   def busy(self) -> bool:
     return bool(self.waiting) or any(s.request is not None for s in self.slots)
 
-  def step(self) -> list[Completion]:
-    """Admits what fits, decodes one chunk, returns the requests that finished."""
+  def step(self, steps: int | None = None) -> list[Completion]:
+    """Admits what fits, decodes one chunk (`chunk` steps, or `steps` rounded up to a power of
+    two when the caller knows nothing needs the host sooner), returns the requests that finished."""
     finished = self._admit()
     live = [i for i, s in enumerate(self.slots) if s.request is not None]
     if not live:
       return finished
     spec = self._spec(live)
-    b = self.num_slots
+    rows_DP, order = self._decode_rows(live)
+    b = len(order)
     live_B, budget_B = np.zeros((b,), bool), np.zeros((b,), np.int32)
     seed_B, turn_B, count_B = (np.zeros((b,), np.int32) for _ in range(3))
-    for i in live:
-      s = self.slots[i]
-      live_B[i], budget_B[i] = True, s.budget - len(s.generated)
-      seed_B[i], turn_B[i], count_B[i] = s.request.seed, s.request.turn, len(s.generated)
-    steps = min(self.chunk, int(budget_B.max()))
+    for r, i in enumerate(order):
+      s = self.slots[i] if i is not None else None
+      if s is None or s.request is None:
+        continue
+      live_B[r], budget_B[r] = True, s.budget - len(s.generated)
+      seed_B[r], turn_B[r], count_B[r] = s.request.seed, s.request.turn, len(s.generated)
+    chunk = self.chunk if steps is None else max(self.chunk, length_bucket(steps, minimum=1))
+    steps = min(chunk, int(budget_B.max()))
     window = min(self.capacity, length_bucket(max(len(self.slots[i].tokens) for i in live) + steps))
     self.cache, self.logits, tok, lp, n, eos = _decode(
-        self.config, spec.compiled(), self.params, self.cache, self.logits, self._put(live_B),
-        self._put(budget_B), self._put(seed_B), self._put(turn_B), self._put(count_B),
-        jnp.float32(spec.temperature), chunk=self.chunk, window=window, dtype=self.dtype,
-        shardings=self._shardings)
+        self.config, spec.compiled(), self.params, self.cache, self.logits,
+        None if rows_DP is None else self._put(rows_DP), self._put(live_B), self._put(budget_B),
+        self._put(seed_B), self._put(turn_B), self._put(count_B), jnp.float32(spec.temperature),
+        chunk=chunk, window=window, dtype=self.dtype, shardings=self._shardings)
     tok, lp, n, eos = (np.asarray(x) for x in (tok, lp, n, eos))
     self.stats["decode_calls"] += 1
-    self.stats["slot_steps"] += b * int(n.max())
+    self.stats["slot_steps"] += self.num_slots * int(n.max())
+    self.stats["decoded_row_steps"] += b * int(n.max())
     self.stats["live_slot_steps"] += int(n.sum())
     self.stats["decode_tokens"] += int(n.sum())
+    row_of = {i: r for r, i in enumerate(order) if i is not None}
     for i in live:
-      finished += self._absorb(i, tok[i, :n[i]], lp[i, :n[i]], bool(eos[i]))
+      r = row_of[i]
+      finished += self._absorb(i, tok[r, :n[r]], lp[r, :n[r]], bool(eos[r]))
     return finished
 
+  def _decode_rows(self, live) -> tuple[np.ndarray | None, list]:
+    """The rows one decode call runs: every slot, or (when that is at most half of them) the live
+    slots gathered per shard into [D, p], p a power of two. Returns the indices (None: every
+    slot) and the slot behind each decoded row (None for padding)."""
+    d = self._batch_multiple()
+    per = self.num_slots // d
+    groups = [[i for i in live if self._shard(i) == s] for s in range(d)]
+    p = length_bucket(max(len(g) for g in groups), minimum=1)
+    if 2 * p > per:
+      return None, list(range(self.num_slots))
+    idx = np.full((d, p), per, np.int32)
+    order = [None] * (d * p)
+    for s, g in enumerate(groups):
+      for k, i in enumerate(g):
+        idx[s, k], order[s * p + k] = i - s * per, i
+    return idx, order
   def _spec(self, live) -> SamplingSpec:
     specs = {self.slots[i].request.spec for i in live}
     if len(specs) > 1:
@@ -373,21 +473,29 @@ class Engine:
     return out
 
   # ------------------------------------------------------------------------ admission
+  def _shard(self, i: int) -> int:
+    return i // (self.num_slots // self._batch_multiple())
+
   def _admit(self) -> list[Completion]:
     """Places waiting requests: copies of shared prefixes, then chunked prefills, then forks of
-    requests prefilled in this same round (identical inputs: G samples of one prompt)."""
+    requests prefilled in this same round (identical inputs: G samples of one prompt). Copies
+    stay within a slot shard: a shard that lacks a prefix prefills it itself, in parallel."""
+    if self.cache is None and self.waiting:
+      self._allocate(len(self.waiting))
     finished, copies, prefills, forks = [], [], [], []
     before = [s.tokens for s in self.slots]  # copies read the state before this round
-    fresh: dict[bytes, int] = {}  # input tokens prefilled this round -> slot
+    fresh: dict[tuple[int, bytes], int] = {}  # (shard, input) prefilled this round -> slot
     assigned: set[int] = set()  # slots written this round: no longer a source
     still = collections.deque()
     while self.waiting:
       req = self.waiting.popleft()
       tokens = np.asarray(req.tokens, np.int32)
-      budget = min(req.max_new_tokens, self.max_context - len(tokens), self.capacity - len(tokens))
       if len(tokens) == 0:
         raise ValueError(f"Request {req.key!r} has no tokens; every input needs at least one.")
-      i = self._slot_for(req.key)
+      budget = min(req.max_new_tokens, self.max_context - len(tokens), self.capacity - len(tokens))
+      i = self._parked(req.key)
+      if i is None:
+        i = self._free_slot(tokens, before, fresh, assigned)
       if i is None:
         still.append(req)
         continue
@@ -397,7 +505,7 @@ class Engine:
         finished.append(self._finish(i, "length", 0))
         continue
       assigned.add(i)
-      digest = tokens.tobytes()
+      digest = (self._shard(i), tokens.tobytes())
       if digest in fresh:
         forks.append((fresh[digest], i))
         s.tokens = tokens
@@ -412,27 +520,52 @@ class Engine:
       prefills.append((i, keep, tokens[keep:]))
       fresh[digest] = i
     self.waiting = still
-    self._run_copies(copies)
+    self._run_copies(copies, before)
     self._run_prefills(prefills)
-    self._run_copies(forks)
+    self._run_copies(forks, [s.tokens for s in self.slots])
     self.stats["forked_rows"] += len(forks)
     return finished
 
-  def _slot_for(self, key) -> int | None:
-    """The slot parked for `key`, else a free slot (the least useful one as a prefix)."""
+  def _parked(self, key) -> int | None:
     for i, s in enumerate(self.slots):
       if s.owner == key and s.request is None:
         return i
+    return None
+
+  def _free_slot(self, tokens, before, fresh, assigned) -> int | None:
+    """A free slot in the shard that best serves `tokens`: one prefilling the same input this
+    round, else the longest cached prefix, else the most free slots. Inside the shard, the slot
+    holding that prefix itself if it is free, else the free slot holding the least."""
     free = [i for i, s in enumerate(self.slots) if s.owner is None and s.request is None]
-    return min(free, key=lambda i: len(self.slots[i].tokens)) if free else None
+    if not free:
+      return None
+    shards = sorted({self._shard(i) for i in free})
+    digest = tokens.tobytes()
+    for d in shards:
+      if (d, digest) in fresh:
+        return min((i for i in free if self._shard(i) == d), key=lambda i: len(before[i]))
+    prefix = [0] * len(self.slots)
+    for j, held in enumerate(before):
+      if j not in assigned and len(held) and self._shard(j) in shards:
+        prefix[j] = common_prefix(held, tokens)
+    count = collections.Counter(self._shard(i) for i in free)
+    best = collections.Counter()
+    for j, n in enumerate(prefix):
+      best[self._shard(j)] = max(best[self._shard(j)], n)
+    d = max(shards, key=lambda d: (best[d], count[d]))
+    mine = [i for i in free if self._shard(i) == d]
+    top = max(mine, key=lambda i: prefix[i])
+    if prefix[top] > 0 and prefix[top] == best[d]:
+      return top
+    return min(mine, key=lambda i: len(before[i]))
 
   def _best_source(self, target: int, tokens: np.ndarray, before, assigned) -> tuple[int, int]:
-    """The slot whose cached tokens share the longest prefix with `tokens` (the target itself on
-    a tie), and that prefix's length. An exact match only counts where the source's logits are
-    the next-token ones, i.e. its tokens are exactly `tokens`."""
+    """The slot of the target's shard whose cached tokens share the longest prefix with `tokens`
+    (the target itself on a tie), and that prefix's length. A whole match only counts where the
+    source's logits are the next-token ones, i.e. its tokens are exactly `tokens`."""
     best, keep = target, common_prefix(before[target], tokens)
     for j, held in enumerate(before):
-      if j == target or j in assigned or not len(held):
+      if j == target or j in assigned or not len(held) or self._shard(j) != self._shard(target):
         continue
       n = common_prefix(held, tokens)
       if n == len(tokens) and len(held) != len(tokens):
@@ -443,46 +576,74 @@ class Engine:
       keep -= 1
     return best, keep
 
-  def _run_copies(self, pairs) -> None:
-    p = self.prefill_rows
-    for lo in range(0, len(pairs), p):
-      part = pairs[lo:lo + p]
-      src = np.full((p,), self.num_slots, np.int32)
-      dst = np.full((p,), self.num_slots, np.int32)
-      for k, (a, b) in enumerate(part):
-        src[k], dst[k] = a, b
-      src = np.minimum(src, self.num_slots - 1)  # padding reads any slot; its write is dropped
-      self.cache, self.logits = _copy(self.cache, self.logits, jnp.asarray(src), jnp.asarray(dst),
+  def _by_shard(self, items, slot_of) -> tuple[np.ndarray, list[list[int]]]:
+    """Up to `prefill_rows` items per shard: local slot indices [D, p] (p a power of two; padding
+    points past the shard) and, per shard, which items were taken."""
+    d = self._batch_multiple()
+    per = self.num_slots // d
+    groups: list[list[int]] = [[] for _ in range(d)]
+    for k, item in enumerate(items):
+      g = groups[self._shard(slot_of(item))]
+      if len(g) < self.prefill_rows:
+        g.append(k)
+    p = min(self.prefill_rows, length_bucket(max(len(g) for g in groups), minimum=1))
+    idx = np.full((d, p), per, np.int32)
+    for s, g in enumerate(groups):
+      for k, item_k in enumerate(g):
+        idx[s, k] = slot_of(items[item_k]) - s * per
+    return idx, groups
+
+  def _run_copies(self, pairs, held) -> None:
+    """Slot copies (source, target), each within its shard; `held` says what sources hold."""
+    while pairs:
+      dst, groups = self._by_shard(pairs, lambda pair: pair[1])
+      src = np.full_like(dst, 0)
+      taken = [k for g in groups for k in g]
+      per = self.num_slots // len(groups)
+      for s, g in enumerate(groups):
+        for k, item_k in enumerate(g):
+          src[s, k] = pairs[item_k][0] - s * per
+      window = min(self.capacity, length_bucket(max(len(held[pairs[k][0]]) for k in taken)))
+      self.cache, self.logits = _copy(self.cache, self.logits, self._put_rows(src),
+                                      self._put_rows(dst), window=window,
                                       shardings=self._shardings)
-      self.stats["copies"] += len(part)
+      self.stats["copies"] += len(taken)
+      pairs = [pair for k, pair in enumerate(pairs) if k not in set(taken)]
 
   def _run_prefills(self, items) -> None:
-    """Chunked prefills, `prefill_rows` slots × at most `prefill_chunk` tokens per call."""
-    queue = [(i, keep, rest) for i, keep, rest in items]
-    p = self.prefill_rows
+    """Chunked prefills: per shard up to `prefill_rows` slots × `prefill_chunk` tokens a call."""
+    queue = list(items)
     while queue:
-      batch, queue = queue[:p], queue[p:]
-      t = min(self.prefill_chunk, length_bucket(max(len(r) for _, _, r in batch), minimum=8))
-      slots = np.full((p,), self.num_slots, np.int32)
-      start = np.zeros((p,), np.int32)
-      tokens = np.full((p, t), self.pad_id, np.int32)
-      mask = np.zeros((p, t), np.int32)
+      idx, groups = self._by_shard(queue, lambda item: item[0])
+      d, p = idx.shape
+      taken = [k for g in groups for k in g]
+      t = min(self.prefill_chunk, block_bucket(max(len(queue[k][2]) for k in taken)))
+      start = np.zeros((d * p,), np.int32)
+      tokens = np.full((d * p, t), self.pad_id, np.int32)
+      mask = np.zeros((d * p, t), np.int32)
       later = []
-      for k, (i, keep, rest) in enumerate(batch):
-        piece = rest[:t]
-        slots[k], start[k] = i, keep
-        tokens[k, :len(piece)], mask[k, :len(piece)] = piece, 1
-        if len(rest) > t:
-          later.append((i, keep + t, rest[t:]))
+      for s, g in enumerate(groups):
+        for k, item_k in enumerate(g):
+          i, keep, rest = queue[item_k]
+          piece, row = rest[:t], s * p + k
+          start[row] = keep
+          tokens[row, :len(piece)], mask[row, :len(piece)] = piece, 1
+          if len(rest) > t:
+            later.append((i, keep + t, rest[t:]))
       window = min(self.capacity, length_bucket(int((start + mask.sum(1)).max())))
       self.cache, self.logits = _prefill(
-          self.config, self.params, self.cache, self.logits, self._put(slots), self._put(start),
-          self._put(tokens), self._put(mask), window=window, dtype=self.dtype,
+          self.config, self.params, self.cache, self.logits, self._put_rows(idx),
+          self._put(start), self._put(tokens), self._put(mask), window=window, dtype=self.dtype,
           shardings=self._shardings)
       self.stats["prefill_calls"] += 1
       self.stats["prefill_tokens"] += int(mask.sum())
-      self.stats["prefill_padded_tokens"] += p * t
-      queue = later + queue
+      self.stats["prefill_padded_tokens"] += d * p * t
+      done = set(taken)
+      queue = later + [item for k, item in enumerate(queue) if k not in done]
+
+  def _put_rows(self, idx_DP: np.ndarray):
+    """Per-shard row indices [D, p], each shard's row on its own devices."""
+    return self._put(idx_DP)
 
   # ------------------------------------------------------------------------ one-shot generation
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
@@ -501,10 +662,11 @@ class Engine:
       self.add(Request(("generate", r), prompts[r // num_samples], max_new_tokens,
                        seed=row_seed(seed, r), stop=tuple(stop), spec=spec))
     done: dict[Any, Completion] = {}
-    while self.busy():
-      for c in self.step():
+    while self.busy():  # without stop strings or queued rows, one call runs to the end
+      for c in self.step(None if stop or self.waiting else max_new_tokens):
         done[c.key] = c
         self.release(c.key)
+    self.free()
     out = []
     for r in range(n):
       c = done[("generate", r)]
