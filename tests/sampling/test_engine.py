@@ -182,6 +182,9 @@ def test_sharded_engine_matches_single_device(model):
   sharded.step()
   assert sharded.cache.k.sharding.spec[1] == ("data", "fsdp")  # kept through donation
   sharded.cancel()
+  odd = Engine(cfg, params, num_slots=8, chunk=4, max_context=128, mesh=shd.make_mesh((1, 1, 8)))
+  _same_rows(odd.generate(PROMPTS, max_new_tokens=10, temperature=0.8, seed=5, num_samples=3), a)
+  # 4 KV heads on tensor=8: the cache keeps its heads whole, as the sampler does
 
 
 def test_programs_compile_once_per_shape(model):
