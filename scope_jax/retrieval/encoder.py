@@ -223,5 +223,5 @@ class TextEncoder:
         tokens[r, :len(ids[i])], mask[r, :len(ids[i])] = ids[i], 1
       if self.mesh is not None:
         tokens, mask = shd.shard_batch((tokens, mask), self.mesh)
-      out[idx] = np.asarray(embed(self.config, self.params, tokens, mask))[:len(idx)]
+      out[idx] = shd.to_host(embed(self.config, self.params, tokens, mask))[:len(idx)]
     return out
