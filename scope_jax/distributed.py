@@ -2,9 +2,10 @@
 command on every host.
 
 `initialize` reads the environment: `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and
-`JAX_PROCESS_ID` (set by `launch/local.py`, the Slurm script and the GKE manifest) are passed to
-`jax.distributed.initialize` as they are; on a multi-host TPU VM (`TPU_WORKER_HOSTNAMES` lists
-several workers) JAX finds them itself. Anything else is a single-process run.
+`JAX_PROCESS_ID` (set by `launch/local.py`, `launch/slurm.sbatch` and the GKE manifest) are passed
+to `jax.distributed.initialize` as they are; `SCOPE_JAX_DISTRIBUTED=auto` (set by
+`launch/tpu_pod.py`), or a TPU slice whose `TPU_WORKER_HOSTNAMES` lists several workers, lets JAX
+find them itself (TPU VM metadata, GKE, Slurm). Anything else is a single-process run.
 
 Every host runs the same Python on the same host data, so host-side decisions (documents, tasks,
 memories, pools) agree without communication; `check_agree` verifies that cheaply, so a host
@@ -24,6 +25,7 @@ from absl import logging
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
+ENV_MODE = "SCOPE_JAX_DISTRIBUTED"  # 'auto': JAX detects the cluster; 'off' or unset: explicit only
 
 
 def init_args(environ: Mapping[str, str]) -> dict[str, Any] | None:
@@ -48,7 +50,14 @@ def init_args(environ: Mapping[str, str]) -> dict[str, Any] | None:
       return None
     return {"coordinator_address": given[ENV_COORDINATOR], "num_processes": num,
             "process_id": pid}
-  if len([h for h in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]) > 1:
+  mode = environ.get(ENV_MODE, "").strip().lower()
+  if mode not in ("", "auto", "off"):
+    raise ValueError(f"{ENV_MODE}={environ[ENV_MODE]!r}: use 'auto' (JAX finds the cluster: TPU VM "
+                     "pods, GKE, Slurm) or 'off'.")
+  if mode == "auto":
+    return {}
+  if mode != "off" and len([h for h in environ.get("TPU_WORKER_HOSTNAMES", "").split(",")
+                            if h.strip()]) > 1:
     return {}  # a multi-host TPU slice: JAX reads the workers and this one's id itself
   return None
 
