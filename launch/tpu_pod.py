@@ -101,7 +101,8 @@ def setup_cmds(a) -> list[list[str]]:
 def run_command(main_args: list[str]) -> str:
   """What every worker runs: scope_jax.main with JAX's own cluster detection, logged to a file."""
   main = shlex.join([".venv/bin/python", "-m", "scope_jax.main", *main_args])
-  inner = f"set -o pipefail; cd {REMOTE_DIR} && SCOPE_JAX_DISTRIBUTED=auto {main} 2>&1 | tee -a {REMOTE_LOG}"
+  inner = (f"set -o pipefail; cd {REMOTE_DIR} && SCOPE_JAX_DISTRIBUTED=auto {main} 2>&1 | "
+           f"tee -a {REMOTE_LOG}")
   return f"bash -c {shlex.quote(inner)}"
 
 
@@ -140,15 +141,14 @@ def up(a, sh: Shell) -> int:
       for cmd in setup_cmds(a):
         sh(cmd)
     code, _ = sh(ssh(a, run_command(a.main_args)), check=False)
+    if sh.dry_run and a.max_restarts:
+      print(f"# if the run ends with the slice preempted: delete it, create, set up and run "
+            f"again (up to {a.max_restarts} restarts); the run resumes from its gs:// workdir")
     if code == 0:
       if a.delete_after:
         sh(delete_cmd(a))
       return 0
     _, state = sh(state_cmd(a), check=False, capture=True)
-    if sh.dry_run:
-      print(f"# if the slice was preempted: delete it, create, set up and run again (up to "
-            f"{a.max_restarts} restarts); the run resumes from its gs:// workdir")
-      return 0
     if state == READY or attempt == a.max_restarts:
       return code  # the run itself failed, or no restarts left
     print(f"Slice {a.name} is {state or 'gone'} (attempt {attempt + 1}); starting again.",

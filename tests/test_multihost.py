@@ -138,6 +138,39 @@ def test_spell_on_two_processes_killed_and_resumed_matches_one_process(tmp_path)
   _assert_same_run(tmp_path / "one", tmp_path / "two")
 
 
+PROBE = """
+import os
+import jax, numpy as np
+from scope_jax import distributed, sharding as shd
+assert distributed.initialize(os.environ)
+i = jax.process_index()
+mesh = shd.make_mesh((1, -1, 1))
+x = np.arange(16, dtype=np.float32).reshape(16, 1)
+g = shd.global_array(x, shd.batch_sharding(mesh, x.shape))  # each process places its 8 rows
+assert not g.is_fully_addressable and len(g.addressable_shards) == 4
+assert (shd.to_host(g) == x).all() and (shd.to_host(jax.jit(lambda a: 2 * a)(g)) == 2 * x).all()
+assert distributed.broadcast_int(10 + i) == 10
+assert distributed.on_every_host(True) and not distributed.on_every_host(i == 0)
+distributed.check_agree("a shared value", {"a": 1})
+try:
+  distributed.check_agree("the pool", {"pool": [i]})
+except RuntimeError as e:
+  print("refused:", e)
+print("probe done", i, shd.describe_devices(jax.devices()))
+"""
+
+
+def test_helpers_across_two_processes(tmp_path):
+  """Placement, gathering, broadcast and the agreement check on 2 real processes."""
+  out = subprocess.run([sys.executable, LAUNCH, "--num_processes=2", "--devices_per_process=4",
+                        "--", sys.executable, "-c", PROBE], capture_output=True, text=True,
+                       cwd=ROOT, env=_env(), timeout=300)
+  assert out.returncode == 0, out.stdout[-3000:]
+  for p in (0, 1):
+    assert f"[p{p}] probe done {p} 8 devices (2 processes × 4 devices)" in out.stdout
+    assert f"[p{p}] refused: Hosts diverged: the pool on processes [1] differs" in out.stdout
+
+
 def test_a_mesh_that_does_not_fit_fails_at_start_naming_the_device_count(tmp_path):
   out = _two_processes(tmp_path / "run", ("--config=configs/spell.py",
                                           "--config.mesh.shape=(1,3,1)"), timeout=300)
