@@ -37,6 +37,9 @@ METHODS = ("spell", "scope", "opensir", "asl", "piplay")
 class Method:
   """One self-play method: declares its roles in `__init__`, then runs one step at a time."""
 
+  host_local_keys: tuple[str, ...] = ()  # host_state() entries that measure this host (wall
+  # times): every other entry must be the same on every host of a multi-host run
+
   def __init__(self, rt: Runtime):
     self.rt = rt
 
@@ -176,7 +179,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     logging.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())
                                                   if not k.startswith("time/")))
     host = method.host_state()
-    distributed.check_agree(f"step {step}'s host state", host)  # multi-host: every host agrees
+    distributed.check_agree(f"step {step}'s host state",  # multi-host: every host decided alike
+                            {k: v for k, v in host.items() if k not in method.host_local_keys})
     if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.total_steps:
       checkpointer.save(step, rt.device_state(), host)
     bar.set_postfix({k.split("/")[0]: f"{v:.3g}" for k, v in last.items()
