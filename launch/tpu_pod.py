@@ -40,7 +40,8 @@ class Shell:
   def __init__(self, dry_run: bool):
     self.dry_run = dry_run
 
-  def __call__(self, cmd: list[str], *, check: bool = True, capture: bool = False) -> tuple[int, str]:
+  def __call__(self, cmd: list[str], *, check: bool = True,
+               capture: bool = False) -> tuple[int, str]:
     if self.dry_run:
       print(shlex.join(cmd))
       return 0, ""

@@ -4,10 +4,11 @@ states, counters, RNG) plus the method's host state (JSON: history memories, poo
 Saves are asynchronous and keep the newest N; a restart resumes from the newest complete step.
 In a multi-process run every process calls save and restore with its global arrays: orbax writes
 each array's shards from the process that holds them and the host state from process 0, as one
-checkpoint, and every process restores its own shards. orbax only lists steps whose save committed, so an interrupted save is never picked; a committed
-step that fails to restore (corrupt or partial files) is moved aside to `<dir>_quarantine/`
-(with a log line naming it) in favour of the previous one, so the re-run step saves again. A save
-that orbax declines is an error, never silence. Paths may be local or gs:// (etils.epath).
+checkpoint, and every process restores its own shards. orbax only lists steps whose save
+committed, so an interrupted save is never picked; a committed step that fails to restore
+(corrupt or partial files) is moved aside to `<dir>_quarantine/` (with a log line naming it) in
+favour of the previous one, so the re-run step saves again. A save that orbax declines is an
+error, never silence. Paths may be local or gs:// (etils.epath).
 """
 
 from __future__ import annotations

@@ -186,8 +186,9 @@ def test_gke_manifest_dry_run():
   assert index == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
   for i in range(4):  # what each pod sees once Kubernetes fills in its index
     seen = {k: e.get("value", str(i)) for k, e in env.items()}
-    assert distributed.init_args(seen) == {"coordinator_address": "spell-7b-slice-0-0.spell-7b:12355",
-                                           "num_processes": 4, "process_id": i}
+    assert distributed.init_args(seen) == {
+        "coordinator_address": "spell-7b-slice-0-0.spell-7b:12355", "num_processes": 4,
+        "process_id": i}
 
 
 def test_gke_refuses_a_local_workdir_on_several_hosts():
@@ -206,7 +207,9 @@ def _fake_slurm(tmp_path):
   files = {
       "scontrol": "#!/bin/bash\necho gpu-node-3\necho gpu-node-4\n",
       "srun": ("#!/bin/bash\nwhile [[ \"$1\" == --* ]]; do shift; done\n"
-               "for ((i = 0; i < SLURM_NTASKS; i++)); do SLURM_PROCID=$i \"$@\" || exit $?; done\n"),
+               "for ((i = 0; i < SLURM_NTASKS; i++)); do\n"
+               "  SLURM_PROCID=$i \"$@\" || exit $?\n"
+               "done\n"),
       "fake_python": (f"#!/bin/bash\nexec {shlex.quote(sys.executable)} -c "
                       "'import json, os, sys; from scope_jax import distributed; "
                       "print(json.dumps([os.getcwd(), distributed.init_args(os.environ), "
@@ -215,9 +218,9 @@ def _fake_slurm(tmp_path):
   for name, text in files.items():
     (bin_dir / name).write_text(text)
     (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
-  return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="gpu-node-[3-4]",
-              SLURM_NTASKS="2", SCOPE_JAX_DIR=ROOT, SCOPE_JAX_PYTHON=str(bin_dir / "fake_python"),
-              PYTHONPATH=ROOT)
+  return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
+              SLURM_JOB_NODELIST="gpu-node-[3-4]", SLURM_NTASKS="2", SCOPE_JAX_DIR=ROOT,
+              SCOPE_JAX_PYTHON=str(bin_dir / "fake_python"), PYTHONPATH=ROOT)
 
 
 def test_slurm_dry_run_and_run_set_what_the_code_reads(tmp_path):
@@ -227,7 +230,8 @@ def test_slurm_dry_run_and_run_set_what_the_code_reads(tmp_path):
                        env=env, timeout=60)
   assert dry.returncode == 0, dry.stderr
   first, second, command = dry.stdout.splitlines()
-  assert distributed.init_args({**_assignments(first)[0], "JAX_PROCESS_ID": "1"})["num_processes"] == 2
+  seen = {**_assignments(first)[0], "JAX_PROCESS_ID": "1"}
+  assert distributed.init_args(seen)["num_processes"] == 2
   assert "JAX_COORDINATOR_ADDRESS=gpu-node-3:12355" in first and "SLURM_PROCID" in second
   words = shlex.split(command)
   assert words[:2] == ["srun", "--kill-on-bad-exit=1"] and words[-len(MAIN_ARGS):] == MAIN_ARGS
