@@ -71,6 +71,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_context = 8192  # prompt + response tokens per sequence
   c.rollout.max_prompt_tokens = 6144  # longer prompts keep their last tokens
+  # The slot engine keeps each row's KV cache across turns and refills free slots as rows end
+  # (sampling/engine.py); False runs every turn through the sampler, prefilled from scratch.
+  c.rollout.engine = True
+  c.rollout.slots = 64  # rows decoded together (rounded up to a multiple of data × fsdp)
+  c.rollout.chunk = 16  # decode steps per device call between host checks (stops, tools, slots)
+  c.rollout.prefill_rows = 4  # slots prefilled together, per data-parallel shard
+  c.rollout.prefill_chunk = 512  # tokens per prefill call; longer inputs take several
   return c
 
 

@@ -26,7 +26,7 @@ from scope_jax.methods.roles import Role
 from scope_jax.models import ModelConfig, get_preset, gguf_io, hf_io, transformer
 from scope_jax.rl import learner as learner_lib
 from scope_jax.rl import optim, train_step
-from scope_jax.sampling import Sampler
+from scope_jax.sampling import Engine, Sampler
 
 LOSS_ONLY_RUNNER_KEYS = ("micro_batch_rows", "recompute_old_logp")
 
@@ -137,13 +137,17 @@ class Runtime:
                  param_overview(self.base_params))
 
   # ---------------------------------------------------------------------------- players
-  def sampler(self, params) -> Sampler:
-    """A sampler over `params` in the sampling layout (weights whole along fsdp)."""
-    return Sampler(self.model_config, params, dtype=self.dtype, mesh=self.mesh,
-                   rules=self.sampling_rules,
-                   decode=lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=False),
-                   max_context=self.config.rollout.max_context, pad_id=self.pad_id,
-                   eos_ids=self.eos_ids)
+  def sampler(self, params) -> Sampler | Engine:
+    """What plays `params` (in the sampling layout: weights whole along fsdp): the slot engine,
+    or the turn-by-turn sampler when `rollout.engine` is off."""
+    r = self.config.rollout
+    common = dict(dtype=self.dtype, mesh=self.mesh, rules=self.sampling_rules,
+                  decode=lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=False),
+                  max_context=r.max_context, pad_id=self.pad_id, eos_ids=self.eos_ids)
+    if r.get("engine", False):
+      return Engine(self.model_config, params, num_slots=r.slots, chunk=r.chunk,
+                    prefill_rows=r.prefill_rows, prefill_chunk=r.prefill_chunk, **common)
+    return Sampler(self.model_config, params, **common)
 
   def add_policy(self, name: str, params=None, loss_overrides=None) -> learner_lib.Policy:
     """A trained policy initialised from a copy of `params` (default: the base model)."""

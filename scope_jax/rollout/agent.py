@@ -8,6 +8,7 @@ with search disabled.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Sequence
 
@@ -17,6 +18,8 @@ from absl import logging
 from scope_jax.rollout import parsers
 from scope_jax.rollout.datums import context_tokens
 from scope_jax.rollout.types import SearchTool, Span, ToolCall, Trajectory
+from scope_jax.sampling import SampleResult, SamplingSpec
+from scope_jax.sampling.engine import Engine, Request, row_seed
 
 INVALID_ACTION_XML = (
     "\nMy previous action is invalid. If I want to search, I should put the query between "
@@ -102,6 +105,9 @@ def run_rollout(sampler, tokenizer, prompts: Sequence[Sequence[int]], tool: Sear
                 progress: bool = False) -> list[Trajectory]:
   """Rolls out `num_samples` multi-turn trajectories per prompt (results prompt-major).
 
+  sampler: a `sampling.Engine` (slots keep their cache across turns; rows advance on their own
+    and tool calls overlap decoding) or a `sampling.Sampler` (turn by turn, each turn prefilled
+    from scratch). Greedy rows come out identical either way.
   progress: show a bar of finished rows (useful for long multi-turn rollouts).
   """
   rows = []
@@ -110,56 +116,13 @@ def run_rollout(sampler, tokenizer, prompts: Sequence[Sequence[int]], tool: Sear
       row = _Row([], [], [], [])
       row.append(p, "prompt", "")
       rows.append(row)
-  prefix, suffix = config.observation_wrappers()
-  prefix_ids, suffix_ids = encode(tokenizer, prefix), encode(tokenizer, suffix)
-  search_stop = parsers.search_stop(config.syntax)
   from tqdm import tqdm
   bar = tqdm(total=len(rows), desc="rollout", unit="row", leave=False, disable=not progress)
-  for turn in range(config.max_turns + 1):
-    active = [i for i, r in enumerate(rows) if not r.done]
-    if not active:
-      break
-    search_allowed = turn < config.max_turns and tool is not None
-    stop = [f"</{t}>" for t in config.final_tags] + ([search_stop] if search_allowed else [])
-    budget = min(config.max_turn_tokens,
-                 max(config.max_total_tokens - max(len(rows[i].context) for i in active), 1))
-    if turn == 0:  # identical prompts: prefill once, fork num_samples ways
-      results = sampler.generate(prompts, max_new_tokens=budget, stop=stop,
-                                 num_samples=num_samples, seed=seed, **_sampling(config))
-      results = [results[i] for i in active]
-    else:
-      results = sampler.generate([rows[i].context for i in active], max_new_tokens=budget,
-                                 stop=stop, seed=seed + 7919 * turn, **_sampling(config))
-    pending: list[tuple[int, parsers.Action]] = []
-    for i, res in zip(active, results):
-      row = rows[i]
-      row.append(res.tokens, "generated", res.text or "", res.logprobs,
-                 context_tokens(res.text or "", tokenizer) if config.strip_think else None)
-      action = parsers.parse_action(res.text or "", syntax=config.syntax,
-                                    final_tags=config.final_tags, search_allowed=search_allowed)
-      if res.finish_reason != "stop":
-        row.done, row.finish = True, ("eos" if res.finish_reason == "eos" else "length")
-        if row.finish == "eos" and turn == config.max_turns and tool is not None:
-          row.finish = "max_turns"  # the search-free final turn ended without an answer
-        if action.kind == "final":
-          row.final_tag, row.answer, row.finish = action.tag, action.content, "final"
-      elif action.kind == "final":
-        row.done, row.finish, row.final_tag, row.answer = True, "final", action.tag, action.content
-      elif action.kind == "search":
-        pending.append((i, action))
-      else:
-        row.invalid += 1
-        if turn == config.max_turns:
-          row.done, row.finish = True, "max_turns"
-        else:
-          msg = config.invalid_message()
-          row.append(encode(tokenizer, msg), "observation", msg)
-    _call_tool(tool, pending, rows, turn, tokenizer, config, prefix_ids, suffix_ids)
-    for i in active:
-      if not rows[i].done and len(rows[i].context) >= config.max_total_tokens:
-        rows[i].done, rows[i].finish = True, "context"
-    bar.update(sum(rows[i].done for i in active))
-  bar.close()
+  run = _on_engine if isinstance(sampler, Engine) else _turn_by_turn
+  try:
+    run(sampler, tokenizer, prompts, rows, tool, config, num_samples, seed, bar)
+  finally:
+    bar.close()
   for r in rows:
     if not r.done:
       r.done, r.finish = True, "max_turns"
@@ -167,30 +130,157 @@ def run_rollout(sampler, tokenizer, prompts: Sequence[Sequence[int]], tool: Sear
           for i, r in enumerate(rows)]
 
 
+def _turn_by_turn(sampler, tokenizer, prompts, rows, tool, config, num_samples, seed, bar):
+  """All live rows generate a turn together, from their whole context; then one tool call."""
+  for turn in range(config.max_turns + 1):
+    active = [i for i, r in enumerate(rows) if not r.done]
+    if not active:
+      break
+    search_allowed = turn < config.max_turns and tool is not None
+    budget = min(config.max_turn_tokens,
+                 max(config.max_total_tokens - max(len(rows[i].context) for i in active), 1))
+    stop = _stops(config, search_allowed)
+    if turn == 0:  # identical prompts: prefill once, fork num_samples ways
+      results = sampler.generate(prompts, max_new_tokens=budget, stop=stop,
+                                 num_samples=num_samples, seed=seed, **_sampling(config))
+      results = [results[i] for i in active]
+    else:
+      results = sampler.generate([rows[i].context for i in active], max_new_tokens=budget,
+                                 stop=stop, seed=seed + 7919 * turn, **_sampling(config))
+    pending = []
+    for i, res in zip(active, results):
+      action = _absorb_turn(rows[i], res, turn, search_allowed, tool, tokenizer, config)
+      if action is not None:
+        pending.append((i, action))
+    if pending:
+      answers, error = _search(tool, [q for _, a in pending for q in a.queries])
+      _observe(rows, pending, answers, error, turn, tokenizer, config)
+    for i in active:
+      _check_context(rows[i], config)
+    bar.update(sum(rows[i].done for i in active))
+
+
+def _on_engine(engine: Engine, tokenizer, prompts, rows, tool, config, num_samples, seed, bar):
+  """Each row advances on its own: a finished turn is parsed at once; searches are batched into
+  one tool call that runs on a worker thread while the other slots keep decoding; the
+  observation is then prefilled into the row's slot, which kept its cache."""
+  spec = SamplingSpec(temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+                      eos_ids=engine.eos_ids)
+  turns = [0] * len(rows)
+
+  def submit(i: int) -> None:
+    search_allowed = turns[i] < config.max_turns and tool is not None
+    budget = min(config.max_turn_tokens, max(config.max_total_tokens - len(rows[i].context), 1))
+    engine.add(Request(("rollout", i), rows[i].context, budget, seed=row_seed(seed, i),
+                       turn=turns[i], stop=tuple(_stops(config, search_allowed)), spec=spec))
+
+  def settle(i: int) -> None:
+    _check_context(rows[i], config)
+    if rows[i].done:
+      engine.release(("rollout", i))
+      bar.update(1)
+    else:
+      submit(i)
+
+  pending: list = []
+  inflight = None  # (future, the rows' pending searches)
+  pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="search")
+  try:
+    for i in range(len(rows)):
+      submit(i)
+    while engine.busy() or pending or inflight is not None:
+      for c in (engine.step() if engine.busy() else []):
+        i = c.key[1]
+        turn, search_allowed = turns[i], turns[i] < config.max_turns and tool is not None
+        turns[i] += 1
+        res = SampleResult(c.tokens, c.logprobs, c.finish_reason, i // num_samples, text=c.text,
+                           stop=c.stop)
+        action = _absorb_turn(rows[i], res, turn, search_allowed, tool, tokenizer, config)
+        if action is not None:
+          pending.append((i, action))
+        else:
+          settle(i)
+      if pending and inflight is None:
+        queries = [q for _, a in pending for q in a.queries]
+        inflight, pending = (pool.submit(_search, tool, queries), pending), []
+      if inflight is not None and (inflight[0].done() or not engine.busy()):
+        (answers, error), searched = inflight[0].result(), inflight[1]
+        inflight = None
+        _observe(rows, searched, answers, error, None, tokenizer, config, turns=turns)
+        for i, _ in searched:
+          settle(i)
+  finally:
+    pool.shutdown(wait=True)
+    engine.cancel()
+    engine.free()
+
+
+def _stops(config: RolloutConfig, search_allowed: bool) -> list[str]:
+  search = [parsers.search_stop(config.syntax)] if search_allowed else []
+  return [f"</{t}>" for t in config.final_tags] + search
+
+
 def _sampling(config: RolloutConfig) -> dict:
   return dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
 
 
-def _call_tool(tool, pending, rows, turn, tokenizer, config, prefix_ids, suffix_ids) -> None:
-  """One batched tool call for every row that searched; failures become observations."""
-  if not pending:
-    return
-  flat = [q for _, a in pending for q in a.queries]
+def _absorb_turn(row: _Row, res, turn: int, search_allowed: bool, tool, tokenizer,
+                 config: RolloutConfig) -> parsers.Action | None:
+  """Appends a generated turn and acts on it; returns the search action the row now waits on."""
+  row.append(res.tokens, "generated", res.text or "", res.logprobs,
+             context_tokens(res.text or "", tokenizer) if config.strip_think else None)
+  action = parsers.parse_action(res.text or "", syntax=config.syntax,
+                                final_tags=config.final_tags, search_allowed=search_allowed)
+  if res.finish_reason != "stop":
+    row.done, row.finish = True, ("eos" if res.finish_reason == "eos" else "length")
+    if row.finish == "eos" and turn == config.max_turns and tool is not None:
+      row.finish = "max_turns"  # the search-free final turn ended without an answer
+    if action.kind == "final":
+      row.final_tag, row.answer, row.finish = action.tag, action.content, "final"
+  elif action.kind == "final":
+    row.done, row.finish, row.final_tag, row.answer = True, "final", action.tag, action.content
+  elif action.kind == "search":
+    return action
+  else:
+    row.invalid += 1
+    if turn == config.max_turns:
+      row.done, row.finish = True, "max_turns"
+    else:
+      msg = config.invalid_message()
+      row.append(encode(tokenizer, msg), "observation", msg)
+  return None
+
+
+def _check_context(row: _Row, config: RolloutConfig) -> None:
+  if not row.done and len(row.context) >= config.max_total_tokens:
+    row.done, row.finish = True, "context"
+
+
+def _search(tool, queries: list[str]) -> tuple[list[str], str | None]:
+  """One batched tool call; a failure becomes an error text, never an exception."""
   try:
-    answers = list(tool(flat))
-    if len(answers) != len(flat):
-      raise RuntimeError(f"tool returned {len(answers)} results for {len(flat)} queries")
-    error = None
+    answers = list(tool(queries))
+    if len(answers) != len(queries):
+      raise RuntimeError(f"tool returned {len(answers)} results for {len(queries)} queries")
+    return answers, None
   except Exception as e:  # a tool failure must never end the rollout
-    logging.warning("Search tool failed on %d queries: %s", len(flat), e)
-    answers, error = [""] * len(flat), f"{type(e).__name__}: {e}"[:200]
+    logging.warning("Search tool failed on %d queries: %s", len(queries), e)
+    return [""] * len(queries), f"{type(e).__name__}: {e}"[:200]
+
+
+def _observe(rows, pending, answers, error, turn, tokenizer, config: RolloutConfig, *,
+             turns=None) -> None:
+  """Appends each searching row's observation (the documents, or the tool's error)."""
+  prefix, suffix = config.observation_wrappers()
+  prefix_ids, suffix_ids = encode(tokenizer, prefix), encode(tokenizer, suffix)
   pos = 0
   for i, action in pending:
     row = rows[i]
     parts = answers[pos:pos + len(action.queries)]
     pos += len(action.queries)
     body = TOOL_ERROR.format(error) if error else "\n".join(p.strip() for p in parts)
-    row.calls.append(ToolCall(turn, list(action.queries), body, error))
+    row.calls.append(ToolCall(turn if turns is None else turns[i] - 1, list(action.queries), body,
+                              error))
     row.searches += error is None
     body_ids = encode(tokenizer, body)[:config.max_obs_tokens]
     ids = prefix_ids + body_ids + suffix_ids

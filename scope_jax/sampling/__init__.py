@@ -6,6 +6,7 @@ from typing import Sequence
 
 import jax.numpy as jnp
 
+from scope_jax.sampling.engine import Completion, Engine, Request
 from scope_jax.sampling.sampler import (FINISH_REASONS, Sampler, SampleResult, SamplingSpec,
                                         compile_counts, length_bucket, select_tokens,
                                         truncate_logits)
@@ -32,5 +33,5 @@ def generate(config, params, prompts: Sequence[Sequence[int]], *, max_new_tokens
                           top_p=top_p, top_k=top_k, stop=stop, num_samples=num_samples, seed=seed)
 
 
-__all__ = ["FINISH_REASONS", "Sampler", "SampleResult", "SamplingSpec", "compile_counts",
+__all__ = ["Completion", "Engine", "FINISH_REASONS", "Request", "Sampler", "SampleResult", "SamplingSpec", "compile_counts",
            "decode_fn", "generate", "length_bucket", "select_tokens", "truncate_logits"]

@@ -199,7 +199,8 @@ class Sampler:
     self.max_context = max_context or config.max_position_embeddings
     self.pad_id = pad_id if pad_id is not None else (config.pad_token_id or 0)
     self.eos_ids = tuple(config.eos_ids if eos_ids is None else eos_ids)
-    self.stats = {"prefill_calls": 0, "prefill_rows": 0, "decode_calls": 0, "generated_tokens": 0}
+    self.stats = {"prefill_calls": 0, "prefill_rows": 0, "prefill_tokens": 0,
+                  "prefill_padded_tokens": 0, "decode_calls": 0, "generated_tokens": 0}
     self.update_params(params)
 
   def update_params(self, params) -> None:
@@ -251,6 +252,8 @@ class Sampler:
                              cache_dtype=self.cache_dtype)
     self.stats["prefill_calls"] += 1
     self.stats["prefill_rows"] += n
+    self.stats["prefill_tokens"] += sum(len(p) for p in prompts)
+    self.stats["prefill_padded_tokens"] += tokens.size
     if g > 1:
       cache, logits = kvc.fork(cache, g), jnp.repeat(logits, g, axis=0)
 

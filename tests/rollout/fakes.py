@@ -66,3 +66,34 @@ def random_trajectory(rng, vocab_size: int, prompt_len: int, response_len: int) 
   logp = np.where(mask > 0, -1.0, 0.0).astype(np.float32)
   return Trajectory(tokens, mask, logp, prompt_len, [Span(0, prompt_len, "prompt")], [], None,
                     None, "eos")
+
+
+class ActionTokenizer(CharTokenizer):
+  """CharTokenizer whose top ids decode to whole actions, so a random model searches and answers:
+  ids 250-252 are searches for 'a', 'b', 'c'; 253-254 answer 'yes' / 'no'; text never encodes
+  to them."""
+
+  ACTIONS = {250: "<search>a</search>", 251: "<search>b</search>", 252: "<search>c</search>",
+             253: "<answer>yes</answer>", 254: "<answer>no</answer>"}
+
+  def encode(self, text, add_special_tokens=False):
+    return [min(ord(c), 249) for c in text]
+
+  def decode(self, ids, skip_special_tokens=False):
+    return "".join(self.ACTIONS.get(i, chr(i)) for i in ids)
+
+
+def action_model(seed: int = 0, boost: float = 0.0):
+  """A tiny random model (vocab 256) whose action ids get `boost` added to their output rows'
+  norm, so greedy rollouts search and answer at varied turns."""
+  import jax
+  from scope_jax.models import init_params, tiny_config
+  cfg = tiny_config("qwen2", eos_token_id=None)
+  params = init_params(cfg, jax.random.key(seed))
+  if boost:
+    ids = np.asarray(sorted(ActionTokenizer.ACTIONS))
+    name = "embed" if cfg.tie_embeddings else "lm_head"
+    out = np.array(params[name])
+    out[ids] *= boost
+    params = {**params, name: jax.numpy.asarray(out)}
+  return cfg, params

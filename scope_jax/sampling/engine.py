@@ -1,0 +1,680 @@
+"""A slot-based rollout engine: B fixed KV-cache slots, continuous batching, multi-turn reuse.
+
+Device side (jitted, static shapes; every program works on a window of the first W cache
+positions, W a power-of-two bucket of the longest slot involved, so attention follows the
+actual lengths rather than the capacity):
+  * `_prefill` truncates P chosen slots to the prefix they keep, appends a right-padded block of
+    tokens (chunked: a long input takes several calls) and keeps each slot's last logits;
+  * `_copy` copies whole slots (cache and next-token logits): the G samples of a prompt share one
+    prefill, and any input may start from a slot that holds a common prefix;
+  * `_decode` runs up to `chunk` steps over all slots; live slots emit one token per step.
+
+Host side (`Engine.step`): admit waiting requests into free slots (a continuation goes back to
+the slot its key parked in), run one decode chunk, then apply stop strings, EOS and budgets and
+hand back the finished completions. A finished slot stays parked for its key, cache intact,
+until the caller continues it (the next turn: only the new tokens are prefilled) or releases it.
+
+Exactness: slots hold their tokens without holes (slot index = RoPE position), so a slot's
+cache equals a fresh prefill of its tokens; the log-prob convention is the sampler's
+(log softmax(logits / T) of the full vocabulary); sampling keys depend on the request's seed,
+its turn and the token index only, so results do not depend on the slot or the schedule.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from typing import Any, Callable, Hashable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from scope_jax import sharding as shd
+from scope_jax.models import kv_cache as kvc
+from scope_jax.models import transformer
+from scope_jax.models.config import ModelConfig
+from scope_jax.sampling import stops as stops_lib
+from scope_jax.sampling.sampler import (SampleResult, SamplingSpec, _validate, length_bucket,
+                                        truncate_logits)
+
+_TRACES = collections.Counter()
+
+
+@dataclasses.dataclass
+class Request:
+  """Generate up to `max_new_tokens` after `tokens` (the whole context, not a suffix)."""
+
+  key: Hashable  # the caller's id for this sequence; a continuation reuses the key's slot
+  tokens: Sequence[int]
+  max_new_tokens: int
+  seed: int = 0  # with `turn`, the only inputs of the sampling keys
+  turn: int = 0
+  stop: tuple[str, ...] = ()
+  spec: SamplingSpec = SamplingSpec()
+
+
+@dataclasses.dataclass
+class Completion:
+  key: Hashable
+  tokens: np.ndarray  # [n] int32 exactly as sampled (a stop string's last token included)
+  logprobs: np.ndarray  # [n] float32
+  finish_reason: str  # 'eos' | 'stop' | 'length'
+  text: str | None = None
+  stop: str | None = None
+
+
+@dataclasses.dataclass
+class _Slot:
+  tokens: np.ndarray  # what the slot's cache holds, in order (its logits follow the last one)
+  owner: Hashable = None  # the key parked or live here
+  request: Request | None = None  # set while live
+  generated: list = dataclasses.field(default_factory=list)
+  logprobs: list = dataclasses.field(default_factory=list)
+  budget: int = 0
+  checked: int = 0  # generated tokens already searched for stop strings
+
+
+# ------------------------------------------------------------------------------ device side
+
+def _window(cache: kvc.KVCache, w: int) -> kvc.KVCache:
+  return kvc.KVCache(k=cache.k[:, :, :w], v=cache.v[:, :, :w], valid=cache.valid[:, :w],
+                     end=cache.end, next_pos=cache.next_pos, pos=cache.pos[:, :w])
+
+
+def _constrain(x, sharding):
+  return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _split(x, axis: int, d: int):
+  """The slot axis [B] as [D, B/D]: one block per slot shard (free under the batch sharding)."""
+  return x.reshape(x.shape[:axis] + (d, x.shape[axis] // d) + x.shape[axis + 1:])
+
+
+def _merge(x, axis: int):
+  return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2:])
+
+
+def take_rows(x, idx_DP, axis: int):
+  """Rows `idx_DP` [D, p] of each slot shard (indices local to the shard): [.., D·p, ..]. Each
+  shard reads only its own rows, so nothing crosses devices."""
+  take = lambda xs, i: jnp.take(xs, i, axis=axis, mode="clip")
+  out = jax.vmap(take, in_axes=(axis, 0), out_axes=axis)(_split(x, axis, idx_DP.shape[0]), idx_DP)
+  return _merge(out, axis)
+
+
+def put_rows(x, idx_DP, rows, axis: int, window: int | None = None):
+  """Writes `rows` [.., D·p, ..] at rows `idx_DP` of each shard (out of range: dropped), into the
+  first `window` positions of the axis after the slots when given."""
+  tail = () if window is None else (slice(0, window),)
+  put = lambda xs, i, ys: xs.at[(slice(None),) * axis + (i,) + tail].set(ys, mode="drop")
+  d = idx_DP.shape[0]
+  out = jax.vmap(put, in_axes=(axis, 0, axis), out_axes=axis)(
+      _split(x, axis, d), idx_DP, _split(rows, axis, d))
+  return _merge(out, axis)
+
+
+def _take_cache(cache: kvc.KVCache, idx_DP, window: int) -> kvc.KVCache:
+  view = _window(cache, window)
+  return kvc.KVCache(k=take_rows(view.k, idx_DP, 1), v=take_rows(view.v, idx_DP, 1),
+                     valid=take_rows(view.valid, idx_DP, 0), end=take_rows(view.end, idx_DP, 0),
+                     next_pos=take_rows(view.next_pos, idx_DP, 0),
+                     pos=take_rows(view.pos, idx_DP, 0))
+
+
+def _put_cache(cache: kvc.KVCache, idx_DP, rows: kvc.KVCache, shardings) -> kvc.KVCache:
+  w = rows.valid.shape[1]
+  new = kvc.KVCache(k=put_rows(cache.k, idx_DP, rows.k, 1, w),
+                    v=put_rows(cache.v, idx_DP, rows.v, 1, w),
+                    valid=put_rows(cache.valid, idx_DP, rows.valid, 0, w),
+                    end=put_rows(cache.end, idx_DP, rows.end, 0),
+                    next_pos=put_rows(cache.next_pos, idx_DP, rows.next_pos, 0),
+                    pos=put_rows(cache.pos, idx_DP, rows.pos, 0, w))
+  return jax.tree.map(_constrain, new, shardings) if shardings is not None else new
+
+
+def _store_window(cache: kvc.KVCache, view: kvc.KVCache, shardings) -> kvc.KVCache:
+  """Writes a window view of every slot back into the cache."""
+  w = view.valid.shape[1]
+  new = kvc.KVCache(k=cache.k.at[:, :, :w].set(view.k), v=cache.v.at[:, :, :w].set(view.v),
+                    valid=cache.valid.at[:, :w].set(view.valid), end=view.end,
+                    next_pos=view.next_pos, pos=cache.pos.at[:, :w].set(view.pos))
+  return jax.tree.map(_constrain, new, shardings) if shardings is not None else new
+
+
+@functools.partial(jax.jit, static_argnames=("config", "window", "dtype", "shardings"),
+                   donate_argnames=("cache", "logits_BV"))
+def _prefill(config: ModelConfig, params, cache: kvc.KVCache, logits_BV, slots_DP, start_P,
+             tokens_PT, mask_PT, *, window: int, dtype, shardings):
+  """Truncates slots `slots_DP` (local to each slot shard; P = D·p rows, shard-major) to
+  `start_P` tokens, appends the right-padded block and stores the logits after each row's last
+  real token (rows with no real token keep theirs)."""
+  _TRACES["prefill"] += 1
+  logging.info("Compiling engine prefill: %d rows × %d tokens, window %d.", *tokens_PT.shape,
+               window)
+  sub = _take_cache(cache, slots_DP, window)
+  keep_PW = jnp.arange(window)[None, :] < start_P[:, None]
+  sub = sub.replace(valid=sub.valid & keep_PW, end=start_P, next_pos=start_P)
+  hidden_PTD, sub = transformer.forward(config, params, tokens_PT, attention_mask=mask_PT,
+                                        cache=sub, return_hidden=True, dtype=dtype)
+  n_P = mask_PT.sum(-1)
+  last_P1D = jnp.take_along_axis(hidden_PTD, jnp.maximum(n_P - 1, 0)[:, None, None], axis=1)
+  logits_PV = transformer.logits_from_hidden(last_P1D, transformer.unembedding(config, params),
+                                             config.final_softcap)[:, 0]
+  old_PV = take_rows(logits_BV, slots_DP, 0)
+  logits_PV = jnp.where((n_P > 0)[:, None], logits_PV, old_PV)  # no real token: keep logits
+  logits_BV = put_rows(logits_BV, slots_DP, logits_PV, 0)
+  cache = _put_cache(cache, slots_DP, sub, shardings and shardings[0])
+  return cache, _constrain(logits_BV, shardings and shardings[1])
+
+
+@functools.partial(jax.jit, static_argnames=("window", "shardings"),
+                   donate_argnames=("cache", "logits_BV"))
+def _copy(cache: kvc.KVCache, logits_BV, src_DP, dst_DP, *, window: int, shardings):
+  """Copies slots `src_DP` (cache window and logits) onto `dst_DP`, within each slot shard;
+  every read happens before any write."""
+  _TRACES["copy"] += 1
+  cache = _put_cache(cache, dst_DP, _take_cache(cache, src_DP, window),
+                     shardings and shardings[0])
+  logits_BV = put_rows(logits_BV, dst_DP, take_rows(logits_BV, src_DP, 0), 0)
+  return cache, _constrain(logits_BV, shardings and shardings[1])
+
+
+def select_tokens_rows(logits_BV, keys_B, spec: SamplingSpec, temperature):
+  """`sampler.select_tokens` with one key per row, so a row's draw is independent of the batch."""
+  logits_BV = logits_BV.astype(jnp.float32)
+  if spec.temperature == 0.0:
+    token_B = jnp.argmax(logits_BV, axis=-1)
+    logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
+  else:
+    scaled_BV = logits_BV / temperature
+    logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
+    allowed_BV = truncate_logits(scaled_BV, spec.top_k, spec.top_p)
+    token_B = jax.vmap(jax.random.categorical)(keys_B, allowed_BV)
+  logp_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
+  return token_B.astype(jnp.int32), logp_B
+
+
+def row_keys(seed_B, turn_B, index_B):
+  """The sampling key of each row's next token: a function of (seed, turn, token index) only."""
+  key = lambda s, t, i: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), t), i)
+  return jax.vmap(key)(seed_B, turn_B, index_B)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "spec", "chunk", "window", "dtype",
+                                             "shardings"),
+                   donate_argnames=("cache", "logits_SV"))
+def _decode(config: ModelConfig, spec: SamplingSpec, params, cache: kvc.KVCache, logits_SV,
+            rows_DP, live_B, budget_B, seed_B, turn_B, count_B, temperature, *, chunk: int,
+            window: int, dtype, shardings):
+  """Up to `chunk` decode steps over B rows: every slot (`rows_DP` None), or the slots `rows_DP`
+  (local to each shard; B = D·p), gathered into a dense batch so that idle slots cost nothing.
+  Returns the cache, logits, the emitted tokens and log-probs [B, chunk], how many each row
+  emitted and whether it ended on EOS."""
+  _TRACES["decode"] += 1
+  logging.info("Compiling engine decode: %d rows, chunk %d, window %d.", live_B.shape[0], chunk,
+               window)
+  eos = jnp.asarray(spec.eos_ids or (-1,), jnp.int32)
+  b = live_B.shape[0]
+  if rows_DP is None:
+    view, logits_BV = _window(cache, window), logits_SV
+  else:
+    view, logits_BV = _take_cache(cache, rows_DP, window), take_rows(logits_SV, rows_DP, 0)
+
+  def cond(carry):
+    i, done_B = carry[0], carry[5]
+    return (i < chunk) & ~jnp.all(done_B)
+
+  def body(carry):
+    i, view, logits_BV, tokens_BN, logp_BN, done_B, n_B, eos_B = carry
+    keys_B = row_keys(seed_B, turn_B, count_B + n_B)
+    token_B, lp_B = select_tokens_rows(logits_BV, keys_B, spec, temperature)
+    active_B = ~done_B
+    token_B = jnp.where(active_B, token_B, 0)
+    tokens_BN = tokens_BN.at[:, i].set(token_B)
+    logp_BN = logp_BN.at[:, i].set(jnp.where(active_B, lp_B, 0.0))
+    n_B = n_B + active_B.astype(jnp.int32)
+    hit_B = active_B & jnp.isin(token_B, eos)
+    done_B = done_B | hit_B | (n_B >= budget_B)
+    new_B1V, view = transformer.forward(config, params, token_B[:, None],
+                                        attention_mask=active_B[:, None], cache=view, dtype=dtype)
+    logits_BV = jnp.where(active_B[:, None], new_B1V[:, 0], logits_BV)
+    return i + 1, view, logits_BV, tokens_BN, logp_BN, done_B, n_B, eos_B | hit_B
+
+  init = (jnp.int32(0), view, logits_BV.astype(jnp.float32), jnp.zeros((b, chunk), jnp.int32),
+          jnp.zeros((b, chunk), jnp.float32), ~live_B | (budget_B <= 0),
+          jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool))
+  _, view, logits_BV, tokens_BN, logp_BN, _, n_B, eos_B = jax.lax.while_loop(cond, body, init)
+  if rows_DP is None:
+    cache, logits_SV = _store_window(cache, view, shardings and shardings[0]), logits_BV
+  else:
+    cache = _put_cache(cache, rows_DP, view, shardings and shardings[0])
+    logits_SV = put_rows(logits_SV, rows_DP, logits_BV, 0)
+  return cache, _constrain(logits_SV, shardings and shardings[1]), tokens_BN, logp_BN, n_B, eos_B
+
+
+def compile_counts() -> dict[str, int]:
+  """How many times the engine's programs were traced (= compiled) in this process."""
+  return dict(_TRACES)
+
+
+def block_bucket(n: int) -> int:
+  """Prefill block lengths: powers of two up to 128, then multiples of 128 (an observation of
+  ~560 tokens pads to 640, not 1024)."""
+  return length_bucket(n, minimum=8) if n <= 128 else -(-n // 128) * 128
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+  n = min(len(a), len(b))
+  if n == 0:
+    return 0
+  diff = np.flatnonzero(a[:n] != b[:n])
+  return int(diff[0]) if diff.size else n
+
+
+# ------------------------------------------------------------------------------- host side
+
+class Engine:
+  """B slots over one params pytree. Use `add` / `step` / `release` (the multi-turn rollout does),
+  or `generate`, which has `Sampler.generate`'s contract."""
+
+  def __init__(self, config: ModelConfig, params, *, num_slots: int = 32,
+               max_context: int | None = None, chunk: int = 16, prefill_rows: int = 4,
+               prefill_chunk: int = 512, dtype=jnp.float32, cache_dtype=None, mesh=None,
+               rules: shd.Rules = shd.SAMPLING_RULES,
+               decode: Callable[[Sequence[int]], str] | None = None, pad_id: int | None = None,
+               eos_ids: Sequence[int] | None = None):
+    self.config, self.dtype = config, dtype
+    self.mesh, self.rules = mesh, rules
+    self.decode_text = decode
+    self.chunk, self.prefill_chunk = chunk, prefill_chunk
+    self.max_context = max_context or config.max_position_embeddings
+    self.capacity = length_bucket(self.max_context)
+    self.pad_id = pad_id if pad_id is not None else (config.pad_token_id or 0)
+    self.eos_ids = tuple(config.eos_ids if eos_ids is None else eos_ids)
+    m = self._batch_multiple()
+    self.max_slots = -(-num_slots // m) * m
+    self.max_prefill_rows = prefill_rows
+    self.num_slots = self.prefill_rows = 0  # set when the cache is allocated
+    self._shardings = self._make_shardings()
+    self.cache_dtype = cache_dtype or dtype
+    self.cache = self.logits = None  # allocated on first use, freed by `free`
+    self.slots: list[_Slot] = []
+    self.waiting: collections.deque[Request] = collections.deque()
+    self.stats = collections.Counter()
+    self.update_params(params)
+
+  # ------------------------------------------------------------------------ placement
+  def update_params(self, params) -> None:
+    """Points the engine at new weights. Every slot is emptied: its keys and values came from
+    the old weights and must not be reused as a prefix."""
+    if self.busy():
+      raise RuntimeError("The engine's weights cannot change while requests are generating.")
+    if self.mesh is not None:
+      params = transformer.shard_params(params, self.config, self.mesh, self.rules)
+    self.params = params
+    self.free()
+
+  def _allocate(self, queued: int) -> None:
+    """A cache of as many slots as the queued requests need (a power of two, at most
+    `num_slots`): a small call does not decode a batch of empty slots."""
+    m = self._batch_multiple()
+    self.num_slots = min(self.max_slots, -(-length_bucket(queued, minimum=1) // m) * m)
+    self.prefill_rows = max(1, min(self.max_prefill_rows, self.num_slots // m))  # per shard
+    cache = kvc.init_cache(self.config, self.num_slots, self.capacity, self.cache_dtype)
+    logits = jnp.zeros((self.num_slots, self.config.vocab_size), jnp.float32)
+    if self._shardings is not None:
+      cache = jax.device_put(cache, self._shardings[0])
+      logits = jax.device_put(logits, self._shardings[1])
+    self.cache, self.logits = cache, logits
+    self.slots = [_Slot(np.zeros((0,), np.int32)) for _ in range(self.num_slots)]
+
+  def free(self) -> None:
+    """Gives the cache's memory back (between rollouts); the next request allocates it again."""
+    if self.busy():
+      raise RuntimeError("The engine cannot free its cache while requests are generating.")
+    self.cache = self.logits = None
+    self.slots = []
+
+  def _batch_multiple(self) -> int:
+    if self.mesh is None:
+      return 1
+    return int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")]))
+
+  def _make_shardings(self):
+    if self.mesh is None:
+      return None
+    spec = lambda *axes: jax.sharding.NamedSharding(
+        self.mesh, shd.logical_to_spec(axes, None, self.mesh, self.rules))
+    kv = spec("layers", "batch", "cache", "kv_heads", "head_dim")
+    row, row_col = spec("batch"), spec("batch", None)
+    cache = kvc.KVCache(k=kv, v=kv, valid=row_col, end=row, next_pos=row, pos=row_col)
+    return cache, row_col
+
+  def _put(self, x):
+    x = np.asarray(x)
+    if self.mesh is None:
+      return jnp.asarray(x)
+    return jax.device_put(x, shd.batch_sharding(self.mesh, x.shape, self.rules))
+
+  # ------------------------------------------------------------------------ requests
+  def add(self, request: Request) -> None:
+    """Queues a request; a key that is live already is refused."""
+    if any(s.request is not None and s.owner == request.key for s in self.slots):
+      raise ValueError(f"Request key {request.key!r} is still generating; wait for its "
+                       "completion before continuing it.")
+    self.waiting.append(request)
+
+  def release(self, key: Hashable) -> None:
+    """Frees the slot parked for `key` (its tokens stay available as a shared prefix)."""
+    for s in self.slots:
+      if s.owner == key and s.request is None:
+        s.owner = None
+
+  def cancel(self) -> None:
+    """Drops every waiting and live request and frees every slot (what a slot's cache holds
+    stays usable as a prefix: it always matches the slot's recorded tokens between steps)."""
+    self.waiting.clear()
+    for s in self.slots:
+      s.owner, s.request, s.generated, s.logprobs, s.checked = None, None, [], [], 0
+
+  def busy(self) -> bool:
+    return bool(self.waiting) or any(s.request is not None for s in self.slots)
+
+  def step(self, steps: int | None = None) -> list[Completion]:
+    """Admits what fits, decodes one chunk (`chunk` steps, or `steps` rounded up to a power of
+    two when the caller knows nothing needs the host sooner), returns the requests that finished."""
+    finished = self._admit()
+    live = [i for i, s in enumerate(self.slots) if s.request is not None]
+    if not live:
+      return finished
+    spec = self._spec(live)
+    rows_DP, order = self._decode_rows(live)
+    b = len(order)
+    live_B, budget_B = np.zeros((b,), bool), np.zeros((b,), np.int32)
+    seed_B, turn_B, count_B = (np.zeros((b,), np.int32) for _ in range(3))
+    for r, i in enumerate(order):
+      s = self.slots[i] if i is not None else None
+      if s is None or s.request is None:
+        continue
+      live_B[r], budget_B[r] = True, s.budget - len(s.generated)
+      seed_B[r], turn_B[r], count_B[r] = s.request.seed, s.request.turn, len(s.generated)
+    chunk = self.chunk if steps is None else max(self.chunk, length_bucket(steps, minimum=1))
+    steps = min(chunk, int(budget_B.max()))
+    window = min(self.capacity, length_bucket(max(len(self.slots[i].tokens) for i in live) + steps))
+    self.cache, self.logits, tok, lp, n, eos = _decode(
+        self.config, spec.compiled(), self.params, self.cache, self.logits,
+        None if rows_DP is None else self._put(rows_DP), self._put(live_B), self._put(budget_B),
+        self._put(seed_B), self._put(turn_B), self._put(count_B), jnp.float32(spec.temperature),
+        chunk=chunk, window=window, dtype=self.dtype, shardings=self._shardings)
+    tok, lp, n, eos = (np.asarray(x) for x in (tok, lp, n, eos))
+    self.stats["decode_calls"] += 1
+    self.stats["slot_steps"] += self.num_slots * int(n.max())
+    self.stats["decoded_row_steps"] += b * int(n.max())
+    self.stats["live_slot_steps"] += int(n.sum())
+    self.stats["decode_tokens"] += int(n.sum())
+    row_of = {i: r for r, i in enumerate(order) if i is not None}
+    for i in live:
+      r = row_of[i]
+      finished += self._absorb(i, tok[r, :n[r]], lp[r, :n[r]], bool(eos[r]))
+    return finished
+
+  def _decode_rows(self, live) -> tuple[np.ndarray | None, list]:
+    """The rows one decode call runs: every slot, or (when that is at most half of them) the live
+    slots gathered per shard into [D, p], p a power of two. Returns the indices (None: every
+    slot) and the slot behind each decoded row (None for padding)."""
+    d = self._batch_multiple()
+    per = self.num_slots // d
+    groups = [[i for i in live if self._shard(i) == s] for s in range(d)]
+    p = length_bucket(max(len(g) for g in groups), minimum=1)
+    if 2 * p > per:
+      return None, list(range(self.num_slots))
+    idx = np.full((d, p), per, np.int32)
+    order = [None] * (d * p)
+    for s, g in enumerate(groups):
+      for k, i in enumerate(g):
+        idx[s, k], order[s * p + k] = i - s * per, i
+    return idx, order
+  def _spec(self, live) -> SamplingSpec:
+    specs = {self.slots[i].request.spec for i in live}
+    if len(specs) > 1:
+      raise ValueError(f"Live requests use different sampling settings {sorted(map(str, specs))}; "
+                       "run one setting at a time through an engine.")
+    return specs.pop()
+
+  def _absorb(self, i: int, tokens, logprobs, hit_eos: bool) -> list[Completion]:
+    s = self.slots[i]
+    s.tokens = np.concatenate([s.tokens, tokens.astype(np.int32)])
+    s.generated += tokens.tolist()
+    s.logprobs += logprobs.tolist()
+    match = None
+    if s.request.stop:
+      match = stops_lib.find_stop(s.generated, s.request.stop, self.decode_text, start=s.checked)
+      s.checked = len(s.generated)
+    if match is not None:
+      return [self._finish(i, "stop", match.num_tokens, match)]
+    if hit_eos:
+      return [self._finish(i, "eos", len(s.generated))]
+    if len(s.generated) >= s.budget:
+      return [self._finish(i, "length", len(s.generated))]
+    return []
+
+  def _finish(self, i: int, reason: str, n: int, match=None) -> Completion:
+    s = self.slots[i]
+    out = Completion(s.request.key, np.asarray(s.generated[:n], np.int32),
+                     np.asarray(s.logprobs[:n], np.float32), reason)
+    if match is not None:
+      out.text, out.stop = match.text, match.stop
+    elif self.decode_text is not None:
+      out.text = self.decode_text(out.tokens.tolist())
+    s.request, s.generated, s.logprobs, s.checked = None, [], [], 0
+    return out
+
+  # ------------------------------------------------------------------------ admission
+  def _shard(self, i: int) -> int:
+    return i // (self.num_slots // self._batch_multiple())
+
+  def _admit(self) -> list[Completion]:
+    """Places waiting requests: copies of shared prefixes, then chunked prefills, then forks of
+    requests prefilled in this same round (identical inputs: G samples of one prompt). Copies
+    stay within a slot shard: a shard that lacks a prefix prefills it itself, in parallel."""
+    if self.cache is None and self.waiting:
+      self._allocate(len(self.waiting))
+    finished, copies, prefills, forks = [], [], [], []
+    before = [s.tokens for s in self.slots]  # copies read the state before this round
+    fresh: dict[tuple[int, bytes], int] = {}  # (shard, input) prefilled this round -> slot
+    assigned: set[int] = set()  # slots written this round: no longer a source
+    still = collections.deque()
+    while self.waiting:
+      req = self.waiting.popleft()
+      tokens = np.asarray(req.tokens, np.int32)
+      if len(tokens) == 0:
+        raise ValueError(f"Request {req.key!r} has no tokens; every input needs at least one.")
+      budget = min(req.max_new_tokens, self.max_context - len(tokens), self.capacity - len(tokens))
+      i = self._parked(req.key)
+      if i is None:
+        i = self._free_slot(tokens, before, fresh, assigned)
+      if i is None:
+        still.append(req)
+        continue
+      s = self.slots[i]
+      s.owner, s.request, s.budget = req.key, req, budget
+      if budget <= 0:  # no room: nothing to generate, as the sampler reports it
+        finished.append(self._finish(i, "length", 0))
+        continue
+      assigned.add(i)
+      digest = (self._shard(i), tokens.tobytes())
+      if digest in fresh:
+        forks.append((fresh[digest], i))
+        s.tokens = tokens
+        continue
+      src, keep = self._best_source(i, tokens, before, assigned)
+      if src != i:
+        copies.append((src, i))
+      s.tokens = tokens
+      if keep == len(tokens) and src != i:  # an exact copy: its logits are already the next ones
+        continue
+      keep = min(keep, len(tokens) - 1)
+      prefills.append((i, keep, tokens[keep:]))
+      fresh[digest] = i
+    self.waiting = still
+    self._run_copies(copies, before)
+    self._run_prefills(prefills)
+    self._run_copies(forks, [s.tokens for s in self.slots])
+    self.stats["forked_rows"] += len(forks)
+    return finished
+
+  def _parked(self, key) -> int | None:
+    for i, s in enumerate(self.slots):
+      if s.owner == key and s.request is None:
+        return i
+    return None
+
+  def _free_slot(self, tokens, before, fresh, assigned) -> int | None:
+    """A free slot in the shard that best serves `tokens`: one prefilling the same input this
+    round, else the longest cached prefix, else the most free slots. Inside the shard, the slot
+    holding that prefix itself if it is free, else the free slot holding the least."""
+    free = [i for i, s in enumerate(self.slots) if s.owner is None and s.request is None]
+    if not free:
+      return None
+    shards = sorted({self._shard(i) for i in free})
+    digest = tokens.tobytes()
+    for d in shards:
+      if (d, digest) in fresh:
+        return min((i for i in free if self._shard(i) == d), key=lambda i: len(before[i]))
+    prefix = [0] * len(self.slots)
+    for j, held in enumerate(before):
+      if j not in assigned and len(held) and self._shard(j) in shards:
+        prefix[j] = common_prefix(held, tokens)
+    count = collections.Counter(self._shard(i) for i in free)
+    best = collections.Counter()
+    for j, n in enumerate(prefix):
+      best[self._shard(j)] = max(best[self._shard(j)], n)
+    d = max(shards, key=lambda d: (best[d], count[d]))
+    mine = [i for i in free if self._shard(i) == d]
+    top = max(mine, key=lambda i: prefix[i])
+    if prefix[top] > 0 and prefix[top] == best[d]:
+      return top
+    return min(mine, key=lambda i: len(before[i]))
+
+  def _best_source(self, target: int, tokens: np.ndarray, before, assigned) -> tuple[int, int]:
+    """The slot of the target's shard whose cached tokens share the longest prefix with `tokens`
+    (the target itself on a tie), and that prefix's length. A whole match only counts where the
+    source's logits are the next-token ones, i.e. its tokens are exactly `tokens`."""
+    best, keep = target, common_prefix(before[target], tokens)
+    for j, held in enumerate(before):
+      if j == target or j in assigned or not len(held) or self._shard(j) != self._shard(target):
+        continue
+      n = common_prefix(held, tokens)
+      if n == len(tokens) and len(held) != len(tokens):
+        n -= 1  # the logits after tokens[-1] are not stored: prefill the last token again
+      if n > keep:
+        best, keep = j, n
+    if best == target and keep == len(tokens):
+      keep -= 1
+    return best, keep
+
+  def _by_shard(self, items, slot_of) -> tuple[np.ndarray, list[list[int]]]:
+    """Up to `prefill_rows` items per shard: local slot indices [D, p] (p a power of two; padding
+    points past the shard) and, per shard, which items were taken."""
+    d = self._batch_multiple()
+    per = self.num_slots // d
+    groups: list[list[int]] = [[] for _ in range(d)]
+    for k, item in enumerate(items):
+      g = groups[self._shard(slot_of(item))]
+      if len(g) < self.prefill_rows:
+        g.append(k)
+    p = min(self.prefill_rows, length_bucket(max(len(g) for g in groups), minimum=1))
+    idx = np.full((d, p), per, np.int32)
+    for s, g in enumerate(groups):
+      for k, item_k in enumerate(g):
+        idx[s, k] = slot_of(items[item_k]) - s * per
+    return idx, groups
+
+  def _run_copies(self, pairs, held) -> None:
+    """Slot copies (source, target), each within its shard; `held` says what sources hold."""
+    while pairs:
+      dst, groups = self._by_shard(pairs, lambda pair: pair[1])
+      src = np.full_like(dst, 0)
+      taken = [k for g in groups for k in g]
+      per = self.num_slots // len(groups)
+      for s, g in enumerate(groups):
+        for k, item_k in enumerate(g):
+          src[s, k] = pairs[item_k][0] - s * per
+      window = min(self.capacity, length_bucket(max(len(held[pairs[k][0]]) for k in taken)))
+      self.cache, self.logits = _copy(self.cache, self.logits, self._put_rows(src),
+                                      self._put_rows(dst), window=window,
+                                      shardings=self._shardings)
+      self.stats["copies"] += len(taken)
+      pairs = [pair for k, pair in enumerate(pairs) if k not in set(taken)]
+
+  def _run_prefills(self, items) -> None:
+    """Chunked prefills: per shard up to `prefill_rows` slots × `prefill_chunk` tokens a call."""
+    queue = list(items)
+    while queue:
+      idx, groups = self._by_shard(queue, lambda item: item[0])
+      d, p = idx.shape
+      taken = [k for g in groups for k in g]
+      t = min(self.prefill_chunk, block_bucket(max(len(queue[k][2]) for k in taken)))
+      start = np.zeros((d * p,), np.int32)
+      tokens = np.full((d * p, t), self.pad_id, np.int32)
+      mask = np.zeros((d * p, t), np.int32)
+      later = []
+      for s, g in enumerate(groups):
+        for k, item_k in enumerate(g):
+          i, keep, rest = queue[item_k]
+          piece, row = rest[:t], s * p + k
+          start[row] = keep
+          tokens[row, :len(piece)], mask[row, :len(piece)] = piece, 1
+          if len(rest) > t:
+            later.append((i, keep + t, rest[t:]))
+      window = min(self.capacity, length_bucket(int((start + mask.sum(1)).max())))
+      self.cache, self.logits = _prefill(
+          self.config, self.params, self.cache, self.logits, self._put_rows(idx),
+          self._put(start), self._put(tokens), self._put(mask), window=window, dtype=self.dtype,
+          shardings=self._shardings)
+      self.stats["prefill_calls"] += 1
+      self.stats["prefill_tokens"] += int(mask.sum())
+      self.stats["prefill_padded_tokens"] += d * p * t
+      done = set(taken)
+      queue = later + [item for k, item in enumerate(queue) if k not in done]
+
+  def _put_rows(self, idx_DP: np.ndarray):
+    """Per-shard row indices [D, p], each shard's row on its own devices."""
+    return self._put(idx_DP)
+
+  # ------------------------------------------------------------------------ one-shot generation
+  def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+               stop: Sequence[str] = (), num_samples: int = 1, seed: int = 0,
+               eos_ids: Sequence[int] | None = None) -> list[SampleResult]:
+    """`Sampler.generate` on the engine: `num_samples` completions per prompt, prompt-major."""
+    prompts = [list(p) for p in prompts]
+    _validate(prompts, self.config.vocab_size, max_new_tokens, num_samples)
+    if stop and self.decode_text is None:
+      raise ValueError("Stop strings need a tokenizer (or decode function) to read the text.")
+    spec = SamplingSpec(float(temperature), int(top_k), float(top_p),
+                        tuple(self.eos_ids if eos_ids is None else eos_ids))
+    n = len(prompts) * num_samples
+    for r in range(n):
+      self.add(Request(("generate", r), prompts[r // num_samples], max_new_tokens,
+                       seed=row_seed(seed, r), stop=tuple(stop), spec=spec))
+    done: dict[Any, Completion] = {}
+    while self.busy():  # without stop strings or queued rows, one call runs to the end
+      for c in self.step(None if stop or self.waiting else max_new_tokens):
+        done[c.key] = c
+        self.release(c.key)
+    self.free()
+    out = []
+    for r in range(n):
+      c = done[("generate", r)]
+      out.append(SampleResult(c.tokens, c.logprobs, c.finish_reason, r // num_samples,
+                              text=c.text, stop=c.stop))
+    return out
+
+
+def row_seed(seed: int, row: int) -> int:
+  """A row's sampling seed from a call's seed: distinct per row, independent of any slot."""
+  return int(np.random.SeedSequence([seed, row]).generate_state(1)[0] % (2**31))
