@@ -20,7 +20,7 @@ from scope_jax import sharding as shd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "launch", "local.py")
-MESH = "--config.mesh.shape=(1,2,4)"  # fsdp across the two processes, tensor within each
+MESH = "--config.mesh.shape=(1,4,2)"  # fsdp across the two processes, tensor within each
 SPELL = ("--config=configs/spell.py", MESH, "--config.spell.questions_per_step=3",
          "--config.spell.group_size=3", "--config.progress=false")  # both steps train
 SCOPE = ("--config=configs/scope.py", MESH, "--config.total_steps=2", "--config.progress=false")
