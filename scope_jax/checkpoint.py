@@ -2,10 +2,13 @@
 states, counters, RNG) plus the method's host state (JSON: history memories, pools, counters).
 
 Saves are asynchronous and keep the newest N; a restart resumes from the newest complete step.
-orbax only lists steps whose save committed, so an interrupted save is never picked; a committed
-step that fails to restore (corrupt or partial files) is moved aside to `<dir>_quarantine/`
-(with a log line naming it) in favour of the previous one, so the re-run step saves again. A save
-that orbax declines is an error, never silence. Paths may be local or gs:// (etils.epath).
+In a multi-process run every process calls save and restore with its global arrays: orbax writes
+each array's shards from the process that holds them and the host state from process 0, as one
+checkpoint, and every process restores its own shards. orbax only lists steps whose save
+committed, so an interrupted save is never picked; a committed step that fails to restore
+(corrupt or partial files) is moved aside to `<dir>_quarantine/` (with a log line naming it) in
+favour of the previous one, so the re-run step saves again. A save that orbax declines is an
+error, never silence. Paths may be local or gs:// (etils.epath).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+
+from scope_jax import distributed
 
 
 class Checkpointer:
@@ -68,9 +73,12 @@ class Checkpointer:
 
   def quarantine(self, step: int) -> epath.Path:
     """Moves a step that failed to restore out of the checkpoint directory (kept for a look)."""
-    target = epath.Path(f"{self.directory}_quarantine") / f"{step}-{int(time.time())}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    (self.directory / str(step)).rename(target)
+    stamp = int(distributed.broadcast_int(int(time.time())))  # one name on every host
+    target = epath.Path(f"{self.directory}_quarantine") / f"{step}-{stamp}"
+    if distributed.is_primary():  # one process moves it; the others wait, then look again
+      target.parent.mkdir(parents=True, exist_ok=True)
+      (self.directory / str(step)).rename(target)
+    distributed.barrier(f"quarantine_{step}")
     self._manager.reload()
     return target
 

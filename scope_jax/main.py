@@ -3,6 +3,9 @@
     python -m scope_jax.main --config=configs/spell.py --workdir=runs/spell
     python -m scope_jax.main --config=configs/spell.py:paper --workdir=gs://bucket/run \
         --config.model.source=hf:/ckpt/Qwen2.5-7B-Instruct --config.optim.lr=1e-6
+
+Multi-host: every host runs the same command; launch/ sets the environment that
+`scope_jax.distributed` reads (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
 """
 
 import logging as std_logging
@@ -13,7 +16,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from scope_jax import checkpoint, cli_errors
+from scope_jax import checkpoint, cli_errors, distributed
 from scope_jax.methods import runner
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Method config file (configs/*.py[:preset]).",
@@ -23,13 +26,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (local or gs://):
 
 def main(argv):
   del argv
-  if any(k in os.environ for k in ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")) or \
-      int(os.environ.get("JAX_NUM_PROCESSES", "1")) > 1:
-    jax.distributed.initialize()  # multi-host: one process per host
   quiet = ("/orbax/", "xla_bridge.py", "faiss/loader.py")  # chatty libraries: warnings only
   logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= std_logging.WARNING or not any(q in r.pathname for q in quiet))
   try:  # a missing config file, or settings typed right but invalid: one line, before loading
+    distributed.initialize(os.environ)  # multi-host: one process per host
     config = _CONFIG.value
     runner.validate(config)
     runner.check_writable(checkpoint.absolute(_WORKDIR.value))

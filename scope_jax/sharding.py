@@ -7,6 +7,10 @@ each logical name to a mesh axis (or None = replicated). Training shards weights
 tensor; sampling keeps weights whole along fsdp (`SAMPLING_RULES`) so decode does no gathers.
 A dimension that a mesh axis does not divide is replicated instead (logged once), e.g. 2 kv heads
 on tensor=4.
+
+Multi-host: the mesh spans every process's devices. Host data is the same on every host, so a
+batch becomes a global array from each process's own shards (`global_array`), and a global array
+is read back on every host through `to_host`, which gathers the shards other hosts hold.
 """
 
 from __future__ import annotations
@@ -80,16 +84,30 @@ def make_mesh(shape: Sequence[int] | Mapping[str, int] = (1, -1, 1),
   if -1 in shape:
     known = math.prod(s for s in shape if s != -1)
     if len(devices) % known:
-      raise ValueError(f"Mesh {shape} does not divide {len(devices)} devices.")
+      raise ValueError(f"Mesh {shape} does not divide the {describe_devices(devices)}.")
     shape[shape.index(-1)] = len(devices) // known
   if math.prod(shape) != len(devices):
     raise ValueError(f"Mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices, "
-                     f"but {len(devices)} are available; use -1 for one axis to take the rest.")
+                     f"but {describe_devices(devices)} are available; make the product of "
+                     "mesh.shape equal that count, or use -1 for one axis to take the rest.")
   try:
     device_array = mesh_utils.create_device_mesh(shape, devices)
   except Exception:  # non-TPU topologies or uneven host layouts
     device_array = np.asarray(devices).reshape(shape)
   return Mesh(device_array, MESH_AXES)
+
+
+def describe_devices(devices: Sequence[jax.Device]) -> str:
+  """'8 devices (2 processes × 4 devices)': the count a mesh must match, and where it comes from."""
+  per_process: dict[int, int] = {}
+  for d in devices:
+    per_process[d.process_index] = per_process.get(d.process_index, 0) + 1
+  text = f"{len(devices)} devices"
+  if len(per_process) > 1:
+    counts = sorted(set(per_process.values()))
+    each = str(counts[0]) if len(counts) == 1 else "/".join(map(str, per_process.values()))
+    text += f" ({len(per_process)} processes × {each} devices)"
+  return text
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None, mesh: Mesh,
@@ -136,4 +154,33 @@ def batch_sharding(mesh: Mesh, shape: Sequence[int], rules: Rules = TRAIN_RULES)
 
 def shard_batch(x: Any, mesh: Mesh, rules: Rules = TRAIN_RULES) -> Any:
   """Places each [B, ...] array of a pytree with rows split over ('data', 'fsdp')."""
-  return jax.tree.map(lambda a: jax.device_put(a, batch_sharding(mesh, np.shape(a), rules)), x)
+  return jax.tree.map(lambda a: global_array(a, batch_sharding(mesh, np.shape(a), rules)), x)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """Every device of `mesh` holds the whole array."""
+  return NamedSharding(mesh, P())
+
+
+def global_array(x: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+  """A global array from a host array that every process holds whole (the same on every host:
+  host-side decisions are identical); each process places only the shards its devices hold.
+  A global array is resharded; a local one (on this host's devices) goes through the host, as
+  `device_put` cannot place a local array on another host's devices."""
+  if isinstance(x, jax.Array):
+    if not x.is_fully_addressable or sharding.is_fully_addressable:
+      return jax.device_put(x, sharding)
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # a PRNG key: its raw data, wrapped again
+      return jax.random.wrap_key_data(global_array(jax.random.key_data(x), sharding),
+                                      impl=jax.random.key_impl(x))
+  x = np.asarray(x)
+  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def to_host(x: Any) -> np.ndarray:
+  """A global array read back whole on every host: shards held by other processes are gathered
+  first (a collective: every process must call it), a local or replicated array is copied."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)

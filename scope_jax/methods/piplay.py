@@ -78,6 +78,8 @@ def final_answer(traj: Trajectory) -> str | None:
 
 
 class PiPlay(Method):
+  host_local_keys = ("stage_seconds",)  # this host's wall times, not a decision
+
   def __init__(self, rt: Runtime):
     super().__init__(rt)
     self.cfg = cfg = rt.config.piplay

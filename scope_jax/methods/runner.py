@@ -20,8 +20,10 @@ from etils import epath
 from tqdm import tqdm
 
 from scope_jax import checkpoint as ckpt_lib
+from scope_jax import distributed
 from scope_jax import metrics as metrics_lib
 from scope_jax import run_record
+from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
 from scope_jax.methods import warmup as warmup_lib
 from scope_jax.methods.runtime import Runtime, loss_config, mesh_rules, role_context
@@ -34,6 +36,9 @@ METHODS = ("spell", "scope", "opensir", "asl", "piplay")
 
 class Method:
   """One self-play method: declares its roles in `__init__`, then runs one step at a time."""
+
+  host_local_keys: tuple[str, ...] = ()  # host_state() entries that measure this host (wall
+  # times): every other entry must be the same on every host of a multi-host run
 
   def __init__(self, rt: Runtime):
     self.rt = rt
@@ -84,6 +89,7 @@ def validate(config: ml_collections.ConfigDict):
     raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} needs 3 entries (data, fsdp, tensor) "
                      "or 4 (and expert).")
   mesh_rules(config)  # every rule names axes the mesh has
+  check_mesh(config)
   if config.rollout.max_prompt_tokens >= config.rollout.max_context:
     raise ValueError(f"rollout.max_prompt_tokens={config.rollout.max_prompt_tokens} leaves no room "
                      f"for a response within rollout.max_context={config.rollout.max_context}.")
@@ -101,6 +107,15 @@ def validate(config: ml_collections.ConfigDict):
   if hasattr(module, "validate_config"):
     module.validate_config(config)
   return module
+
+
+def check_mesh(config: ml_collections.ConfigDict) -> None:
+  """The mesh fits this run's devices, counted over every process (a multi-host run's mesh spans
+  all hosts); fails before anything loads, naming the device count."""
+  try:
+    shd.make_mesh(tuple(config.mesh.shape))
+  except ValueError as e:
+    raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} does not fit: {e}") from None
 
 
 def build(config: ml_collections.ConfigDict, workdir: str, *, warm_start: bool = True):
@@ -122,7 +137,7 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, warm_start: bool =
 
 def check_writable(workdir: str) -> None:
   """Fails at once (before any model loads) when the workdir, local or gs://, cannot be written."""
-  probe = epath.Path(workdir) / f".write_check_{os.getpid()}"
+  probe = epath.Path(workdir) / f".write_check_{jax.process_index()}_{os.getpid()}"
   try:
     probe.parent.mkdir(parents=True, exist_ok=True)
     probe.write_text("ok")
@@ -163,8 +178,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     last = rt.metrics.write(step, metrics)
     logging.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())
                                                   if not k.startswith("time/")))
+    host = method.host_state()
+    distributed.check_agree(f"step {step}'s host state",  # multi-host: every host decided alike
+                            {k: v for k, v in host.items() if k not in method.host_local_keys})
     if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.total_steps:
-      checkpointer.save(step, rt.device_state(), method.host_state())
+      checkpointer.save(step, rt.device_state(), host)
     bar.set_postfix({k.split("/")[0]: f"{v:.3g}" for k, v in last.items()
                      if k.endswith("reward/mean")}, refresh=False)
     bar.update(1)
@@ -172,6 +190,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   checkpointer.close()
   rt.metrics.close()
   wall = time.perf_counter() - run_start
+  if not distributed.is_primary():  # the summary is printed once
+    return last
   if start >= config.total_steps:
     print(f"Nothing to run: {config.total_steps} steps of {config.method} are already done in "
           f"{workdir} (raise --config.total_steps to continue).")

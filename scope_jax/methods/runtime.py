@@ -209,7 +209,8 @@ class Runtime:
                 max_prompt_tokens=limit, max_context=role_context(self.config, settings),
                 seed=self.config.seed, tool=tool, final_tags=tuple(final_tags),
                 templates=templates, policy=policy, timer=self.timer,
-                progress=self.config.get("progress", True), strip_think=strip_think,
+                progress=self.config.get("progress", True) and jax.process_index() == 0,
+                strip_think=strip_think,
                 system=system, frozen=frozen)
     self.roles[name] = role
     return role

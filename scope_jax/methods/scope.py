@@ -76,6 +76,8 @@ class GradeStats:
 
 
 class Scope(Method):
+  host_local_keys = ("stage_seconds",)  # this host's wall times, not a decision
+
   def __init__(self, rt: Runtime):
     super().__init__(rt)
     self.cfg = cfg = rt.config.scope

@@ -33,7 +33,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from scope_jax import assets
+from scope_jax import assets, distributed
 from scope_jax.data import demo
 from scope_jax.models import hf_io
 from scope_jax.rl import sft
@@ -100,7 +100,7 @@ def warm_start(rt, method) -> dict[str, float]:
     return {}
   dtype = jnp.dtype(rt.config.model.param_dtype)
   local = epath.Path(rt.workdir) / "warm_start"
-  if (local / "config.json").exists():
+  if distributed.broadcast_int((local / "config.json").exists()):  # process 0's view, for all
     logging.info("Loading the warmed-up base model of this run from %s", local)
     rt.rebase(load(local, rt, dtype))
     return {"warmup/source_run": 1.0}
@@ -108,10 +108,12 @@ def warm_start(rt, method) -> dict[str, float]:
   key, digest = settings_key(rt.config, rt.model_config), demos_digest(demos)
   meta = _bundled_meta()
   cached = assets.cache_dir() / "warm_start" / f"{key}-{digest}"
+  # The asset cache is each host's own disk: a multi-host run uses it only if every host has it.
+  in_cache = distributed.on_every_host((cached / "config.json").exists())
   if meta.get("settings") == key and meta.get("demos", {}).get(rt.config.method) == digest:
     logging.info("Using the bundled warmed-up demo model %s", BUNDLED)
     params, out = load(BUNDLED, rt, dtype), {"warmup/source_bundled": 1.0}
-  elif (cached / "config.json").exists():
+  elif in_cache:
     logging.info("Using the cached warmed-up base model %s", cached)
     params, out = load(cached, rt, dtype), {"warmup/source_cache": 1.0}
   else:

@@ -188,7 +188,7 @@ class TextEncoder:
     self.mesh = mesh
     if mesh is not None:
       replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-      self.params = jax.device_put(self.params, replicated)
+      self.params = jax.tree.map(lambda x: shd.global_array(x, replicated), self.params)
     self.identity = {
         "name": name or path.name, "weights_sha256": file_sha256(path / "model.safetensors"),
         "query_prefix": query_prefix, "passage_prefix": passage_prefix,
@@ -223,5 +223,5 @@ class TextEncoder:
         tokens[r, :len(ids[i])], mask[r, :len(ids[i])] = ids[i], 1
       if self.mesh is not None:
         tokens, mask = shd.shard_batch((tokens, mask), self.mesh)
-      out[idx] = np.asarray(embed(self.config, self.params, tokens, mask))[:len(idx)]
+      out[idx] = shd.to_host(embed(self.config, self.params, tokens, mask))[:len(idx)]
     return out

@@ -68,7 +68,7 @@ def init_train_state(params, optimizer) -> TrainState:
   if not meshes or meshes[0].size == 1:
     return state
   replicated = jax.sharding.NamedSharding(meshes[0], jax.sharding.PartitionSpec())
-  return jax.tree.map(lambda x: jax.device_put(x, replicated)
+  return jax.tree.map(lambda x: shd.global_array(x, replicated)
                       if isinstance(x.sharding, jax.sharding.SingleDeviceSharding) else x, state)
 
 

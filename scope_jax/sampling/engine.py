@@ -329,12 +329,10 @@ class Engine:
     m = self._batch_multiple()
     self.num_slots = min(self.max_slots, -(-length_bucket(queued, minimum=1) // m) * m)
     self.prefill_rows = max(1, min(self.max_prefill_rows, self.num_slots // m))  # per shard
-    cache = kvc.init_cache(self.config, self.num_slots, self.capacity, self.cache_dtype)
-    logits = jnp.zeros((self.num_slots, self.config.vocab_size), jnp.float32)
-    if self._shardings is not None:
-      cache = jax.device_put(cache, self._shardings[0])
-      logits = jax.device_put(logits, self._shardings[1])
-    self.cache, self.logits = cache, logits
+    empty = lambda: (kvc.init_cache(self.config, self.num_slots, self.capacity, self.cache_dtype),
+                     jnp.zeros((self.num_slots, self.config.vocab_size), jnp.float32))
+    # Created in place on the mesh (every host's shards at once), never through one host.
+    self.cache, self.logits = jax.jit(empty, out_shardings=self._shardings)()
     self.slots = [_Slot(np.zeros((0,), np.int32)) for _ in range(self.num_slots)]
 
   def free(self) -> None:
@@ -365,7 +363,7 @@ class Engine:
     x = np.asarray(x)
     if self.mesh is None:
       return jnp.asarray(x)
-    return jax.device_put(x, shd.batch_sharding(self.mesh, x.shape, self.rules))
+    return shd.global_array(x, shd.batch_sharding(self.mesh, x.shape, self.rules))
 
   # ------------------------------------------------------------------------ requests
   def add(self, request: Request) -> None:
@@ -417,7 +415,7 @@ class Engine:
         None if rows_DP is None else self._put(rows_DP), self._put(live_B), self._put(budget_B),
         self._put(seed_B), self._put(turn_B), self._put(count_B), jnp.float32(spec.temperature),
         chunk=chunk, window=window, dtype=self.dtype, shardings=self._shardings)
-    tok, lp, n, eos = (np.asarray(x) for x in (tok, lp, n, eos))
+    tok, lp, n, eos = (shd.to_host(x) for x in (tok, lp, n, eos))
     self.stats["decode_calls"] += 1
     self.stats["slot_steps"] += self.num_slots * int(n.max())
     self.stats["decoded_row_steps"] += b * int(n.max())

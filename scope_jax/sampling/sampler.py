@@ -217,14 +217,14 @@ class Sampler:
   def _put(self, x):
     if self.mesh is None:
       return jnp.asarray(x)
-    return jax.device_put(x, shd.batch_sharding(self.mesh, np.shape(x), self.rules))
+    return shd.global_array(x, shd.batch_sharding(self.mesh, np.shape(x), self.rules))
 
   def _replicate(self, x):
     """A scalar placed as the decode returns it (replicated over the mesh), so the first chunk
     and the later ones share one compiled program."""
     if self.mesh is None:
       return x
-    return jax.device_put(x, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+    return shd.global_array(x, shd.replicated(self.mesh))
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
@@ -286,9 +286,9 @@ class Sampler:
     return self._results(state, prompts, g, stop_hits)
 
   def _apply_stops(self, state: DecodeState, stop, checked, hits, real_rows) -> DecodeState:
-    length = np.array(state.length)
-    tokens = np.asarray(state.tokens)
-    done, finish = np.array(state.done), np.array(state.finish)
+    length = np.array(shd.to_host(state.length))
+    tokens = shd.to_host(state.tokens)
+    done, finish = np.array(shd.to_host(state.done)), np.array(shd.to_host(state.finish))
     changed = False
     for r in range(real_rows):
       if r in hits or length[r] <= checked[r]:
@@ -305,8 +305,8 @@ class Sampler:
     return state.replace(length=self._put(length), done=self._put(done), finish=self._put(finish))
 
   def _results(self, state: DecodeState, prompts, g: int, hits) -> list[SampleResult]:
-    tokens, logprobs = np.asarray(state.tokens), np.asarray(state.logprobs)
-    length, finish = np.asarray(state.length), np.asarray(state.finish)
+    tokens, logprobs = shd.to_host(state.tokens), shd.to_host(state.logprobs)
+    length, finish = shd.to_host(state.length), shd.to_host(state.finish)
     out = []
     for r in range(len(prompts) * g):
       reason = FINISH_REASONS[finish[r]] if finish[r] != _RUNNING else "length"

@@ -1,0 +1,79 @@
+"""Renders launch/gke/jobset.yaml for one TPU slice on GKE and applies it with kubectl.
+
+    python launch/gke/render.py --name=spell-7b --accelerator=v5p-8 \
+        --image=us-docker.pkg.dev/my-project/scope-jax/scope-jax:latest -- \
+        --config=configs/spell.py:paper --workdir=gs://my-bucket/spell-7b ...
+
+The image holds the project (installed with `jax[tpu]`) in `--workdir_in_image`. Each pod gets
+JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, which scope_jax.main reads; a
+failed or preempted pod restarts the JobSet (`--max_restarts`), and the run resumes from its gs://
+workdir. `--dry-run` prints the manifest and the kubectl command instead of applying it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import string
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import accelerators  # noqa: E402
+
+TEMPLATE = os.path.join(HERE, "jobset.yaml")
+SPOT = "              cloud.google.com/gke-spot: \"true\"\n"
+
+
+def render(name: str, accelerator: str, image: str, main_args: list[str], *, port: int = 12355,
+           max_restarts: int = 3, spot: bool = False, workdir_in_image: str = "/app") -> str:
+  """The JobSet manifest: one pod per host of the slice, each running scope_jax.main."""
+  s = accelerators.get(accelerator)
+  command = ["python", "-m", "scope_jax.main", *main_args]
+  fields = dict(name=name, hosts=s.hosts, gke_accelerator=s.gke_accelerator, topology=s.topology,
+                chips_per_host=s.chips_per_host, image=image, port=port,
+                max_restarts=max_restarts, workdir_in_image=workdir_in_image,
+                command=json.dumps(command),  # a JSON list is a YAML flow sequence
+                spot_selector=SPOT if spot else "")
+  with open(TEMPLATE) as f:
+    return string.Template(f.read()).substitute(fields)
+
+
+def main(argv: list[str]) -> int:
+  main_args: list[str] = []
+  if "--" in argv:
+    argv, main_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--name", required=True, help="JobSet name (a DNS label: a-z, 0-9, '-')")
+  p.add_argument("--accelerator", default="v5p-8", help="e.g. v5p-8, v5e-16, v6e-64")
+  p.add_argument("--image", required=True, help="container image with the project installed")
+  p.add_argument("--workdir_in_image", default="/app", help="the project's directory in the image")
+  p.add_argument("--port", type=int, default=12355, help="coordinator port")
+  p.add_argument("--max_restarts", type=int, default=3, help="JobSet restarts after a failure")
+  p.add_argument("--spot", action="store_true", help="schedule on spot TPU node pools")
+  p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                 help="print the manifest and the kubectl command, apply nothing")
+  a = p.parse_args(argv)
+  try:
+    s = accelerators.get(a.accelerator)
+    if not main_args:
+      raise ValueError("no scope_jax.main flags after '--' (at least --config and --workdir).")
+    accelerators.check_shared_workdir(main_args, s.hosts)
+    accelerators.check_mesh(accelerators.mesh_shape_arg(main_args), s.chips, s.name)
+  except ValueError as e:
+    p.error(str(e))
+  manifest = render(a.name, a.accelerator, a.image, main_args, port=a.port,
+                    max_restarts=a.max_restarts, spot=a.spot, workdir_in_image=a.workdir_in_image)
+  apply = ["kubectl", "apply", "-f", "-"]
+  if a.dry_run:
+    print(manifest)
+    print("# " + " ".join(apply) + "   (the manifest above on stdin)")
+    print(f"# logs: kubectl logs -f -l jobset.sigs.k8s.io/jobset-name={a.name} --prefix")
+    return 0
+  return subprocess.run(apply, input=manifest, text=True).returncode
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
