@@ -26,8 +26,13 @@ def _demo(workdir, method: str, engine: bool):
 
 
 def _comparable(rec):
-  return {k: v for k, v in rec.items()
-          if not k.startswith("time/") and "per_s" not in k and "seconds" not in k}
+  return {k: v for k, v in rec.items() if not k.startswith("time/") and "per_s" not in k
+          and "seconds" not in k and "logprob_gap" not in k}
+
+
+def _gaps(rec):
+  """The sampler-vs-trainer log-prob gaps: sampled log-probs agree to 1e-5 across the two."""
+  return {k: v for k, v in rec.items() if "logprob_gap" in k}
 
 
 @pytest.mark.slow
@@ -38,6 +43,9 @@ def test_greedy_demo_metrics_equal_on_engine_and_sampler(tmp_path, method):
   assert [r["step"] for r in engine] == [r["step"] for r in sampler] and engine
   for a, b in zip(engine, sampler):
     assert _comparable(a) == _comparable(b), a["step"]
+    assert _gaps(a).keys() == _gaps(b).keys()
+    for k, v in _gaps(a).items():
+      assert abs(v - _gaps(b)[k]) <= 1e-5, (a["step"], k)
   rollout = lambda recs: sum(r["time/rollout"] for r in recs)
   print(f"{method}: rollout {rollout(engine):.1f} s on the engine, {rollout(sampler):.1f} s on "
         "the sampler")
