@@ -37,7 +37,7 @@ from scope_jax.models import kv_cache as kvc
 from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.sampling import stops as stops_lib
-from scope_jax.sampling.sampler import (SampleResult, SamplingSpec, _validate, length_bucket,
+from scope_jax.sampling.sampler import (SampleResult, SamplingSpec, length_bucket, prepare,
                                         truncate_logits)
 
 _TRACES = collections.Counter()
@@ -610,8 +610,8 @@ class Engine:
         for k, item_k in enumerate(g):
           src[s, k] = pairs[item_k][0] - s * per
       window = min(self.capacity, length_bucket(max(len(held[pairs[k][0]]) for k in taken)))
-      self.cache, self.logits = _copy(self.cache, self.logits, self._put_rows(src),
-                                      self._put_rows(dst), window=window,
+      self.cache, self.logits = _copy(self.cache, self.logits, self._put(src),
+                                      self._put(dst), window=window,
                                       shardings=self._shardings)
       self.stats["copies"] += len(taken)
       pairs = [pair for k, pair in enumerate(pairs) if k not in set(taken)]
@@ -638,7 +638,7 @@ class Engine:
             later.append((i, keep + t, rest[t:]))
       window = min(self.capacity, length_bucket(int((start + mask.sum(1)).max())))
       self.cache, self.logits = _prefill(
-          self.config, self.params, self.cache, self.logits, self._put_rows(idx),
+          self.config, self.params, self.cache, self.logits, self._put(idx),
           self._put(start), self._put(tokens), self._put(mask), window=window, dtype=self.dtype,
           shardings=self._shardings)
       self.stats["prefill_calls"] += 1
@@ -647,22 +647,14 @@ class Engine:
       done = set(taken)
       queue = later + [item for k, item in enumerate(queue) if k not in done]
 
-  def _put_rows(self, idx_DP: np.ndarray):
-    """Per-shard row indices [D, p], each shard's row on its own devices."""
-    return self._put(idx_DP)
-
   # ------------------------------------------------------------------------ one-shot generation
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                stop: Sequence[str] = (), num_samples: int = 1, seed: int = 0,
                eos_ids: Sequence[int] | None = None) -> list[SampleResult]:
     """`Sampler.generate` on the engine: `num_samples` completions per prompt, prompt-major."""
-    prompts = [list(p) for p in prompts]
-    _validate(prompts, self.config.vocab_size, max_new_tokens, num_samples)
-    if stop and self.decode_text is None:
-      raise ValueError("Stop strings need a tokenizer (or decode function) to read the text.")
-    spec = SamplingSpec(float(temperature), int(top_k), float(top_p),
-                        tuple(self.eos_ids if eos_ids is None else eos_ids))
+    prompts, spec = prepare(self, prompts, max_new_tokens, num_samples, stop,
+                            temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=eos_ids)
     n = len(prompts) * num_samples
     for r in range(n):
       self.add(Request(("generate", r), prompts[r // num_samples], max_new_tokens,

@@ -231,13 +231,8 @@ class Sampler:
                stop: Sequence[str] = (), num_samples: int = 1, seed: int = 0,
                eos_ids: Sequence[int] | None = None) -> list[SampleResult]:
     """Samples `num_samples` completions per prompt; results are prompt-major."""
-    prompts = [list(p) for p in prompts]
-    _validate(prompts, self.config.vocab_size, max_new_tokens, num_samples)
-    if stop and self.decode_text is None:
-      raise ValueError("Stop strings need a tokenizer (or decode function) to read the text.")
-    eos = tuple(self.eos_ids if eos_ids is None else eos_ids)
-    spec = SamplingSpec(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
-                        eos_ids=eos)
+    prompts, spec = prepare(self, prompts, max_new_tokens, num_samples, stop,
+                            temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=eos_ids)
     n, g = len(prompts), num_samples
     width = length_bucket(max(len(p) for p in prompts))
     new_bucket = length_bucket(max_new_tokens, minimum=8)
@@ -320,6 +315,19 @@ class Sampler:
       self.stats["generated_tokens"] += int(length[r])
       out.append(res)
     return out
+
+
+def prepare(player, prompts, max_new_tokens: int, num_samples: int, stop, *, temperature: float,
+            top_k: int, top_p: float, eos_ids) -> tuple[list[list[int]], SamplingSpec]:
+  """A `generate` call's prompts as lists and its sampling spec, after checking both (shared by
+  the sampler and the engine; `player` supplies the vocabulary, decode function and EOS ids)."""
+  prompts = [list(p) for p in prompts]
+  _validate(prompts, player.config.vocab_size, max_new_tokens, num_samples)
+  if stop and player.decode_text is None:
+    raise ValueError("Stop strings need a tokenizer (or decode function) to read the text.")
+  eos = tuple(player.eos_ids if eos_ids is None else eos_ids)
+  return prompts, SamplingSpec(temperature=float(temperature), top_k=int(top_k),
+                               top_p=float(top_p), eos_ids=eos)
 
 
 def _validate(prompts, vocab_size, max_new_tokens, num_samples):
