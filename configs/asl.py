@@ -121,6 +121,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
         pm=base.role(48, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64),
         grm=base.role(32, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64)))
     base.demo_warmup(c)
+    base.demo_rollout(c)
     c.optim.lr = 1e-4
     c.loss.kl_beta = 0.0  # the demo skips the reference forward
     c.loss.temperature = 1.0  # the roles' sampling temperature

@@ -74,10 +74,13 @@ def base_config() -> ml_collections.ConfigDict:
   # The slot engine keeps each row's KV cache across turns and refills free slots as rows end
   # (sampling/engine.py); False runs every turn through the sampler, prefilled from scratch.
   c.rollout.engine = True
-  c.rollout.slots = 64  # rows decoded together (rounded up to a multiple of data × fsdp)
+  # Rows decoded together (rounded up to a multiple of data × fsdp); the KV cache holds
+  # slots × max_context positions while a rollout runs (freed for training).
+  c.rollout.slots = 64
   c.rollout.chunk = 16  # decode steps per device call between host checks (stops, tools, slots)
   c.rollout.prefill_rows = 4  # slots prefilled together, per data-parallel shard
   c.rollout.prefill_chunk = 512  # tokens per prefill call; longer inputs take several
+  c.rollout.min_window = 256  # cache positions every engine program covers at least
   return c
 
 
@@ -110,6 +113,12 @@ def demo_warmup(c: ml_collections.ConfigDict) -> None:
   c.warmup.lr = 5e-3
   c.warmup.batch_rows = 8
   c.warmup.documents = 48
+
+
+def demo_rollout(c: ml_collections.ConfigDict) -> None:
+  """The tiny demo model's attention is cheap and its compiles are not: one 1024-position window
+  serves every engine program of a demo's short contexts."""
+  c.rollout.min_window = 1024
 
 
 def parse_preset(arg, presets) -> str:

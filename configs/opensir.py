@@ -77,6 +77,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
         teacher=base.role(128, temperature=1.0, top_p=1.0),
         student=base.role(64, temperature=1.0, top_p=1.0)))
     base.demo_warmup(c)
+    base.demo_rollout(c)
     c.optim.lr = 1e-4
     c.optim.warmup_steps = 0
     c.optim.grad_clip = 1.0

@@ -108,6 +108,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     s.data.max_rounds = 2
     s.teacher_eval_every = 1
     base.demo_warmup(c)
+    base.demo_rollout(c)
     s.roles = ml_collections.ConfigDict(dict(
         examiner=base.role(64, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
         student=base.role(48, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),

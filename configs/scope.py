@@ -108,6 +108,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     s.task_set.candidates_per_round = 4
     s.task_set.max_rounds = 2
     base.demo_warmup(c)
+    base.demo_rollout(c)
     s.roles = ml_collections.ConfigDict(dict(
         challenger=base.role(96, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
         solver=base.role(96, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),

@@ -77,6 +77,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.spell.roles = ml_collections.ConfigDict(dict(
         questioner=base.role(96), responder=base.role(32), verifier=base.role(16)))
     base.demo_warmup(c)
+    base.demo_rollout(c)
     c.optim.lr = 1e-4
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048

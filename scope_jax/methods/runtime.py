@@ -146,7 +146,8 @@ class Runtime:
                   max_context=r.max_context, pad_id=self.pad_id, eos_ids=self.eos_ids)
     if r.get("engine", False):
       return Engine(self.model_config, params, num_slots=r.slots, chunk=r.chunk,
-                    prefill_rows=r.prefill_rows, prefill_chunk=r.prefill_chunk, **common)
+                    prefill_rows=r.prefill_rows, prefill_chunk=r.prefill_chunk,
+                    min_window=r.get("min_window", 256), **common)
     return Sampler(self.model_config, params, **common)
 
   def add_policy(self, name: str, params=None, loss_overrides=None) -> learner_lib.Policy:

@@ -24,6 +24,7 @@ from scope_jax.models.config import ModelConfig
 from scope_jax.rl import batch as batch_lib
 from scope_jax.rl import train_step
 from scope_jax.rollout.types import Trajectory
+from scope_jax.sampling import engine as engine_lib
 
 
 @dataclasses.dataclass
@@ -106,6 +107,7 @@ class Learner:
     """
     if not trajectories:
       return {}
+    engine_lib.free_caches()  # the rollouts are over: their KV caches' memory goes to training
     loss = loss or policy.loss
     advantages, dropped = finite_advantages(trajectories, advantages, policy.name)
     host, micro = self.make_batch(trajectories, advantages, teacher_prompts)

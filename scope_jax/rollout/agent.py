@@ -211,8 +211,7 @@ def _on_engine(engine: Engine, tokenizer, prompts, rows, tool, config, num_sampl
           settle(i)
   finally:
     pool.shutdown(wait=True)
-    engine.cancel()
-    engine.free()
+    engine.cancel()  # the cache stays: the next call may share its prefixes
 
 
 def _stops(config: RolloutConfig, search_allowed: bool) -> list[str]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import weakref
 from typing import Any, Callable, Hashable, Sequence
 
 import jax
@@ -41,6 +42,15 @@ from scope_jax.sampling.sampler import (SampleResult, SamplingSpec, length_bucke
                                         truncate_logits)
 
 _TRACES = collections.Counter()
+_ENGINES = weakref.WeakSet()  # every engine, so `free_caches` can reach them
+
+
+def free_caches() -> None:
+  """Gives every idle engine's KV cache back, so training has the memory (verl frees its rollout
+  engine's cache the same way); engines allocate again on their next request."""
+  for engine in list(_ENGINES):
+    if not engine.busy():
+      engine.free()
 
 
 @dataclasses.dataclass
@@ -176,10 +186,21 @@ def _copy(cache: kvc.KVCache, logits_BV, src_DP, dst_DP, *, window: int, shardin
   """Copies slots `src_DP` (cache window and logits) onto `dst_DP`, within each slot shard;
   every read happens before any write."""
   _TRACES["copy"] += 1
+  logging.info("Compiling engine copy: %d rows, window %d.", src_DP.size, window)
   cache = _put_cache(cache, dst_DP, _take_cache(cache, src_DP, window),
                      shardings and shardings[0])
   logits_BV = put_rows(logits_BV, dst_DP, take_rows(logits_BV, src_DP, 0), 0)
   return cache, _constrain(logits_BV, shardings and shardings[1])
+
+
+@functools.partial(jax.jit, static_argnames=("config", "slots", "capacity", "dtype", "shardings"))
+def _empty(config: ModelConfig, slots: int, capacity: int, dtype, *, shardings):
+  """An empty cache and logits, created in place on the mesh (every host's shards at once)."""
+  cache = kvc.init_cache(config, slots, capacity, dtype)
+  logits_SV = jnp.zeros((slots, config.vocab_size), jnp.float32)
+  if shardings is None:
+    return cache, logits_SV
+  return jax.tree.map(_constrain, cache, shardings[0]), _constrain(logits_SV, shardings[1])
 
 
 def select_tokens_rows(logits_BV, keys_B, spec: SamplingSpec, temperature):
@@ -261,15 +282,16 @@ def compile_counts() -> dict[str, int]:
 
 
 def row_bucket(n: int) -> int:
-  """Rows of a prefill or copy call: 1, 2, 3, 4, 6, 8, 12, 16, ... (at most a third padding)."""
+  """Rows of a prefill, copy or gathered decode call (per slot shard): 1, 2, 3, 4, 6, 8, 12, 16,
+  ... (at most a third padding: a padded row costs as much as a real one)."""
   p = length_bucket(n, minimum=1)
   return 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
 
 
 def block_bucket(n: int) -> int:
-  """Prefill block lengths: powers of two up to 128, then multiples of 128 (an observation of
-  ~560 tokens pads to 640, not 1024)."""
-  return length_bucket(n, minimum=8) if n <= 128 else -(-n // 128) * 128
+  """Prefill block lengths: multiples of 128 (a short continuation shares the 128 program; an
+  observation of ~560 tokens pads to 640, not 1024)."""
+  return max(1, -(-n // 128)) * 128
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -288,14 +310,14 @@ class Engine:
 
   def __init__(self, config: ModelConfig, params, *, num_slots: int = 32,
                max_context: int | None = None, chunk: int = 16, prefill_rows: int = 4,
-               prefill_chunk: int = 512, dtype=jnp.float32, cache_dtype=None, mesh=None,
-               rules: shd.Rules = shd.SAMPLING_RULES,
+               prefill_chunk: int = 512, min_window: int = 256, dtype=jnp.float32,
+               cache_dtype=None, mesh=None, rules: shd.Rules = shd.SAMPLING_RULES,
                decode: Callable[[Sequence[int]], str] | None = None, pad_id: int | None = None,
                eos_ids: Sequence[int] | None = None):
     self.config, self.dtype = config, dtype
     self.mesh, self.rules = mesh, rules
     self.decode_text = decode
-    self.chunk, self.prefill_chunk = chunk, prefill_chunk
+    self.chunk, self.prefill_chunk, self.min_window = chunk, prefill_chunk, min_window
     self.max_context = max_context or config.max_position_embeddings
     self.capacity = length_bucket(self.max_context)
     self.pad_id = pad_id if pad_id is not None else (config.pad_token_id or 0)
@@ -311,32 +333,37 @@ class Engine:
     self.waiting: collections.deque[Request] = collections.deque()
     self.stats = collections.Counter()
     self.update_params(params)
+    _ENGINES.add(self)
 
   # ------------------------------------------------------------------------ placement
   def update_params(self, params) -> None:
-    """Points the engine at new weights. Every slot is emptied: its keys and values came from
-    the old weights and must not be reused as a prefix."""
+    """Points the engine at new weights. Every slot is emptied (its keys and values came from
+    the old weights and must not be reused as a prefix); an allocated cache is kept."""
     if self.busy():
       raise RuntimeError("The engine's weights cannot change while requests are generating.")
     if self.mesh is not None:
       params = transformer.shard_params(params, self.config, self.mesh, self.rules)
     self.params = params
-    self.free()
+    for s in self.slots:
+      s.tokens, s.owner = np.zeros((0,), np.int32), None
 
-  def _allocate(self, queued: int) -> None:
-    """A cache of as many slots as the queued requests need (a power of two, at most
-    `num_slots`): a small call does not decode a batch of empty slots."""
-    m = self._batch_multiple()
-    self.num_slots = min(self.max_slots, -(-length_bucket(queued, minimum=1) // m) * m)
-    self.prefill_rows = max(1, min(self.max_prefill_rows, self.num_slots // m))  # per shard
-    empty = lambda: (kvc.init_cache(self.config, self.num_slots, self.capacity, self.cache_dtype),
-                     jnp.zeros((self.num_slots, self.config.vocab_size), jnp.float32))
-    # Created in place on the mesh (every host's shards at once), never through one host.
-    self.cache, self.logits = jax.jit(empty, out_shardings=self._shardings)()
+  def _allocate(self) -> None:
+    """The cache: always `num_slots` slots, so every call shares the same programs (a small call
+    does not pay for the empty slots: decode gathers the live ones). Other idle engines give
+    theirs back first: one cache at a time, whatever the number of roles' weights."""
+    for other in list(_ENGINES):
+      if other is not self and other.cache is not None and not other.busy():
+        other.free()
+    self.num_slots = self.max_slots
+    self.prefill_rows = max(1, min(self.max_prefill_rows, self.num_slots // self._batch_multiple()))
+    self.cache, self.logits = _empty(self.config, self.num_slots, self.capacity, self.cache_dtype,
+                                     shardings=self._shardings)
     self.slots = [_Slot(np.zeros((0,), np.int32)) for _ in range(self.num_slots)]
 
   def free(self) -> None:
-    """Gives the cache's memory back (between rollouts); the next request allocates it again."""
+    """Gives the cache's memory back (before training: `free_caches`); the next request
+    allocates it again. Between calls the cache is kept, so what its slots hold serves later
+    calls as shared prefixes."""
     if self.busy():
       raise RuntimeError("The engine cannot free its cache while requests are generating.")
     self.cache = self.logits = None
@@ -346,6 +373,11 @@ class Engine:
     if self.mesh is None:
       return 1
     return int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")]))
+
+  def _window(self, n: int) -> int:
+    """The cache positions a program works on to cover `n`: a power of two, at least
+    `min_window` (short contexts share one program), at most the capacity."""
+    return min(self.capacity, length_bucket(n, minimum=self.min_window))
 
   def _make_shardings(self):
     if self.mesh is None:
@@ -409,7 +441,7 @@ class Engine:
       seed_B[r], turn_B[r], count_B[r] = s.request.seed, s.request.turn, len(s.generated)
     chunk = self.chunk if steps is None else max(self.chunk, length_bucket(steps, minimum=1))
     steps = min(chunk, int(budget_B.max()))
-    window = min(self.capacity, length_bucket(max(len(self.slots[i].tokens) for i in live) + steps))
+    window = self._window(max(len(self.slots[i].tokens) for i in live) + steps)
     self.cache, self.logits, tok, lp, n, eos = _decode(
         self.config, spec.compiled(), self.params, self.cache, self.logits,
         None if rows_DP is None else self._put(rows_DP), self._put(live_B), self._put(budget_B),
@@ -487,7 +519,7 @@ class Engine:
     requests prefilled in this same round (identical inputs: G samples of one prompt). Copies
     stay within a slot shard: a shard that lacks a prefix prefills it itself, in parallel."""
     if self.cache is None and self.waiting:
-      self._allocate(len(self.waiting))
+      self._allocate()
     finished, copies, prefills, forks = [], [], [], []
     before = [s.tokens for s in self.slots]  # copies read the state before this round
     fresh: dict[tuple[int, bytes], int] = {}  # (shard, input) prefilled this round -> slot
@@ -609,7 +641,7 @@ class Engine:
       for s, g in enumerate(groups):
         for k, item_k in enumerate(g):
           src[s, k] = pairs[item_k][0] - s * per
-      window = min(self.capacity, length_bucket(max(len(held[pairs[k][0]]) for k in taken)))
+      window = self._window(max(len(held[pairs[k][0]]) for k in taken))
       self.cache, self.logits = _copy(self.cache, self.logits, self._put(src),
                                       self._put(dst), window=window,
                                       shardings=self._shardings)
@@ -636,7 +668,7 @@ class Engine:
           tokens[row, :len(piece)], mask[row, :len(piece)] = piece, 1
           if len(rest) > t:
             later.append((i, keep + t, rest[t:]))
-      window = min(self.capacity, length_bucket(int((start + mask.sum(1)).max())))
+      window = self._window(int((start + mask.sum(1)).max()))
       self.cache, self.logits = _prefill(
           self.config, self.params, self.cache, self.logits, self._put(idx),
           self._put(start), self._put(tokens), self._put(mask), window=window, dtype=self.dtype,
@@ -660,11 +692,11 @@ class Engine:
       self.add(Request(("generate", r), prompts[r // num_samples], max_new_tokens,
                        seed=row_seed(seed, r), stop=tuple(stop), spec=spec))
     done: dict[Any, Completion] = {}
-    while self.busy():  # without stop strings or queued rows, one call runs to the end
-      for c in self.step(None if stop or self.waiting else max_new_tokens):
+    to_end = not stop and n <= self.max_slots  # nothing for the host to do until every row ends
+    while self.busy():
+      for c in self.step(max_new_tokens if to_end else None):
         done[c.key] = c
         self.release(c.key)
-    self.free()
     out = []
     for r in range(n):
       c = done[("generate", r)]

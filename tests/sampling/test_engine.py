@@ -200,6 +200,29 @@ def test_programs_compile_once_per_shape(model):
   assert engine_lib.compile_counts() == before
 
 
+def test_later_calls_reuse_the_cache_and_new_weights_empty_it(model):
+  """The cache outlives a call: a prompt still held by a slot costs one token of prefill and
+  gives the same rows. New weights empty every slot, so nothing the old ones computed is used."""
+  cfg, params = model
+  engine = Engine(cfg, params, num_slots=8, chunk=4, max_context=256)
+  run = lambda: engine.generate(PROMPTS, max_new_tokens=12, num_samples=2, eos_ids=())
+  first = run()
+  prefilled = engine.stats["prefill_tokens"]
+  _same_rows(run(), first)
+  assert engine.stats["prefill_tokens"] == prefilled + len(PROMPTS)  # each prompt's last token
+  other = init_params(cfg, jax.random.key(1))
+  engine.update_params(other)
+  ref = Sampler(cfg, other).generate(PROMPTS, max_new_tokens=12, num_samples=2, eos_ids=())
+  _same_rows(run(), ref)
+  assert engine.stats["prefill_tokens"] == 2 * prefilled + len(PROMPTS)
+  engine_lib.free_caches()  # before training: the memory goes back; the next call allocates
+  assert engine.cache is None
+  _same_rows(run(), ref)
+  judge = Engine(cfg, params, num_slots=8, chunk=4, max_context=256)  # a role on other weights
+  judge.generate(PROMPTS[:1], max_new_tokens=2)
+  assert engine.cache is None and judge.cache is not None  # one cache at a time
+
+
 def test_bad_requests_are_reported(model):
   cfg, params = model
   engine = Engine(cfg, params, num_slots=2, chunk=2, max_context=64)
