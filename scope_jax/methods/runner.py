@@ -30,6 +30,7 @@ from scope_jax.methods.runtime import Runtime, loss_config, mesh_rules, role_con
 from scope_jax.models import transformer
 from scope_jax.rl import optim
 from scope_jax.rollout.types import Trajectory
+from scope_jax.sampling import engine as engine_lib
 
 METHODS = ("spell", "scope", "opensir", "asl", "piplay")
 
@@ -167,6 +168,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   bar = tqdm(total=config.total_steps, initial=start, desc=f"{config.method} steps", unit="step",
              disable=jax.process_index() != 0)
   for step in range(start, config.total_steps):
+    engine_lib.free_caches()  # every step starts from empty caches, as a resumed run does
     rt.timer.reset()
     rt.begin_step(step)
     t0 = time.perf_counter()
