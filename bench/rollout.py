@@ -14,7 +14,7 @@ sides are driven the way `rollout.run_rollout` drives them:
     soon as its observation is appended, so rows never wait for each other.
 Decoding is greedy, so both sides produce the same tokens (checked). Timings exclude compilation
 (each side runs the workload once before it is timed); the engine's multi-turn time includes
-allocating its cache (once per weight update in training). The last line reads
+allocating its cache (in training: once per step and role). The last line reads
 `multi-turn speedup: <ratio>x` for the last config (the ~100M model by default).
 """
 

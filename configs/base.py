@@ -75,7 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
   # (sampling/engine.py); False runs every turn through the sampler, prefilled from scratch.
   c.rollout.engine = True
   # Rows decoded together (rounded up to a multiple of data × fsdp); the KV cache holds
-  # slots × max_context positions while a rollout runs (freed for training).
+  # slots × max_context positions from a step's first rollout until its training (then freed).
   c.rollout.slots = 64
   c.rollout.chunk = 16  # decode steps per device call between host checks (stops, tools, slots)
   c.rollout.prefill_rows = 4  # slots prefilled together, per data-parallel shard

@@ -1,13 +1,14 @@
 """A slot-based rollout engine: B fixed KV-cache slots, continuous batching, multi-turn reuse.
 
 Device side (jitted, static shapes; every program works on a window of the first W cache
-positions, W a power-of-two bucket of the longest slot involved, so attention follows the
-actual lengths rather than the capacity):
+positions, W a length bucket (at least `min_window`) of the longest slot involved, so attention
+follows the actual lengths rather than the capacity):
   * `_prefill` truncates P chosen slots to the prefix they keep, appends a right-padded block of
     tokens (chunked: a long input takes several calls) and keeps each slot's last logits;
   * `_copy` copies whole slots (cache and next-token logits): the G samples of a prompt share one
     prefill, and any input may start from a slot that holds a common prefix;
-  * `_decode` runs up to `chunk` steps over all slots; live slots emit one token per step.
+  * `_decode` runs up to `chunk` steps over every slot, or over the live ones gathered per shard
+    when they are at most half; live slots emit one token per step.
 
 Host side (`Engine.step`): admit waiting requests into free slots (a continuation goes back to
 the slot its key parked in), run one decode chunk, then apply stop strings, EOS and budgets and
@@ -289,8 +290,8 @@ def row_bucket(n: int) -> int:
 
 
 def block_bucket(n: int) -> int:
-  """Prefill block lengths: multiples of 128 (a short continuation shares the 128 program; an
-  observation of ~560 tokens pads to 640, not 1024)."""
+  """Prefill block lengths: multiples of 128 (a short continuation shares the 128 program; with
+  `prefill_chunk` 1024 an observation of ~560 tokens pads to 640, not 1024)."""
   return max(1, -(-n // 128)) * 128
 
 
@@ -352,7 +353,8 @@ class Engine:
     does not pay for the empty slots: decode gathers the live ones). Other idle engines give
     theirs back first: one cache at a time, whatever the number of roles' weights."""
     for other in list(_ENGINES):
-      if other is not self and other.cache is not None and not other.busy():
+      parked = any(s.owner is not None for s in other.slots)
+      if other is not self and other.cache is not None and not other.busy() and not parked:
         other.free()
     self.num_slots = self.max_slots
     self.prefill_rows = max(1, min(self.max_prefill_rows, self.num_slots // self._batch_multiple()))
@@ -375,8 +377,9 @@ class Engine:
     return int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")]))
 
   def _window(self, n: int) -> int:
-    """The cache positions a program works on to cover `n`: a power of two, at least
-    `min_window` (short contexts share one program), at most the capacity."""
+    """The cache positions a program works on to cover `n`: a length bucket (powers of two, then
+    multiples of 1024), at least `min_window` (short contexts share one program), at most the
+    capacity."""
     return min(self.capacity, length_bucket(n, minimum=self.min_window))
 
   def _make_shardings(self):
@@ -412,10 +415,13 @@ class Engine:
         s.owner = None
 
   def cancel(self) -> None:
-    """Drops every waiting and live request and frees every slot (what a slot's cache holds
-    stays usable as a prefix: it always matches the slot's recorded tokens between steps)."""
+    """Drops every waiting and live request and frees every slot. A parked slot's cache stays
+    usable as a prefix; a live one may have been cut off mid-step (an exception), so it is
+    emptied rather than trusted."""
     self.waiting.clear()
     for s in self.slots:
+      if s.request is not None:
+        s.tokens = np.zeros((0,), np.int32)
       s.owner, s.request, s.generated, s.logprobs, s.checked = None, None, [], [], 0
 
   def busy(self) -> bool:
@@ -424,6 +430,15 @@ class Engine:
   def step(self, steps: int | None = None) -> list[Completion]:
     """Admits what fits, decodes one chunk (`chunk` steps, or `steps` rounded up to a power of
     two when the caller knows nothing needs the host sooner), returns the requests that finished."""
+    try:
+      return self._step(steps)
+    except BaseException:  # a device call may have taken the donated cache: start again clean
+      self.waiting.clear()
+      self.cache = self.logits = None
+      self.slots = []
+      raise
+
+  def _step(self, steps: int | None) -> list[Completion]:
     finished = self._admit()
     live = [i for i, s in enumerate(self.slots) if s.request is not None]
     if not live:
@@ -461,7 +476,7 @@ class Engine:
 
   def _decode_rows(self, live) -> tuple[np.ndarray | None, list]:
     """The rows one decode call runs: every slot, or (when that is at most half of them) the live
-    slots gathered per shard into [D, p], p a power of two. Returns the indices (None: every
+    slots gathered per shard into [D, p], p a row bucket. Returns the indices (None: every
     slot) and the slot behind each decoded row (None for padding)."""
     d = self._batch_multiple()
     per = self.num_slots // d
@@ -590,7 +605,9 @@ class Engine:
     best = collections.Counter()
     for j, n in enumerate(prefix):
       best[self._shard(j)] = max(best[self._shard(j)], n)
-    d = max(shards, key=lambda d: (best[d], count[d]))
+    # Balance wins unless a shard's prefix saves a whole prefill block: slots that still hold an
+    # earlier call's prompts would otherwise pile every row onto one shard.
+    d = max(shards, key=lambda d: (best[d] // 128, count[d], best[d]))
     mine = [i for i in free if self._shard(i) == d]
     top = max(mine, key=lambda i: prefix[i])
     if prefix[top] > 0 and prefix[top] == best[d]:
@@ -615,7 +632,7 @@ class Engine:
     return best, keep
 
   def _by_shard(self, items, slot_of) -> tuple[np.ndarray, list[list[int]]]:
-    """Up to `prefill_rows` items per shard: local slot indices [D, p] (p a power of two; padding
+    """Up to `prefill_rows` items per shard: local slot indices [D, p] (p a row bucket; padding
     points past the shard) and, per shard, which items were taken."""
     d = self._batch_multiple()
     per = self.num_slots // d
@@ -688,15 +705,21 @@ class Engine:
     prompts, spec = prepare(self, prompts, max_new_tokens, num_samples, stop,
                             temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=eos_ids)
     n = len(prompts) * num_samples
+    free = (sum(s.owner is None and s.request is None for s in self.slots) if self.slots
+            else self.max_slots)
+    to_end = not stop and not self.waiting and n <= free  # nothing for the host to do until the end
     for r in range(n):
       self.add(Request(("generate", r), prompts[r // num_samples], max_new_tokens,
                        seed=row_seed(seed, r), stop=tuple(stop), spec=spec))
     done: dict[Any, Completion] = {}
-    to_end = not stop and n <= self.max_slots  # nothing for the host to do until every row ends
-    while self.busy():
-      for c in self.step(max_new_tokens if to_end else None):
-        done[c.key] = c
-        self.release(c.key)
+    try:
+      while self.busy():
+        for c in self.step(max_new_tokens if to_end else None):
+          done[c.key] = c
+          self.release(c.key)
+    except BaseException:
+      self.cancel()
+      raise
     out = []
     for r in range(n):
       c = done[("generate", r)]

@@ -223,6 +223,28 @@ def test_later_calls_reuse_the_cache_and_new_weights_empty_it(model):
   assert engine.cache is None and judge.cache is not None  # one cache at a time
 
 
+def test_an_error_mid_call_leaves_a_clean_engine(model):
+  """A call cut off by an exception (here the tokenizer, mid stop-string check) drops what it
+  was doing; the engine's next call is exact, with no half-written slot reused as a prefix."""
+  cfg, params = model
+  tok, calls = CharTokenizer(), []
+
+  def flaky(ids):
+    calls.append(1)
+    if len(calls) == 1:
+      raise RuntimeError("tokenizer failed")
+    return tok.decode(ids)
+
+  engine = Engine(cfg, params, num_slots=4, chunk=4, decode=flaky, max_context=256)
+  run = lambda: engine.generate(PROMPTS, max_new_tokens=30, stop=["H"], eos_ids=())
+  with pytest.raises(RuntimeError, match="tokenizer failed"):
+    run()
+  assert not engine.busy()
+  ref = Sampler(cfg, params, decode=tok.decode).generate(PROMPTS, max_new_tokens=30, stop=["H"],
+                                                         eos_ids=())
+  _same_rows(run(), ref)
+
+
 def test_bad_requests_are_reported(model):
   cfg, params = model
   engine = Engine(cfg, params, num_slots=2, chunk=2, max_context=64)
