@@ -147,7 +147,7 @@ class Runtime:
     if r.get("engine", False):
       return Engine(self.model_config, params, num_slots=r.slots, chunk=r.chunk,
                     prefill_rows=r.prefill_rows, prefill_chunk=r.prefill_chunk,
-                    min_window=r.get("min_window", 256), **common)
+                    min_window=r.min_window, **common)
     return Sampler(self.model_config, params, **common)
 
   def add_policy(self, name: str, params=None, loss_overrides=None) -> learner_lib.Policy:

@@ -290,8 +290,8 @@ def row_bucket(n: int) -> int:
 
 
 def block_bucket(n: int) -> int:
-  """Prefill block lengths: multiples of 128 (a short continuation shares the 128 program; with
-  `prefill_chunk` 1024 an observation of ~560 tokens pads to 640, not 1024)."""
+  """Prefill block lengths: multiples of 128 (a short continuation shares the 128 program; a
+  ~560-token observation pads to 640 tokens, as 512 + 128 under the default 512-token chunk)."""
   return max(1, -(-n // 128)) * 128
 
 

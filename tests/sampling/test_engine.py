@@ -218,6 +218,7 @@ def test_later_calls_reuse_the_cache_and_new_weights_empty_it(model):
   engine_lib.free_caches()  # before training: the memory goes back; the next call allocates
   assert engine.cache is None
   _same_rows(run(), ref)
+  assert engine.cache is not None
   judge = Engine(cfg, params, num_slots=8, chunk=4, max_context=256)  # a role on other weights
   judge.generate(PROMPTS[:1], max_new_tokens=2)
   assert engine.cache is None and judge.cache is not None  # one cache at a time
