@@ -532,9 +532,13 @@ class Engine:
   def _admit(self) -> list[Completion]:
     """Places waiting requests: copies of shared prefixes, then chunked prefills, then forks of
     requests prefilled in this same round (identical inputs: G samples of one prompt). Copies
-    stay within a slot shard: a shard that lacks a prefix prefills it itself, in parallel."""
+    stay within a slot shard: a shard that lacks a prefix prefills it itself, in parallel. No
+    shard takes more than its share of the rows while another has room: a decode call costs
+    as many rows on every shard as the fullest one holds."""
     if self.cache is None and self.waiting:
       self._allocate()
+    live = sum(s.request is not None for s in self.slots)
+    share = -(-(live + len(self.waiting)) // self._batch_multiple())
     finished, copies, prefills, forks = [], [], [], []
     before = [s.tokens for s in self.slots]  # copies read the state before this round
     fresh: dict[tuple[int, bytes], int] = {}  # (shard, input) prefilled this round -> slot
@@ -548,7 +552,7 @@ class Engine:
       budget = min(req.max_new_tokens, self.max_context - len(tokens), self.capacity - len(tokens))
       i = self._parked(req.key)
       if i is None:
-        i = self._free_slot(tokens, before, fresh, assigned)
+        i = self._free_slot(tokens, before, fresh, assigned, share)
       if i is None:
         still.append(req)
         continue
@@ -585,14 +589,19 @@ class Engine:
         return i
     return None
 
-  def _free_slot(self, tokens, before, fresh, assigned) -> int | None:
-    """A free slot in the shard that best serves `tokens`: one prefilling the same input this
-    round, else the longest cached prefix, else the most free slots. Inside the shard, the slot
-    holding that prefix itself if it is free, else the free slot holding the least."""
+  def _free_slot(self, tokens, before, fresh, assigned, share: int) -> int | None:
+    """A free slot in the shard that best serves `tokens`, among the shards holding fewer than
+    `share` rows (all of them when none does): one prefilling the same input this round, else
+    the longest cached prefix, else the most free slots. Inside the shard, the slot holding that
+    prefix itself if it is free, else the free slot holding the least."""
     free = [i for i, s in enumerate(self.slots) if s.owner is None and s.request is None]
     if not free:
       return None
+    rows = collections.Counter(self._shard(i) for i, s in enumerate(self.slots)
+                               if s.request is not None)
     shards = sorted({self._shard(i) for i in free})
+    shards = [d for d in shards if rows[d] < share] or shards
+    free = [i for i in free if self._shard(i) in shards]
     digest = tokens.tobytes()
     for d in shards:
       if (d, digest) in fresh:

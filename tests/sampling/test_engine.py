@@ -187,6 +187,19 @@ def test_sharded_engine_matches_single_device(model):
   # 4 KV heads on tensor=8: the cache keeps its heads whole, as the sampler does
 
 
+def test_samples_spread_over_the_slot_shards(model):
+  """4 prompts × 2 samples on 8 slot shards: one row per shard (each shard prefills its own
+  copy in the same call), so decoding runs 8 rows, not 16 rows half of them padding."""
+  cfg, params = model
+  mesh = shd.make_mesh((1, 8, 1))
+  engine = Engine(cfg, params, num_slots=16, chunk=16, max_context=128, mesh=mesh)
+  rows = engine.generate(PROMPTS[:4], max_new_tokens=10, num_samples=2, eos_ids=())
+  _same_rows(rows, Sampler(cfg, params).generate(PROMPTS[:4], max_new_tokens=10,
+                                                 num_samples=2, eos_ids=()))
+  assert engine.stats["decoded_row_steps"] == 8 * 10
+  assert engine.stats["forked_rows"] == 0
+
+
 def test_programs_compile_once_per_shape(model):
   cfg, params = model
   engine = Engine(cfg, params, num_slots=4, chunk=4, max_context=256)
