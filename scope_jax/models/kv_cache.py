@@ -1,11 +1,16 @@
-"""Functional KV cache: one buffer for all layers, per-row write offsets and positions.
+"""Functional KV cache: a key and a value buffer per layer, per-row write offsets and positions.
 
 Rows of a batch advance independently: a block of T tokens is written at each row's own `end`
 slot, and `end` then moves to just past the row's last real token (so left-padded prompts keep
 their leading holes and right-padded blocks are overwritten by the next write). Causality is by
 slot order; RoPE positions are explicit, so holes never shift a position.
 
-Shapes: L layers, B rows, C slots, K kv heads, H head dim.
+Shapes: L layers, B rows, C slots, K kv heads, H head dim. Each layer's keys are stored
+transposed, [B, K, H, C], and its values as [B, K, C, H]: a query's scores and its weighted sum
+of values are then plain matmuls over contiguous memory, with no transposed copy of the cache per
+step. One buffer per layer (not one [L, ...] array) lets the unrolled layers of a forward with a
+cache read and update their own buffers in place; slicing a layer out of a stacked buffer inside
+a layer scan copies it, every layer and every decode step.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ import jax.numpy as jnp
 
 @flax.struct.dataclass
 class KVCache:
-  k: jax.Array  # [L, B, C, K, H] keys, RoPE applied
-  v: jax.Array  # [L, B, C, K, H]
+  k: tuple[jax.Array, ...]  # L × [B, K, H, C] keys, RoPE applied
+  v: tuple[jax.Array, ...]  # L × [B, K, C, H] values
   valid: jax.Array  # [B, C] bool: slot holds a real token
   end: jax.Array  # [B] int32: next slot to write
   next_pos: jax.Array  # [B] int32: RoPE position of the row's next real token
@@ -26,18 +31,20 @@ class KVCache:
 
   @property
   def capacity(self) -> int:
-    return self.k.shape[2]
+    return self.valid.shape[1]
 
   @property
   def batch_size(self) -> int:
-    return self.k.shape[1]
+    return self.valid.shape[0]
+
 
 
 def init_cache(config, batch_size: int, capacity: int, dtype=jnp.float32) -> KVCache:
   """An empty cache for `batch_size` rows of at most `capacity` slots each."""
-  shape = (config.num_layers, batch_size, capacity, config.num_kv_heads, config.head_dim)
+  bk, layers = (batch_size, config.num_kv_heads), range(config.num_layers)
   return KVCache(
-      k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+      k=tuple(jnp.zeros(bk + (config.head_dim, capacity), dtype) for _ in layers),
+      v=tuple(jnp.zeros(bk + (capacity, config.head_dim), dtype) for _ in layers),
       valid=jnp.zeros((batch_size, capacity), bool),
       end=jnp.zeros((batch_size,), jnp.int32),
       next_pos=jnp.zeros((batch_size,), jnp.int32),
@@ -55,27 +62,34 @@ def positions_for_block(cache: KVCache | None, mask_BT: jax.Array) -> jax.Array:
   return start + jnp.maximum(jnp.cumsum(mask_BT.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def write_layer(k_all: jax.Array, layer: jax.Array, slots_BT: jax.Array,
-                new_BTKH: jax.Array) -> jax.Array:
-  """Scatters one layer's new keys (or values) into the [L, B, C, K, H] buffer at `slots`."""
-  rows_BT = jnp.broadcast_to(jnp.arange(slots_BT.shape[0])[:, None], slots_BT.shape)
-  return k_all.at[layer, rows_BT, slots_BT].set(new_BTKH.astype(k_all.dtype), mode="drop")
+def _rows(slots_BT: jax.Array) -> jax.Array:
+  return jnp.broadcast_to(jnp.arange(slots_BT.shape[0])[:, None], slots_BT.shape)
+
+
+def write_keys(k_BKHC: jax.Array, slots_BT: jax.Array, new_BTKH: jax.Array) -> jax.Array:
+  """Scatters one layer's new keys into its [B, K, H, C] buffer at `slots`."""
+  new = new_BTKH.astype(k_BKHC.dtype)
+  return k_BKHC.at[_rows(slots_BT), :, :, slots_BT].set(new, mode="drop")
+
+
+def write_values(v_BKCH: jax.Array, slots_BT: jax.Array, new_BTKH: jax.Array) -> jax.Array:
+  """Scatters one layer's new values into its [B, K, C, H] buffer at `slots`."""
+  new = new_BTKH.astype(v_BKCH.dtype)
+  return v_BKCH.at[_rows(slots_BT), :, slots_BT].set(new, mode="drop")
 
 
 def written_valid(cache: KVCache, slots_BT: jax.Array, mask_BT: jax.Array) -> jax.Array:
   """Slot validity [B, C] after writing a block whose real tokens are `mask_BT`."""
-  rows_BT = jnp.broadcast_to(jnp.arange(slots_BT.shape[0])[:, None], slots_BT.shape)
-  return cache.valid.at[rows_BT, slots_BT].set(mask_BT.astype(bool), mode="drop")
+  return cache.valid.at[_rows(slots_BT), slots_BT].set(mask_BT.astype(bool), mode="drop")
 
 
 def written_pos(cache: KVCache, slots_BT: jax.Array, positions_BT: jax.Array) -> jax.Array:
   """Slot positions [B, C] after writing a block at `slots` with RoPE `positions`."""
-  rows_BT = jnp.broadcast_to(jnp.arange(slots_BT.shape[0])[:, None], slots_BT.shape)
-  return cache.pos.at[rows_BT, slots_BT].set(positions_BT.astype(jnp.int32), mode="drop")
+  return cache.pos.at[_rows(slots_BT), slots_BT].set(positions_BT.astype(jnp.int32), mode="drop")
 
 
-def advance(cache: KVCache, k: jax.Array, v: jax.Array, valid_BC: jax.Array,
-            mask_BT: jax.Array, pos_BC: jax.Array | None = None) -> KVCache:
+def advance(cache: KVCache, k: tuple[jax.Array, ...], v: tuple[jax.Array, ...],
+            valid_BC: jax.Array, mask_BT: jax.Array, pos_BC: jax.Array | None = None) -> KVCache:
   """The cache after a block: `end` just past the last real token, positions past the real ones."""
   t = mask_BT.shape[1]
   has_real_BT = mask_BT.astype(bool)
@@ -87,6 +101,6 @@ def advance(cache: KVCache, k: jax.Array, v: jax.Array, valid_BC: jax.Array,
 
 def fork(cache: KVCache, copies: int) -> KVCache:
   """Repeats every row `copies` times (row-major: r0, r0, ..., r1, r1, ...): G samples per prompt."""
-  rep = lambda x, axis: jnp.repeat(x, copies, axis=axis)
-  return KVCache(k=rep(cache.k, 1), v=rep(cache.v, 1), valid=rep(cache.valid, 0),
-                 end=rep(cache.end, 0), next_pos=rep(cache.next_pos, 0), pos=rep(cache.pos, 0))
+  rep = lambda x: jnp.repeat(x, copies, axis=0)
+  return KVCache(k=tuple(map(rep, cache.k)), v=tuple(map(rep, cache.v)), valid=rep(cache.valid),
+                 end=rep(cache.end), next_pos=rep(cache.next_pos), pos=rep(cache.pos))

@@ -3,7 +3,9 @@
 Every parameter is an `nnx.Param` whose `out_sharding` metadata holds its logical axis names
 (`vocab`, `embed`, `heads`, ...): the one source of the layout, which `sharding.py`'s rules map
 to mesh axes. The layers are one `DecoderLayer` whose parameters are stacked on a leading
-`layers` axis (built under `nnx.vmap`) and run with `lax.scan`.
+`layers` axis (built under `nnx.vmap`), run with `lax.scan` without a KV cache (training,
+scoring: one compiled layer) and unrolled with one (prefill and decode: each layer updates its own
+cache buffers in place; see `kv_cache`).
 
 Build and call a module directly, or use it functionally through `transformer.forward`, which
 merges a params pytree into the module inside the caller's jit (traced away):
@@ -78,8 +80,8 @@ class Attention(nnx.Module):
   (Qwen3) or over the whole projection (OLMo), soft-capped scores and a per-layer sliding window
   (Gemma-2, OLMo-3).
 
-  With a KV cache the block's keys and values are written into the all-layer buffers at
-  `layer`, and the block attends to every slot the row wrote before.
+  With a KV cache the block's keys and values are written into the layer's buffers, and the
+  block attends to every slot the row wrote before.
   """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
@@ -117,19 +119,20 @@ class Attention(nnx.Module):
       k = ops.rms_norm(k, self.k_norm[...], self.eps, axes=axes)
     return ops.apply_rope(q, cos_BTH, sin_BTH), ops.apply_rope(k, cos_BTH, sin_BTH), v
 
-  def __call__(self, h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, layer=None,
-               positions=None, window=None):
-    """Returns (output [B, T, D], (k_all, v_all)); the buffers pass through when kv is None.
+  def __call__(self, h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, positions=None,
+               window=None):
+    """Returns (output [B, T, D], kv): `kv` is this layer's cache buffers (keys [B, K, H, C],
+    values [B, K, C, H]) with the block written at `slots`, or None (the block attends to itself).
     `positions` = (query positions [B, T], key positions [B, S]) for a sliding `window`."""
     q, k, v = self.project_qkv(h_BTD, cos_BTH, sin_BTH)
-    if kv is not None:
-      k_all = kvc.write_layer(kv[0], layer, slots_BT, k)
-      v_all = kvc.write_layer(kv[1], layer, slots_BT, v)
-      kv = (k_all, v_all)
-      k, v = k_all[layer].astype(h_BTD.dtype), v_all[layer].astype(h_BTD.dtype)
+    if kv is None:
+      kT_BKHS, v_BKSH = jnp.einsum("BTKH->BKHT", k), jnp.einsum("BTKH->BKTH", v)
+    else:
+      kv = (kvc.write_keys(kv[0], slots_BT, k), kvc.write_values(kv[1], slots_BT, v))
+      kT_BKHS, v_BKSH = kv[0].astype(h_BTD.dtype), kv[1].astype(h_BTD.dtype)
     q_pos, k_pos = positions if positions is not None else (None, None)
-    out_BTNH = ops.attend(q, k, v, slots_BT, valid_BS, q_pos_BT=q_pos, k_pos_BS=k_pos,
-                          window=window, scale=self.scale, cap=self.cap)
+    out_BTNH = ops.attend_kv(q, kT_BKHS, v_BKSH, slots_BT, valid_BS, q_pos_BT=q_pos,
+                             k_pos_BS=k_pos, window=window, scale=self.scale, cap=self.cap)
     return jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(out_BTNH.dtype)), kv
 
 
@@ -225,12 +228,11 @@ class DecoderLayer(nnx.Module):
       return x_BTD
     return ops.rms_norm(x_BTD, weight[...], self.eps, plus_one=self.plus_one)
 
-  def __call__(self, x_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, layer=None,
-               positions=None, window=None, mask_BT=None):
+  def __call__(self, x_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, positions=None,
+               window=None, mask_BT=None):
     """Returns (x, kv, router statistics or None)."""
     h_BTD = self._norm(x_BTD, self.attn_norm)
-    attn_BTD, kv = self.attn(h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv, layer,
-                             positions, window)
+    attn_BTD, kv = self.attn(h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv, positions, window)
     x_BTD = x_BTD + self._norm(attn_BTD, self.attn_post_norm)
     stats = None
     if isinstance(self.mlp, MoE):
@@ -252,7 +254,7 @@ def stacked_layers(config: ModelConfig, rngs: nnx.Rngs, param_dtype=jnp.float32)
 
 
 class Decoder(nnx.Module):
-  """The whole model: embedding, L scanned decoder layers, final norm and output projection."""
+  """The whole model: embedding, L decoder layers, final norm and output projection."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
     self.config = config
@@ -292,34 +294,35 @@ class Decoder(nnx.Module):
 
     layer_def, layer_state = nnx.split(self.layers)
 
-    def layer(carry, xs):
-      x, k_all, v_all = carry
-      state, i, window = xs
-      kv = None if cache is None else (k_all, v_all)
+    def run_layer(x, kv, state, window):
       cos_l, sin_l = cos, sin
       if local_rope is not None:
         cos_l, sin_l = (jnp.where(window > 0, lo, hi) for lo, hi in zip(local_rope, (cos, sin)))
-      x, kv, stats = nnx.merge(layer_def, state)(
-          x, cos_l, sin_l, slots_BT, valid_BC, kv, i,
-          (positions, pos_BC) if sliding else None, window if sliding else None, mask_BT)
-      if kv is not None:
-        k_all, v_all = kv
-      return (x, k_all, v_all), stats
+      return nnx.merge(layer_def, state)(
+          x, cos_l, sin_l, slots_BT, valid_BC, kv, (positions, pos_BC) if sliding else None,
+          window if sliding else None, mask_BT)
 
     if remat != "none":
-      layer = jax.checkpoint(layer, policy=ops.REMAT_POLICIES[remat])
-    k0 = v0 = jnp.zeros((), dtype)
-    if cache is not None:
-      k0, v0 = cache.k, cache.v
-    layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
-    (x_BTD, k_all, v_all), router = jax.lax.scan(layer, (x_BTD, k0, v0),
-                                                 (layer_state, layer_ids, windows))
+      run_layer = jax.checkpoint(run_layer, policy=ops.REMAT_POLICIES[remat])
+    if cache is not None:  # unrolled: each layer updates its own cache buffers in place
+      ks, vs, stats = list(cache.k), list(cache.v), []
+      for i in range(c.num_layers):
+        state_i = jax.tree.map(lambda a: a[i], layer_state)
+        x_BTD, (ks[i], vs[i]), stats_i = run_layer(x_BTD, (ks[i], vs[i]), state_i, windows[i])
+        stats.append(stats_i)
+      router = None if stats[0] is None else jax.tree.map(lambda *a: jnp.stack(a), *stats)
+    else:  # scanned
+      def layer(x, xs):
+        x, _, stats = run_layer(x, None, *xs)
+        return x, stats
+
+      x_BTD, router = jax.lax.scan(layer, x_BTD, (layer_state, windows))
     hidden_BTD = ops.rms_norm(x_BTD, self.final_norm[...], c.rms_norm_eps,
                               plus_one=c.norm_plus_one)
 
     new_cache = None
     if cache is not None:
-      new_cache = kvc.advance(cache, k_all, v_all, valid_BC, mask_BT, pos_BC)
+      new_cache = kvc.advance(cache, tuple(ks), tuple(vs), valid_BC, mask_BT, pos_BC)
     out = hidden_BTD if return_hidden else self.embedder.decode(hidden_BTD)
     if return_router:  # per-layer expert loads and router mass [L, E] (None without experts)
       return out, new_cache, router

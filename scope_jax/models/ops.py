@@ -54,14 +54,14 @@ def apply_rope(x_BTNH: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array) -> jax
   return x_BTNH * cos + rotated * sin
 
 
-def _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, *,
+def _attend_block(q_BTNH, kT_BKHS, v_BKSH, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, *,
                   scale, cap, window):
   """Grouped-query attention for one query block; the causal mask comes from slot indices, the
   sliding window (when `window` > 0) from RoPE positions, so padding never shifts it."""
   b, t, n, h = q_BTNH.shape
-  s, kv = k_BSKH.shape[1], k_BSKH.shape[2]
-  q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
-  scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+  kv, s = kT_BKHS.shape[1], kT_BKHS.shape[3]
+  q_BKGTH = jnp.einsum("BTKGH->BKGTH", q_BTNH.reshape(b, t, kv, n // kv, h))
+  scores_BKGTS = jnp.einsum("BKGTH,BKHS->BKGTS", q_BKGTH, kT_BKHS,
                             preferred_element_type=jnp.float32) * (h ** -0.5 if scale is None
                                                                    else scale)
   scores_BKGTS = softcap(scores_BKGTS, cap)
@@ -71,16 +71,24 @@ def _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS, q_pos_BT, k_pos
     near_BTS = (q_pos_BT[:, :, None] - k_pos_BS[:, None, :]) < window
     mask_BTS &= (window <= 0) | near_BTS
   scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, K_MASK)
-  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
-  out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
-  return out_BTKGH.reshape(b, t, n, h)
+  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BKSH.dtype)
+  out_BKGTH = jnp.einsum("BKGTS,BKSH->BKGTH", probs_BKGTS, v_BKSH)
+  return jnp.einsum("BKGTH->BTKGH", out_BKGTH).reshape(b, t, n, h)
 
 
 def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, q_slot_BT: jax.Array,
-           k_valid_BS: jax.Array, *, q_pos_BT: jax.Array | None = None,
-           k_pos_BS: jax.Array | None = None, window: jax.Array | int | None = None,
-           scale: float | None = None, cap: float = 0.0, q_chunk: int = 512) -> jax.Array:
-  """Causal grouped-query attention; scores and softmax in float32.
+           k_valid_BS: jax.Array, **kw) -> jax.Array:
+  """`attend_kv` with keys and values laid out like the queries, [B, S, K, H]."""
+  return attend_kv(q_BTNH, jnp.einsum("BSKH->BKHS", k_BSKH), jnp.einsum("BSKH->BKSH", v_BSKH),
+                   q_slot_BT, k_valid_BS, **kw)
+
+
+def attend_kv(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_slot_BT: jax.Array,
+              k_valid_BS: jax.Array, *, q_pos_BT: jax.Array | None = None,
+              k_pos_BS: jax.Array | None = None, window: jax.Array | int | None = None,
+              scale: float | None = None, cap: float = 0.0, q_chunk: int = 512) -> jax.Array:
+  """Causal grouped-query attention over keys [B, K, H, S] and values [B, K, S, H] (the KV
+  cache's layout); scores and softmax in float32.
 
   Query t (at key slot q_slot[t]) attends to valid key slots s <= q_slot[t]; with a positive
   `window` (traced, per layer) also only to keys whose position is within `window` of its own.
@@ -96,7 +104,7 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, q_slot_BT: j
     k_pos_BS = jnp.zeros(k_valid_BS.shape, jnp.int32)
   kw = dict(scale=scale, cap=cap, window=window)
   if t <= q_chunk:
-    return _attend_block(q_BTNH, k_BSKH, v_BSKH, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, **kw)
+    return _attend_block(q_BTNH, kT_BKHS, v_BKSH, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, **kw)
   pad = -t % q_chunk
   q = jnp.pad(q_BTNH, ((0, 0), (0, pad), (0, 0), (0, 0)))
   slots = jnp.pad(q_slot_BT, ((0, 0), (0, pad)))
@@ -105,7 +113,7 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, q_slot_BT: j
   q_cBcNH = jnp.moveaxis(q.reshape(b, n_chunks, q_chunk, n, h), 1, 0)
   slots_cBc = jnp.moveaxis(slots.reshape(b, n_chunks, q_chunk), 1, 0)
   pos_cBc = jnp.moveaxis(q_pos.reshape(b, n_chunks, q_chunk), 1, 0)
-  block = jax.checkpoint(lambda xs: _attend_block(xs[0], k_BSKH, v_BSKH, xs[1], k_valid_BS,
+  block = jax.checkpoint(lambda xs: _attend_block(xs[0], kT_BKHS, v_BKSH, xs[1], k_valid_BS,
                                                   xs[2], k_pos_BS, **kw))
   out = jax.lax.map(block, (q_cBcNH, slots_cBc, pos_cBc))
   return jnp.moveaxis(out, 0, 1).reshape(b, t + pad, n, h)[:, :t]

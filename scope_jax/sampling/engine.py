@@ -39,8 +39,8 @@ from scope_jax.models import kv_cache as kvc
 from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.sampling import stops as stops_lib
-from scope_jax.sampling.sampler import (SampleResult, SamplingSpec, length_bucket, prepare,
-                                        truncate_logits)
+from scope_jax.sampling.sampler import (SampleResult, SamplingSpec, argmax_last, length_bucket,
+                                        prepare, truncate_logits)
 
 _TRACES = collections.Counter()
 _ENGINES = weakref.WeakSet()  # every engine, so `free_caches` can reach them
@@ -91,8 +91,10 @@ class _Slot:
 # ------------------------------------------------------------------------------ device side
 
 def _window(cache: kvc.KVCache, w: int) -> kvc.KVCache:
-  return kvc.KVCache(k=cache.k[:, :, :w], v=cache.v[:, :, :w], valid=cache.valid[:, :w],
-                     end=cache.end, next_pos=cache.next_pos, pos=cache.pos[:, :w])
+  """The first `w` positions of every slot (keys [B, K, H, C], values [B, K, C, H] per layer)."""
+  return kvc.KVCache(k=tuple(k[..., :w] for k in cache.k), v=tuple(v[:, :, :w] for v in cache.v),
+                     valid=cache.valid[:, :w], end=cache.end, next_pos=cache.next_pos,
+                     pos=cache.pos[:, :w])
 
 
 def _constrain(x, sharding):
@@ -116,10 +118,12 @@ def take_rows(x, idx_DP, axis: int):
   return _merge(out, axis)
 
 
-def put_rows(x, idx_DP, rows, axis: int, window: int | None = None):
+def put_rows(x, idx_DP, rows, axis: int, window: int | None = None, window_axis: int = -1):
   """Writes `rows` [.., D·p, ..] at rows `idx_DP` of each shard (out of range: dropped), into the
-  first `window` positions of the axis after the slots when given."""
-  tail = () if window is None else (slice(0, window),)
+  first `window` positions of `window_axis` (after the slot axis) when given."""
+  tail = ()
+  if window is not None:
+    tail = (slice(None),) * (window_axis % x.ndim - axis - 1) + (slice(0, window),)
   put = lambda xs, i, ys: xs.at[(slice(None),) * axis + (i,) + tail].set(ys, mode="drop")
   d = idx_DP.shape[0]
   out = jax.vmap(put, in_axes=(axis, 0, axis), out_axes=axis)(
@@ -129,7 +133,8 @@ def put_rows(x, idx_DP, rows, axis: int, window: int | None = None):
 
 def _take_cache(cache: kvc.KVCache, idx_DP, window: int) -> kvc.KVCache:
   view = _window(cache, window)
-  return kvc.KVCache(k=take_rows(view.k, idx_DP, 1), v=take_rows(view.v, idx_DP, 1),
+  take = lambda x: take_rows(x, idx_DP, 0)
+  return kvc.KVCache(k=tuple(map(take, view.k)), v=tuple(map(take, view.v)),
                      valid=take_rows(view.valid, idx_DP, 0), end=take_rows(view.end, idx_DP, 0),
                      next_pos=take_rows(view.next_pos, idx_DP, 0),
                      pos=take_rows(view.pos, idx_DP, 0))
@@ -137,8 +142,9 @@ def _take_cache(cache: kvc.KVCache, idx_DP, window: int) -> kvc.KVCache:
 
 def _put_cache(cache: kvc.KVCache, idx_DP, rows: kvc.KVCache, shardings) -> kvc.KVCache:
   w = rows.valid.shape[1]
-  new = kvc.KVCache(k=put_rows(cache.k, idx_DP, rows.k, 1, w),
-                    v=put_rows(cache.v, idx_DP, rows.v, 1, w),
+  put = lambda x, r, axis: put_rows(x, idx_DP, r, 0, w, window_axis=axis)
+  new = kvc.KVCache(k=tuple(put(x, r, 3) for x, r in zip(cache.k, rows.k)),
+                    v=tuple(put(x, r, 2) for x, r in zip(cache.v, rows.v)),
                     valid=put_rows(cache.valid, idx_DP, rows.valid, 0, w),
                     end=put_rows(cache.end, idx_DP, rows.end, 0),
                     next_pos=put_rows(cache.next_pos, idx_DP, rows.next_pos, 0),
@@ -149,7 +155,8 @@ def _put_cache(cache: kvc.KVCache, idx_DP, rows: kvc.KVCache, shardings) -> kvc.
 def _store_window(cache: kvc.KVCache, view: kvc.KVCache, shardings) -> kvc.KVCache:
   """Writes a window view of every slot back into the cache."""
   w = view.valid.shape[1]
-  new = kvc.KVCache(k=cache.k.at[:, :, :w].set(view.k), v=cache.v.at[:, :, :w].set(view.v),
+  new = kvc.KVCache(k=tuple(x.at[..., :w].set(y) for x, y in zip(cache.k, view.k)),
+                    v=tuple(x.at[:, :, :w].set(y) for x, y in zip(cache.v, view.v)),
                     valid=cache.valid.at[:, :w].set(view.valid), end=view.end,
                     next_pos=view.next_pos, pos=cache.pos.at[:, :w].set(view.pos))
   return jax.tree.map(_constrain, new, shardings) if shardings is not None else new
@@ -208,13 +215,14 @@ def select_tokens_rows(logits_BV, keys_B, spec: SamplingSpec, temperature):
   """`sampler.select_tokens` with one key per row, so a row's draw is independent of the batch."""
   logits_BV = logits_BV.astype(jnp.float32)
   if spec.temperature == 0.0:
-    token_B = jnp.argmax(logits_BV, axis=-1)
+    token_B = argmax_last(logits_BV)
     logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
   else:
     scaled_BV = logits_BV / temperature
     logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
     allowed_BV = truncate_logits(scaled_BV, spec.top_k, spec.top_p)
-    token_B = jax.vmap(jax.random.categorical)(keys_B, allowed_BV)
+    draw = lambda key: jax.random.gumbel(key, allowed_BV.shape[1:], allowed_BV.dtype)
+    token_B = argmax_last(jax.vmap(draw)(keys_B) + allowed_BV)  # = categorical with row keys
   logp_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
   return token_B.astype(jnp.int32), logp_B
 
@@ -388,10 +396,14 @@ class Engine:
     c, m = self.config, self._batch_multiple()  # slots are always a multiple of m
     spec = lambda axes, shape: jax.sharding.NamedSharding(
         self.mesh, shd.logical_to_spec(axes, shape, self.mesh, self.rules))
-    kv = spec(("layers", "batch", "cache", "kv_heads", "head_dim"),
-              (c.num_layers, m, self.capacity, c.num_kv_heads, c.head_dim))  # KV heads a mesh
-    row, row_col = spec(("batch",), (m,)), spec(("batch", None), (m, 1))  # axis can't divide: whole
-    cache = kvc.KVCache(k=kv, v=kv, valid=row_col, end=row, next_pos=row, pos=row_col)
+    # KV heads that a mesh axis can't divide stay whole
+    bk = ("batch", "kv_heads"), (m, c.num_kv_heads)
+    k = spec(bk[0] + ("head_dim", "cache"), bk[1] + (c.head_dim, self.capacity))
+    v = spec(bk[0] + ("cache", "head_dim"), bk[1] + (self.capacity, c.head_dim))
+    row, row_col = spec(("batch",), (m,)), spec(("batch", None), (m, 1))
+    layers = range(c.num_layers)
+    cache = kvc.KVCache(k=tuple(k for _ in layers), v=tuple(v for _ in layers), valid=row_col,
+                        end=row, next_pos=row, pos=row_col)
     return cache, row_col
 
   def _put(self, x):

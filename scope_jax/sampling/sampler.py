@@ -94,18 +94,37 @@ def truncate_logits(scaled_BV: jax.Array, top_k: int, top_p: float) -> jax.Array
   return scaled_BV
 
 
+def argmax_last(x_BV: jax.Array) -> jax.Array:
+  """`jnp.argmax(x, -1)` (the first index of the maximum) as plain reductions over blocks of the
+  last axis: XLA:CPU's fused (value, index) reduction is about 10× slower on a [B, 150k] row."""
+  v = x_BV.shape[-1]
+  c = min(v, 1024)
+  r = -(-v // c)
+  blocks_BRC = jnp.pad(x_BV, ((0, 0), (0, r * c - v)), constant_values=-jnp.inf)
+  blocks_BRC = blocks_BRC.reshape(x_BV.shape[0], r, c)
+  j_B = jnp.argmax(jnp.max(blocks_BRC, axis=-1), axis=-1)  # first block holding the maximum
+  block_BC = jnp.take_along_axis(blocks_BRC, j_B[:, None, None], axis=1)[:, 0]
+  return (j_B * c + jnp.argmax(block_BC, axis=-1)).astype(jnp.int32)
+
+
+def categorical(key: jax.Array, logits_BV: jax.Array) -> jax.Array:
+  """`jax.random.categorical(key, logits)` (the same Gumbel draw, so the same samples) with
+  `argmax_last`."""
+  return argmax_last(jax.random.gumbel(key, logits_BV.shape, logits_BV.dtype) + logits_BV)
+
+
 def select_tokens(logits_BV: jax.Array, key: jax.Array, spec: SamplingSpec, temperature=None):
   """Returns (token [B], log-prob [B]) under the temperature-scaled full distribution.
   `temperature` (a traced scalar) overrides `spec.temperature` when sampling; greedy is decided by
   `spec.temperature == 0`."""
   logits_BV = logits_BV.astype(jnp.float32)
   if spec.temperature == 0.0:
-    token_B = jnp.argmax(logits_BV, axis=-1)
+    token_B = argmax_last(logits_BV)
     logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
   else:
     scaled_BV = logits_BV / (spec.temperature if temperature is None else temperature)
     logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
-    token_B = jax.random.categorical(key, truncate_logits(scaled_BV, spec.top_k, spec.top_p))
+    token_B = categorical(key, truncate_logits(scaled_BV, spec.top_k, spec.top_p))
   logp_B = jnp.take_along_axis(logp_BV, token_B[:, None], axis=-1)[:, 0]
   return token_B.astype(jnp.int32), logp_B
 
