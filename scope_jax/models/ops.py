@@ -105,14 +105,15 @@ def attend_kv(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_slot_B
   kw = dict(scale=scale, cap=cap, window=window)
   if t <= q_chunk:
     return _attend_block(q_BTNH, kT_BKHS, v_BKSH, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, **kw)
-  pad = -t % q_chunk
+  n_chunks = -(-t // q_chunk)
+  size = -(-t // n_chunks)  # equal chunks: at most n_chunks - 1 padded queries
+  pad = n_chunks * size - t
   q = jnp.pad(q_BTNH, ((0, 0), (0, pad), (0, 0), (0, 0)))
   slots = jnp.pad(q_slot_BT, ((0, 0), (0, pad)))
   q_pos = jnp.pad(q_pos_BT, ((0, 0), (0, pad)))
-  n_chunks = (t + pad) // q_chunk
-  q_cBcNH = jnp.moveaxis(q.reshape(b, n_chunks, q_chunk, n, h), 1, 0)
-  slots_cBc = jnp.moveaxis(slots.reshape(b, n_chunks, q_chunk), 1, 0)
-  pos_cBc = jnp.moveaxis(q_pos.reshape(b, n_chunks, q_chunk), 1, 0)
+  q_cBcNH = jnp.moveaxis(q.reshape(b, n_chunks, size, n, h), 1, 0)
+  slots_cBc = jnp.moveaxis(slots.reshape(b, n_chunks, size), 1, 0)
+  pos_cBc = jnp.moveaxis(q_pos.reshape(b, n_chunks, size), 1, 0)
   block = jax.checkpoint(lambda xs: _attend_block(xs[0], kT_BKHS, v_BKSH, xs[1], k_valid_BS,
                                                   xs[2], k_pos_BS, **kw))
   out = jax.lax.map(block, (q_cBcNH, slots_cBc, pos_cBc))

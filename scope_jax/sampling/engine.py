@@ -298,9 +298,9 @@ def row_bucket(n: int) -> int:
 
 
 def block_bucket(n: int) -> int:
-  """Prefill block lengths: multiples of 128 (a short continuation shares the 128 program; a
-  ~560-token observation pads to 640 tokens, as 512 + 128 under the default 512-token chunk)."""
-  return max(1, -(-n // 128)) * 128
+  """Prefill block lengths: multiples of 64 (a short continuation shares the 64 program; a
+  ~525-token observation pads to 576 tokens, one block: see `Engine._piece`)."""
+  return max(1, -(-n // 64)) * 64
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -626,8 +626,8 @@ class Engine:
     best = collections.Counter()
     for j, n in enumerate(prefix):
       best[self._shard(j)] = max(best[self._shard(j)], n)
-    # Balance wins unless a shard's prefix saves a whole prefill block: slots that still hold an
-    # earlier call's prompts would otherwise pile every row onto one shard.
+    # Balance wins unless a shard's prefix saves 128 tokens of prefill or more: slots that still
+    # hold an earlier call's prompts would otherwise pile every row onto one shard.
     d = max(shards, key=lambda d: (best[d] // 128, count[d], best[d]))
     mine = [i for i in free if self._shard(i) == d]
     top = max(mine, key=lambda i: prefix[i])
@@ -686,14 +686,19 @@ class Engine:
       self.stats["copies"] += len(taken)
       pairs = [pair for k, pair in enumerate(pairs) if k not in set(taken)]
 
+  def _piece(self, n: int) -> int:
+    """Tokens of an n-token input that the next prefill block takes: `prefill_chunk`, or all of
+    them when at most a quarter more (a short tail costs a call of its own for a few tokens)."""
+    return n if n <= self.prefill_chunk + self.prefill_chunk // 4 else self.prefill_chunk
+
   def _run_prefills(self, items) -> None:
-    """Chunked prefills: per shard up to `prefill_rows` slots × `prefill_chunk` tokens a call."""
+    """Chunked prefills: per shard up to `prefill_rows` slots × one piece (`_piece`) a call."""
     queue = list(items)
     while queue:
       idx, groups = self._by_shard(queue, lambda item: item[0])
       d, p = idx.shape
       taken = [k for g in groups for k in g]
-      t = min(self.prefill_chunk, block_bucket(max(len(queue[k][2]) for k in taken)))
+      t = block_bucket(max(self._piece(len(queue[k][2])) for k in taken))
       start = np.zeros((d * p,), np.int32)
       tokens = np.full((d * p, t), self.pad_id, np.int32)
       mask = np.zeros((d * p, t), np.int32)
@@ -701,11 +706,11 @@ class Engine:
       for s, g in enumerate(groups):
         for k, item_k in enumerate(g):
           i, keep, rest = queue[item_k]
-          piece, row = rest[:t], s * p + k
+          piece, row = rest[:self._piece(len(rest))], s * p + k
           start[row] = keep
           tokens[row, :len(piece)], mask[row, :len(piece)] = piece, 1
-          if len(rest) > t:
-            later.append((i, keep + t, rest[t:]))
+          if len(rest) > len(piece):
+            later.append((i, keep + len(piece), rest[len(piece):]))
       window = self._window(int((start + mask.sum(1)).max()))
       self.cache, self.logits = _prefill(
           self.config, self.params, self.cache, self.logits, self._put(idx),

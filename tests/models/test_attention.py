@@ -21,6 +21,7 @@ def test_chunked_attention_equals_single_block():
     return lambda q_, k_, v_: transformer.attend(q_, k_, v_, slots, valid, q_chunk=chunk)
 
   chex.assert_trees_all_close(f(8)(q, kk, v), f(64)(q, kk, v), atol=1e-6, rtol=1e-7)
+  chex.assert_trees_all_close(f(16)(q, kk, v), f(64)(q, kk, v), atol=1e-6, rtol=1e-7)  # 3 × 13
   g8 = jax.grad(lambda *a: (f(8)(*a) ** 2).sum(), argnums=(0, 1, 2))(q, kk, v)
   g64 = jax.grad(lambda *a: (f(64)(*a) ** 2).sum(), argnums=(0, 1, 2))(q, kk, v)
   chex.assert_trees_all_close(g8, g64, atol=1e-5, rtol=1e-7)

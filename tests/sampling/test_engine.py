@@ -118,6 +118,22 @@ def test_continuation_reuses_the_cache_and_matches_a_fresh_prefill(model):
     context = new_context + nxt.tokens.tolist()
 
 
+def test_long_inputs_prefill_in_pieces_without_short_tails(model):
+  """`prefill_chunk` tokens a block, or the whole rest when at most a quarter more: 40 tokens
+  (chunk 32) take one block, 70 take 32 + 38; either way equal to the sampler."""
+  cfg, params = model
+  engine = Engine(cfg, params, num_slots=2, chunk=4, prefill_chunk=32, max_context=256)
+  assert [engine._piece(n) for n in (20, 32, 40, 41, 70)] == [20, 32, 40, 32, 32]
+  sampler = Sampler(cfg, params)
+  rng = np.random.default_rng(3)
+  for n, calls in ((40, 1), (70, 2)):
+    prompt = rng.integers(3, cfg.vocab_size, n).tolist()
+    before = engine.stats["prefill_calls"]
+    ours = engine.generate([prompt], max_new_tokens=6, eos_ids=())
+    assert engine.stats["prefill_calls"] - before == calls
+    _same_rows(ours, sampler.generate([prompt], max_new_tokens=6, eos_ids=()))
+
+
 def _drain(engine):
   out = []
   while engine.busy():
