@@ -51,20 +51,30 @@ def aggregate(per_token, mask, mode: str, norm_length: int | None = None):
   (padding) do not count, and `norm_length` is the run's fixed response budget (it defaults to
   the array's width only for direct calls on unpadded data).
   """
+  sum_B, count = aggregate_rows(per_token, mask, mode, norm_length)
+  return sum_B.sum(), count
+
+
+def aggregate_rows(per_token, mask, mode: str, norm_length: int | None = None):
+  """`aggregate` with its sum left per row: ([B] terms that add up to the sum, count).
+
+  The train step keeps loss terms and metrics per row inside its micro-batch loop and sums them
+  after it, so no cross-device reduction there runs beside the backward pass.
+  """
   mask = mask.astype(jnp.float32)
   per_token = per_token.astype(jnp.float32)
   tokens_B = mask.sum(-1)
   sums_B = (per_token * mask).sum(-1)
   nonempty = (tokens_B > 0).astype(jnp.float32)
   if mode == "token-mean":
-    return sums_B.sum(), tokens_B.sum()
+    return sums_B, tokens_B.sum()
   if mode == "seq-mean-token-mean":
-    return (sums_B / jnp.maximum(tokens_B, 1.0)).sum(), nonempty.sum()
+    return sums_B / jnp.maximum(tokens_B, 1.0), nonempty.sum()
   if mode == "seq-mean-token-sum":
-    return sums_B.sum(), nonempty.sum()
+    return sums_B, nonempty.sum()
   if mode == "seq-mean-token-sum-norm":
     length = per_token.shape[-1] if norm_length is None else norm_length
-    return sums_B.sum(), nonempty.sum() * jnp.float32(length)
+    return sums_B, nonempty.sum() * jnp.float32(length)
   raise ValueError(f"Unknown aggregation mode {mode!r}; valid: {', '.join(AGG_MODES)}.")
 
 

@@ -58,31 +58,41 @@ def nll_loss(config: ModelConfig, params, batch: batch_lib.TrainBatch, *, dtype,
              remat: str = "none"):
   """Σ −log p(token)·mask / Σ mask over the batch, in float32. chunk = 0 computes the full
   [B, T, V] logits at once (fastest for small vocabularies); otherwise log-probs are chunked."""
+  return nll_rows(config, params, batch, dtype=dtype, chunk=chunk, remat=remat).sum()
+
+
+def nll_rows(config: ModelConfig, params, batch: batch_lib.TrainBatch, *, dtype, chunk: int,
+             remat: str = "none"):
+  """Each row's term of `nll_loss`, [B]: the step sums them outside the gradient's computation
+  (see train_step._micro_loss on cross-device reductions beside the backward pass)."""
   m = batch.loss_mask
   if chunk:
     lc = train_step.LossConfig(chunk=chunk)
     logp = train_step.sequence_stats(config, params, batch.tokens, batch.mask, lc=lc, dtype=dtype,
                                      remat=remat)["logp"]
-    return -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
+    return -(logp * m).sum(-1) / jnp.maximum(m.sum(), 1.0)
   hidden, _ = transformer.forward(config, params, batch.tokens, attention_mask=batch.mask,
                                   return_hidden=True, dtype=dtype, remat=remat)
   logits_BTV = transformer.logits_from_hidden(hidden[:, :-1], transformer.unembedding(config, params),
                                               config.final_softcap)
   logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
   logp_BT = jnp.take_along_axis(logp_BTV, batch.tokens[:, 1:, None], axis=-1)[..., 0]
-  return -(logp_BT * m[:, 1:]).sum() / jnp.maximum(m[:, 1:].sum(), 1.0)
+  return -(logp_BT * m[:, 1:]).sum(-1) / jnp.maximum(m[:, 1:].sum(), 1.0)
 
 
 def make_sft_step(config: ModelConfig, optimizer, *, dtype=jnp.float32, chunk: int = 0,
                   remat: str = "none"):
   """step(params, opt_state, batch) → (params, opt_state, loss), jitted with donation."""
-  grad_fn = jax.value_and_grad(functools.partial(nll_loss, config, dtype=dtype, chunk=chunk,
-                                                 remat=remat))
+  def loss_and_rows(params, batch):
+    loss_B = nll_rows(config, params, batch, dtype=dtype, chunk=chunk, remat=remat)
+    return loss_B.sum(), loss_B
+
+  grad_fn = jax.grad(loss_and_rows, has_aux=True)
 
   def step(params, opt_state, batch):
-    loss, grads = grad_fn(params, batch)
+    grads, loss_B = grad_fn(params, batch)
     updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+    return optax.apply_updates(params, updates), opt_state, loss_B.sum()
 
   return jax.jit(step, donate_argnums=(0, 1))
 

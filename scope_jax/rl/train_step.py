@@ -119,6 +119,13 @@ def compute_logprobs(config: ModelConfig, params, batch: TrainBatch, *, temperat
 
 def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, config, lc, dtype,
                 remat):
+  """A micro-batch's loss (a scalar, for the gradient) and, per row, its loss terms and metric sums.
+
+  The aux values stay per row ([b], reduced over T only): the step adds them up after its
+  micro-batch loop. A cross-device sum or max of a metric inside the loop depends on the forward
+  pass only, so XLA:CPU may run it beside the backward pass's own collectives; with every device
+  emulated on one host's thread pool, two collectives in flight per device can starve it.
+  """
   teacher = None
   if lc.distill_coef > 0:
     teacher = (teacher_params, mb.teacher_tokens, mb.teacher_mask)
@@ -127,32 +134,32 @@ def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, c
   logp, m = stats["logp"], mb.loss_mask
   pg, clipped = losses.policy_loss(logp, mb.old_logp, mb.advantages, eps_low=lc.eps_low,
                                    eps_high=lc.eps_high, dual_clip=lc.dual_clip)
-  pg_sum, _ = losses.aggregate(pg, m, lc.agg_mode, lc.norm_length)
-  parts = {"pg_loss": pg_sum / counts["agg"]}
+  rows = lambda per_token, mode: losses.aggregate_rows(per_token, m, mode, lc.norm_length)[0]
+  parts_B = {"pg_loss": rows(pg, lc.agg_mode) / counts["agg"]}
   if lc.kl_beta > 0:
     if mb.ref_logp is not None:
       ref_logp = mb.ref_logp
     else:
       ref_logp = sequence_stats(config, ref_params, mb.tokens, mb.mask, lc=lc, dtype=dtype)["logp"]
     kl = losses.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), lc.kl_kind)
-    parts["kl_loss"] = losses.aggregate(kl, m, lc.agg_mode, lc.norm_length)[0] / counts["agg"]
-  sums = {}
+    parts_B["kl_loss"] = rows(kl, lc.agg_mode) / counts["agg"]
+  sums_B = {}
   if lc.distill_coef > 0:
-    d_sum, _ = losses.aggregate(stats["distill"], m, lc.distill_agg_mode, lc.norm_length)
-    parts["distill_loss"] = d_sum / counts["distill"]
-    sums["teacher_gap"] = ((stats["teacher_logp"] - logp) * m).sum()  # on the sampled tokens
-  sums |= {"entropy": (stats["entropy"] * m).sum(), "clip_frac": (clipped * m).sum(),
-          "logp": (logp * m).sum(),
-          "logprob_gap": (jnp.abs(logp - mb.old_logp) * m).sum()}
+    parts_B["distill_loss"] = rows(stats["distill"], lc.distill_agg_mode) / counts["distill"]
+    sums_B["teacher_gap"] = ((stats["teacher_logp"] - logp) * m).sum(-1)  # on sampled tokens
+  gap_BT = jnp.abs(logp - mb.old_logp)
+  sums_B |= {"entropy": (stats["entropy"] * m).sum(-1), "clip_frac": (clipped * m).sum(-1),
+             "logp": (logp * m).sum(-1), "logprob_gap": (gap_BT * m).sum(-1)}
+  total_B = (parts_B["pg_loss"] + lc.kl_beta * parts_B.get("kl_loss", 0.0)
+             + lc.distill_coef * parts_B.get("distill_loss", 0.0))
+  router = {}
   if "router" in stats:  # a mixture of experts: loads for the metrics, optional balancing loss
-    parts["router_aux"] = transformer.router_aux_loss(config, stats["router"]) / counts["micro"]
-    sums["router_load"] = stats["router"]["load"].sum(0)
-    sums["router_pairs"] = stats["router"]["tokens"].sum() * config.num_experts_per_tok
-  total = (parts["pg_loss"] + lc.kl_beta * parts.get("kl_loss", 0.0)
-           + lc.distill_coef * parts.get("distill_loss", 0.0)
-           + lc.router_aux_coef * parts.get("router_aux", 0.0))
-  gap_max = jnp.max(jnp.where(m > 0, jnp.abs(logp - mb.old_logp), 0.0))
-  return total, (parts, sums, gap_max)
+    router = {"router_aux": transformer.router_aux_loss(config, stats["router"]) / counts["micro"],
+              "router_load": stats["router"]["load"].sum(0),
+              "router_pairs": stats["router"]["tokens"].sum() * config.num_experts_per_tok}
+  total = total_B.sum() + lc.router_aux_coef * router.get("router_aux", 0.0)
+  gap_max_B = jnp.max(jnp.where(m > 0, gap_BT, 0.0), axis=-1)
+  return total, (total_B, parts_B, sums_B, gap_max_B, router)
 
 
 def _split(batch: TrainBatch, micro: int) -> TrainBatch:
@@ -183,18 +190,24 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
 
     def accumulate(carry, mb):
-      grads, total, parts, sums, gap = carry
-      (l, (p, s, g)), gr = grad_fn(state.params, mb, ref_params, teacher_params, counts)
-      add = lambda a, b: jax.tree.map(jnp.add, a, b)
+      grads, router = carry
+      (_, (total_B, parts_B, sums_B, gap_max_B, r)), gr = grad_fn(
+          state.params, mb, ref_params, teacher_params, counts)
       grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, gr)
-      return (grads, total + l, add(parts, p), add(sums, s), jnp.maximum(gap, g)), None
+      return (grads, jax.tree.map(jnp.add, router, r)), (total_B, parts_B, sums_B, gap_max_B)
 
     mbs = _split(batch, micro_batches)
     first = jax.tree.map(lambda x: x[0], mbs)
-    _, (p0, s0, _) = jax.eval_shape(loss, state.params, first, ref_params, teacher_params, counts)
-    init = (zeros, jnp.zeros(()), jax.tree.map(jnp.zeros_like, p0),
-            jax.tree.map(jnp.zeros_like, s0), jnp.zeros(()))
-    (grads, total, parts, sums, gap_max), _ = jax.lax.scan(accumulate, init, mbs)
+    _, (*_, r0) = jax.eval_shape(loss, state.params, first, ref_params, teacher_params, counts)
+    init = (zeros, jax.tree.map(jnp.zeros_like, r0))
+    (grads, router), (total_MB, parts_MB, sums_MB, gap_max_MB) = jax.lax.scan(accumulate, init, mbs)
+    parts = {k: v.sum() for k, v in parts_MB.items()}
+    sums = {k: v.sum() for k, v in sums_MB.items()}
+    total = total_MB.sum() + lc.router_aux_coef * router.get("router_aux", 0.0)
+    gap_max = gap_max_MB.max()
+    if "router_aux" in router:
+      parts["router_aux"] = router["router_aux"]
+    sums |= {k: v for k, v in router.items() if k != "router_aux"}
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
     updates, new_opt = optimizer.update(grads, state.opt_state, state.params)

@@ -138,6 +138,21 @@ def test_aggregation_is_additive_over_row_splits():
                                 rtol=1e-6, atol=0)
 
 
+
+def test_aggregate_rows_are_the_rows_terms_of_the_sum():
+  loss = jnp.asarray([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [5.0, 6.0, 0.0]])
+  mask = jnp.asarray([[1, 1, 0], [0, 0, 0], [1, 1, 1]])
+  expected = {"token-mean": ([3.0, 0.0, 11.0], 5.0),  # rows' Σ L·m; Σ m
+              "seq-mean-token-mean": ([1.5, 0.0, 11.0 / 3], 2.0),  # rows' mean; non-empty rows
+              "seq-mean-token-sum": ([3.0, 0.0, 11.0], 2.0),
+              "seq-mean-token-sum-norm": ([3.0, 0.0, 11.0], 2.0 * 4)}
+  for mode, (rows, count) in expected.items():
+    got_rows, got_count = losses.aggregate_rows(loss, mask, mode, norm_length=4)
+    chex.assert_trees_all_close((got_rows, got_count), (jnp.asarray(rows), jnp.float32(count)),
+                                rtol=1e-6)
+    chex.assert_trees_all_close(losses.aggregate(loss, mask, mode, norm_length=4),
+                                (got_rows.sum(), got_count), rtol=1e-6)
+
 def test_topk_with_k_equal_v_is_full_kl_value_and_gradient():
   rng = np.random.default_rng(2)
   s_logits = jnp.asarray(rng.normal(0, 2, (6, 50)), jnp.float32)
