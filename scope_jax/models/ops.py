@@ -76,6 +76,13 @@ def _attend_block(q_BTNH, kT_BKHS, v_BKSH, q_slot_BT, k_valid_BS, q_pos_BT, k_po
   return jnp.einsum("BKGTH->BTKGH", out_BKGTH).reshape(b, t, n, h)
 
 
+def default_q_chunk() -> int:
+  """Query rows per attention block: 64 on CPU, where a block's [T, S] scores should stay in
+  cache (at 512 to 3k keys, 1.8-2.7x faster than 512 rows, forward and backward); 512 on
+  accelerators, whose matrix units want large tiles."""
+  return 64 if jax.default_backend() == "cpu" else 512
+
+
 def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, q_slot_BT: jax.Array,
            k_valid_BS: jax.Array, **kw) -> jax.Array:
   """`attend_kv` with keys and values laid out like the queries, [B, S, K, H]."""
@@ -86,7 +93,8 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, q_slot_BT: j
 def attend_kv(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_slot_BT: jax.Array,
               k_valid_BS: jax.Array, *, q_pos_BT: jax.Array | None = None,
               k_pos_BS: jax.Array | None = None, window: jax.Array | int | None = None,
-              scale: float | None = None, cap: float = 0.0, q_chunk: int = 512) -> jax.Array:
+              scale: float | None = None, cap: float = 0.0,
+              q_chunk: int | None = None) -> jax.Array:
   """Causal grouped-query attention over keys [B, K, H, S] and values [B, K, S, H] (the KV
   cache's layout); scores and softmax in float32.
 
@@ -94,9 +102,10 @@ def attend_kv(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_slot_B
   `window` (traced, per layer) also only to keys whose position is within `window` of its own.
   `scale` defaults to head_dim^-½; `cap` soft-caps the scores (Gemma-2). Long query blocks
   are processed `q_chunk` rows at a time under rematerialisation, so memory is O(q_chunk · S),
-  not O(T · S), in the forward and the backward pass.
+  not O(T · S), in the forward and the backward pass (default: `default_q_chunk()`).
   """
   b, t, n, h = q_BTNH.shape
+  q_chunk = q_chunk or default_q_chunk()
   if window is not None and (q_pos_BT is None or k_pos_BS is None):
     raise ValueError("A sliding window needs query and key positions.")
   if q_pos_BT is None:
