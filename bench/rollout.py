@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax
 import numpy as np
 
+from scope_jax import host_memory
 from scope_jax.models import ModelConfig, init_params, tiny_config
 from scope_jax.sampling import Engine, Sampler
 
@@ -176,6 +177,7 @@ def main():
   ap.add_argument("--chunk", type=int, default=8)
   ap.add_argument("--prefill_rows", type=int, default=8)
   args = ap.parse_args()
+  host_memory.reuse_freed_memory()  # as the entrypoint does, before JAX's first call
   print(f"backend: {jax.default_backend()}; devices: {len(jax.devices())}")
   ratio = None
   for name in args.configs.split(","):

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scope_jax import host_memory
 from scope_jax.models import ModelConfig, init_params, save_hf, tiny_config
 from scope_jax.sampling import Sampler
 
@@ -87,6 +88,7 @@ def main():
   ap.add_argument("--prompt_len", type=int, default=32)
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   args = ap.parse_args()
+  host_memory.reuse_freed_memory()  # as the entrypoint does, before JAX's first call
   import torch
   from tests.hf_reference import hf_model
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.sampler import CONFIGS, load  # noqa: E402
+from scope_jax import host_memory  # noqa: E402
 from scope_jax.models import save_hf  # noqa: E402
 from scope_jax.rl.batch import TrainBatch  # noqa: E402
 from scope_jax.rl.optim import make_optimizer  # noqa: E402
@@ -88,6 +89,7 @@ def main():
   ap.add_argument("--remat", default="none")
   ap.add_argument("--peak_tflops", type=float, default=0.0, help="for MFU (e.g. 989 on H100 bf16)")
   args = ap.parse_args()
+  host_memory.reuse_freed_memory()  # as the entrypoint does, before JAX's first call
   from tests.hf_reference import hf_model
   print(f"backend: {jax.default_backend()}; batch {args.batch} × seq {args.seq}")
   print(f"{'config':10s} {'params':>8s} {'ours tok/s':>11s} {'torch tok/s':>12s} {'ratio':>6s} "

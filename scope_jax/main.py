@@ -16,7 +16,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from scope_jax import checkpoint, cli_errors, distributed
+from scope_jax import checkpoint, cli_errors, distributed, host_memory
 from scope_jax.methods import runner
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Method config file (configs/*.py[:preset]).",
@@ -30,6 +30,7 @@ def main(argv):
   logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= std_logging.WARNING or not any(q in r.pathname for q in quiet))
   try:  # a missing config file, or settings typed right but invalid: one line, before loading
+    host_memory.reuse_freed_memory(os.environ)  # before JAX starts its threads
     distributed.initialize(os.environ)  # multi-host: one process per host
     config = _CONFIG.value
     runner.validate(config)

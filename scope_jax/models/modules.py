@@ -19,7 +19,7 @@ H head dim, F MLP dim, V vocab, L layers.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -265,7 +265,7 @@ class Decoder(nnx.Module):
   def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
                attention_mask: jax.Array | None = None, cache: kvc.KVCache | None = None, *,
                return_hidden: bool = False, dtype=jnp.float32, remat: str = "none",
-               return_router: bool = False):
+               return_router: bool = False, layers: Sequence[nnx.State] | None = None):
     """Runs the decoder on tokens [B, T]; see `transformer.forward` for the arguments.
 
     Returns (logits [B, T, V] float32 or hidden [B, T, D], updated cache or None), and the
@@ -307,7 +307,7 @@ class Decoder(nnx.Module):
     if cache is not None:  # unrolled: each layer updates its own cache buffers in place
       ks, vs, stats = list(cache.k), list(cache.v), []
       for i in range(c.num_layers):
-        state_i = jax.tree.map(lambda a: a[i], layer_state)
+        state_i = layers[i] if layers is not None else jax.tree.map(lambda a: a[i], layer_state)
         x_BTD, (ks[i], vs[i]), stats_i = run_layer(x_BTD, (ks[i], vs[i]), state_i, windows[i])
         stats.append(stats_i)
       router = None if stats[0] is None else jax.tree.map(lambda *a: jnp.stack(a), *stats)

@@ -17,7 +17,7 @@ inside the caller's jit: the merge is traced away and nothing is re-created per 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -124,7 +124,7 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Param
 def forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, cache: kvc.KVCache | None = None, *,
             return_hidden: bool = False, dtype=jnp.float32, remat: str = "none",
-            return_router: bool = False):
+            return_router: bool = False, layers: Sequence[Any] | None = None):
   """Runs the decoder on tokens [B, T].
 
   Args:
@@ -139,13 +139,23 @@ def forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: j
 
     return_router: also return the per-layer router statistics of a mixture of experts
       ({'load', 'prob': [L, E], 'tokens', 'computed': [L]}; None for dense models).
+    layers: `layer_params(config, params)`, taken once outside a decode loop: each layer's
+      weights as their own arrays (with a cache, the layers are unrolled, and XLA:CPU would
+      otherwise copy every layer's slice of the stacked weights on every step).
 
   Returns:
     (logits [B, T, V] float32 or hidden [B, T, D], updated cache or None[, router statistics]).
   """
   return as_module(config, params)(tokens, positions, attention_mask, cache,
                                    return_hidden=return_hidden, dtype=dtype, remat=remat,
-                                   return_router=return_router)
+                                   return_router=return_router, layers=layers)
+
+
+def layer_params(config: ModelConfig, params: Params) -> tuple[nnx.State, ...]:
+  """Each decoder layer's weights sliced out of the stacked `layers` arrays, for `forward`'s
+  `layers`: a decode loop slices them once, not once per step."""
+  _, state = nnx.split(as_module(config, params).layers)
+  return tuple(jax.tree.map(lambda a, i=i: a[i], state) for i in range(config.num_layers))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "dtype", "return_hidden"))

@@ -248,6 +248,7 @@ def _decode(config: ModelConfig, spec: SamplingSpec, params, cache: kvc.KVCache,
                window)
   eos = jnp.asarray(spec.eos_ids or (-1,), jnp.int32)
   b = live_B.shape[0]
+  layers = transformer.layer_params(config, params)  # sliced once, not on every step
   if rows_DP is None:
     view, logits_BV = _window(cache, window), logits_SV
   else:
@@ -269,7 +270,8 @@ def _decode(config: ModelConfig, spec: SamplingSpec, params, cache: kvc.KVCache,
     hit_B = active_B & jnp.isin(token_B, eos)
     done_B = done_B | hit_B | (n_B >= budget_B)
     new_B1V, view = transformer.forward(config, params, token_B[:, None],
-                                        attention_mask=active_B[:, None], cache=view, dtype=dtype)
+                                        attention_mask=active_B[:, None], cache=view, dtype=dtype,
+                                        layers=layers)
     logits_BV = jnp.where(active_B[:, None], new_B1V[:, 0], logits_BV)
     return i + 1, view, logits_BV, tokens_BN, logp_BN, done_B, n_B, eos_B | hit_B
 

@@ -160,6 +160,7 @@ def _decode(config: ModelConfig, spec: SamplingSpec, params, state: DecodeState,
   eos = jnp.asarray(spec.eos_ids or (-1,), jnp.int32)
   rows = jnp.arange(state.tokens.shape[0])
   n = state.tokens.shape[1]
+  layers = transformer.layer_params(config, params)  # sliced once, not on every step
 
   def cond(s: DecodeState):
     return (s.step < limit) & ~jnp.all(s.done)
@@ -178,7 +179,7 @@ def _decode(config: ModelConfig, spec: SamplingSpec, params, state: DecodeState,
     finish_B = jnp.where(hit_eos_B, _EOS, jnp.where(spent_B, _LENGTH, s.finish))
     logits_B1V, cache = transformer.forward(config, params, token_B[:, None],
                                             attention_mask=active_B[:, None], cache=s.cache,
-                                            dtype=dtype)
+                                            dtype=dtype, layers=layers)
     return DecodeState(cache=cache, logits=logits_B1V[:, 0], tokens=tokens, logprobs=logprobs,
                        length=length_B, budget=s.budget, done=s.done | hit_eos_B | spent_B,
                        finish=finish_B, step=s.step + 1, rng=rng)

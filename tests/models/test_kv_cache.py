@@ -81,3 +81,20 @@ def test_positions_default_count_real_tokens():
   mask = jnp.array([[0, 0, 1, 1], [1, 1, 1, 0]])
   chex.assert_trees_all_equal(kvc.positions_for_block(None, mask),
                               np.array([[0, 0, 0, 1], [0, 1, 2, 2]]))
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "gemma2", "qwen3_moe"])
+def test_presliced_layers_match_stacked(model_type):
+  """`layers=layer_params(...)` (what decode loops pass, sliced once per call) gives the same
+  logits and cache as slicing the stacked weights inside the forward."""
+  from scope_jax.models import transformer
+  cfg = tiny_config(model_type)
+  params = init_params(cfg, jax.random.key(0))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 5)), jnp.int32)
+  run = jax.jit(lambda p, t, c, sliced: forward(
+      cfg, p, t, cache=c, layers=transformer.layer_params(cfg, p) if sliced else None),
+      static_argnums=3)
+  want = run(params, tokens, init_cache(cfg, 2, 16), False)
+  got = run(params, tokens, init_cache(cfg, 2, 16), True)
+  chex.assert_trees_all_equal(got, want)
+  assert len(transformer.layer_params(cfg, params)) == cfg.num_layers
