@@ -273,6 +273,9 @@ class Decoder(nnx.Module):
     """
     c = self.config
     b, t = tokens.shape
+    if layers is not None and cache is None:
+      raise ValueError("`layers` (pre-sliced layer weights) applies to the unrolled forward with a "
+                       "cache; without a cache the stacked layers are scanned: drop `layers`.")
     mask_BT = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
     if positions is None:
       positions = kvc.positions_for_block(cache, mask_BT)

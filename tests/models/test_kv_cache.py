@@ -98,3 +98,5 @@ def test_presliced_layers_match_stacked(model_type):
   got = run(params, tokens, init_cache(cfg, 2, 16), True)
   chex.assert_trees_all_equal(got, want)
   assert len(transformer.layer_params(cfg, params)) == cfg.num_layers
+  with pytest.raises(ValueError, match="without a cache"):
+    forward(cfg, params, tokens, layers=transformer.layer_params(cfg, params))
