@@ -131,8 +131,11 @@ class Attention(nnx.Module):
       kv = (kvc.write_keys(kv[0], slots_BT, k), kvc.write_values(kv[1], slots_BT, v))
       kT_BKHS, v_BKSH = kv[0].astype(h_BTD.dtype), kv[1].astype(h_BTD.dtype)
     q_pos, k_pos = positions if positions is not None else (None, None)
-    out_BTNH = ops.attend_kv(q, kT_BKHS, v_BKSH, slots_BT, valid_BS, q_pos_BT=q_pos,
-                             k_pos_BS=k_pos, window=window, scale=self.scale, cap=self.cap)
+    attend = ops.attend_kv
+    if kv is not None and q.shape[1] > 1 and ops.blockwise_cache_attention():
+      attend = ops.attend_cached  # a prefill into the cache: skip the keys no query needs
+    out_BTNH = attend(q, kT_BKHS, v_BKSH, slots_BT, valid_BS, q_pos_BT=q_pos, k_pos_BS=k_pos,
+                      window=window, scale=self.scale, cap=self.cap)
     return jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(out_BTNH.dtype)), kv
 
 
