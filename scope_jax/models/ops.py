@@ -6,6 +6,8 @@ G = N / K, H head dim. Softmax and norms run in float32; masks use a large finit
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 
@@ -83,11 +85,22 @@ def default_q_chunk() -> int:
   return 64 if jax.default_backend() == "cpu" else 512
 
 
+CACHE_ATTENTION_ENV = "SCOPE_JAX_CACHE_ATTENTION"
+
+
 def blockwise_cache_attention() -> bool:
-  """Whether a prefill into a KV cache uses `attend_cached`: on CPU. Accelerators keep the
-  batched `attend_kv`, whose large tiles suit their matrix units (a serial loop over rows
-  would not)."""
-  return jax.default_backend() == "cpu"
+  """Whether a prefill into a KV cache uses `attend_cached` (read when a program is traced).
+  By default on a single CPU device: its loop over rows indexes the batch, which on a batch
+  sharded over devices gathers every shard to every device (18x slower on 8 CPU devices), and
+  accelerators want `attend_kv`'s large tiles. `SCOPE_JAX_CACHE_ATTENTION=blockwise|dense`
+  overrides the choice (`auto`, the default, decides as above)."""
+  choice = os.environ.get(CACHE_ATTENTION_ENV, "auto")
+  if choice not in ("auto", "blockwise", "dense"):
+    raise ValueError(f"{CACHE_ATTENTION_ENV}={choice!r} is not a choice: use 'auto' (blockwise on "
+                     "a single CPU device), 'blockwise' or 'dense'.")
+  if choice != "auto":
+    return choice == "blockwise"
+  return jax.default_backend() == "cpu" and jax.device_count() == 1
 
 
 def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, q_slot_BT: jax.Array,
@@ -148,7 +161,8 @@ def attend_cached(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_sl
   attention over keys past a row's length (rows of different lengths share a window), over
   the causal upper triangle of a prefill, and over left padding; one row's keys stay in the
   CPU's cache while its chunks run (at 3,072 keys: 0.6x the time of `attend_kv` for the same
-  work). For inference on CPU: the loop over rows is serial, and the skips are `lax.cond`s.
+  work). For inference on one CPU device (`blockwise_cache_attention`): the loop over rows is
+  serial, and the skips are `lax.cond`s.
   """
   b, t, n, h = q_BTNH.shape
   kv, s = kT_BKHS.shape[1], kT_BKHS.shape[3]

@@ -55,8 +55,10 @@ def _dense(q, kT, v, slots, valid, **kw):
 def test_cached_attention_equals_dense_on_real_queries(q_chunk, k_block):
   rng = np.random.default_rng(1)
   # rows of different lengths in one window; 37 queries (not a multiple of the chunk); 160
-  # slots (not a multiple of 48: the last key block overlaps the one before)
-  q, kT, v, slots, valid, real = _cache_case(rng, [0, 30, 90, 110], [37, 20, 5, 1], 160, 37)
+  # slots (not a multiple of 48: the last key block overlaps the one before, and the last row's
+  # queries there see valid keys in the overlap, which must count once)
+  q, kT, v, slots, valid, real = _cache_case(rng, [0, 30, 90, 110, 118], [37, 20, 5, 1, 37],
+                                             160, 37)
   want = _dense(q, kT, v, slots, valid)
   got = ops.attend_cached(q, kT, v, slots, valid, q_chunk=q_chunk, k_block=k_block)
   chex.assert_shape(got, q.shape)
