@@ -62,30 +62,37 @@ def positions_for_block(cache: KVCache | None, mask_BT: jax.Array) -> jax.Array:
   return start + jnp.maximum(jnp.cumsum(mask_BT.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def _rows(slots_BT: jax.Array) -> jax.Array:
-  return jnp.broadcast_to(jnp.arange(slots_BT.shape[0])[:, None], slots_BT.shape)
+def _per_row(write):
+  """`write(buffer_row, slots_T, new_row)` applied to every row: a scatter whose batch axis
+  stays a batch axis, so a cache sharded over rows is written where it lives (indexing rows by
+  an index array made the partitioner gather every step's new keys to every device)."""
+  return jax.vmap(write)
 
 
 def write_keys(k_BKHC: jax.Array, slots_BT: jax.Array, new_BTKH: jax.Array) -> jax.Array:
   """Scatters one layer's new keys into its [B, K, H, C] buffer at `slots`."""
-  new = new_BTKH.astype(k_BKHC.dtype)
-  return k_BKHC.at[_rows(slots_BT), :, :, slots_BT].set(new, mode="drop")
+  put = lambda k_KHC, s_T, n_TKH: k_KHC.at[:, :, s_T].set(jnp.einsum("TKH->KHT", n_TKH),
+                                                           mode="drop")
+  return _per_row(put)(k_BKHC, slots_BT, new_BTKH.astype(k_BKHC.dtype))
 
 
 def write_values(v_BKCH: jax.Array, slots_BT: jax.Array, new_BTKH: jax.Array) -> jax.Array:
   """Scatters one layer's new values into its [B, K, C, H] buffer at `slots`."""
-  new = new_BTKH.astype(v_BKCH.dtype)
-  return v_BKCH.at[_rows(slots_BT), :, slots_BT].set(new, mode="drop")
+  put = lambda v_KCH, s_T, n_TKH: v_KCH.at[:, s_T].set(jnp.einsum("TKH->KTH", n_TKH),
+                                                        mode="drop")
+  return _per_row(put)(v_BKCH, slots_BT, new_BTKH.astype(v_BKCH.dtype))
 
 
 def written_valid(cache: KVCache, slots_BT: jax.Array, mask_BT: jax.Array) -> jax.Array:
   """Slot validity [B, C] after writing a block whose real tokens are `mask_BT`."""
-  return cache.valid.at[_rows(slots_BT), slots_BT].set(mask_BT.astype(bool), mode="drop")
+  put = lambda valid_C, s_T, m_T: valid_C.at[s_T].set(m_T, mode="drop")
+  return _per_row(put)(cache.valid, slots_BT, mask_BT.astype(bool))
 
 
 def written_pos(cache: KVCache, slots_BT: jax.Array, positions_BT: jax.Array) -> jax.Array:
   """Slot positions [B, C] after writing a block at `slots` with RoPE `positions`."""
-  return cache.pos.at[_rows(slots_BT), slots_BT].set(positions_BT.astype(jnp.int32), mode="drop")
+  put = lambda pos_C, s_T, p_T: pos_C.at[s_T].set(p_T, mode="drop")
+  return _per_row(put)(cache.pos, slots_BT, positions_BT.astype(jnp.int32))
 
 
 def advance(cache: KVCache, k: tuple[jax.Array, ...], v: tuple[jax.Array, ...],

@@ -100,3 +100,31 @@ def test_presliced_layers_match_stacked(model_type):
   assert len(transformer.layer_params(cfg, params)) == cfg.num_layers
   with pytest.raises(ValueError, match="without a cache"):
     forward(cfg, params, tokens, layers=transformer.layer_params(cfg, params))
+
+
+def test_cache_writes_stay_on_the_rows_shard():
+  """A cache sharded over its rows is written where each row lives: writing a block compiles to
+  no collective (indexing rows by an index array gathered every step's keys to every device)."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  rows = NamedSharding(mesh, P("data"))
+  cfg = tiny_config("qwen2")
+  cache = jax.device_put(init_cache(cfg, 16, 32), rows)
+  slots_BT = jax.device_put(jnp.tile(jnp.arange(3, 5, dtype=jnp.int32), (16, 1)), rows)
+  new_BTKH = jax.device_put(jnp.ones((16, 2, cfg.num_kv_heads, cfg.head_dim)), rows)
+  mask_BT = jax.device_put(jnp.ones((16, 2), bool), rows)
+
+  def write(cache, slots_BT, new_BTKH, mask_BT):
+    return (kvc.write_keys(cache.k[0], slots_BT, new_BTKH),
+            kvc.write_values(cache.v[0], slots_BT, new_BTKH),
+            kvc.written_valid(cache, slots_BT, mask_BT),
+            kvc.written_pos(cache, slots_BT, slots_BT))
+
+  compiled = jax.jit(write).lower(cache, slots_BT, new_BTKH, mask_BT).compile().as_text()
+  assert not any(op in compiled for op in ("all-gather", "all-reduce", "all-to-all",
+                                           "collective-permute"))
+  k, v, valid, pos = jax.jit(write)(cache, slots_BT, new_BTKH, mask_BT)
+  chex.assert_trees_all_equal(np.asarray(k)[:, :, :, 3:5], np.ones((16, 2, cfg.head_dim, 2)))
+  chex.assert_trees_all_equal(np.asarray(v)[:, :, 3:5], np.ones((16, 2, 2, cfg.head_dim)))
+  assert np.asarray(valid)[:, 3:5].all() and not np.asarray(valid)[:, 5:].any()
+  chex.assert_trees_all_equal(np.asarray(pos)[:, 3:5], np.tile([3, 4], (16, 1)))
