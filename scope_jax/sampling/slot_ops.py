@@ -78,15 +78,21 @@ def _take_cache(cache: kvc.KVCache, idx_DP, window: int) -> kvc.KVCache:
                      pos=take_rows(view.pos, idx_DP, 0))
 
 
+def _put_rows_state(cache: kvc.KVCache, idx_DP, rows: kvc.KVCache) -> dict:
+  """Validity, offsets and positions of `rows` written at rows `idx_DP` (their window only)."""
+  w = rows.valid.shape[1]
+  return dict(valid=put_rows(cache.valid, idx_DP, rows.valid, 0, w),
+              end=put_rows(cache.end, idx_DP, rows.end, 0),
+              next_pos=put_rows(cache.next_pos, idx_DP, rows.next_pos, 0),
+              pos=put_rows(cache.pos, idx_DP, rows.pos, 0, w))
+
+
 def _put_cache(cache: kvc.KVCache, idx_DP, rows: kvc.KVCache, shardings) -> kvc.KVCache:
   w = rows.valid.shape[1]
   put = lambda x, r, axis: put_rows(x, idx_DP, r, 0, w, window_axis=axis)
   new = kvc.KVCache(k=tuple(put(x, r, 3) for x, r in zip(cache.k, rows.k)),
                     v=tuple(put(x, r, 2) for x, r in zip(cache.v, rows.v)),
-                    valid=put_rows(cache.valid, idx_DP, rows.valid, 0, w),
-                    end=put_rows(cache.end, idx_DP, rows.end, 0),
-                    next_pos=put_rows(cache.next_pos, idx_DP, rows.next_pos, 0),
-                    pos=put_rows(cache.pos, idx_DP, rows.pos, 0, w))
+                    **_put_rows_state(cache, idx_DP, rows))
   return jax.tree.map(_constrain, new, shardings) if shardings is not None else new
 
 
@@ -125,10 +131,7 @@ def _store_spans(cache: kvc.KVCache, idx_DP, view: kvc.KVCache, start_B, n: int,
       return _merge(out, 0)
     new = kvc.KVCache(k=tuple(put(x, y, 3) for x, y in zip(cache.k, view.k)),
                       v=tuple(put(x, y, 2) for x, y in zip(cache.v, view.v)),
-                      valid=put_rows(cache.valid, idx_DP, view.valid, 0, w),
-                      end=put_rows(cache.end, idx_DP, view.end, 0),
-                      next_pos=put_rows(cache.next_pos, idx_DP, view.next_pos, 0),
-                      pos=put_rows(cache.pos, idx_DP, view.pos, 0, w))
+                      **_put_rows_state(cache, idx_DP, view))
   return jax.tree.map(_constrain, new, shardings) if shardings is not None else new
 
 
