@@ -1,6 +1,6 @@
 """Retrieval throughput: passages/s to embed (JAX MiniLM) and queries/s for batched faiss search.
 
-    python bench/retrieval.py --passages 2000 --queries 558
+    python -m bench.retrieval --passages 2000 --queries 558
 
 Also reports recall@1/@10 on the FanOutQA sub-questions over the same Wikipedia-lead corpus, and,
 as a baseline in the same process, transformers BertModel (PyTorch) embedding speed.
@@ -9,18 +9,13 @@ as a baseline in the same process, transformers BertModel (PyTorch) embedding sp
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from scope_jax import host_memory  # noqa: E402
-from scope_jax.retrieval import DenseIndex, SearchTool, load_encoder  # noqa: E402
-from scope_jax.retrieval.realdata import recall_at_k, retrieval_benchmark  # noqa: E402
+from scope_jax import host_memory
+from scope_jax.retrieval import DenseIndex, SearchTool, load_encoder
+from scope_jax.retrieval.realdata import recall_at_k, retrieval_benchmark
 
 
 def torch_passages_per_s(texts, batch_size):

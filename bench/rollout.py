@@ -1,7 +1,7 @@
 """Multi-turn rollouts on the slot engine vs turn by turn on the sampler, in the same process.
 
-    python bench/rollout.py                      # tiny and ~100M configs
-    python bench/rollout.py --configs 100m --prompts 4
+    python -m bench.rollout                      # tiny and ~100M configs
+    python -m bench.rollout --configs 100m --prompts 4
 
 Workload: `--prompts` prompts × G = 8 samples; each row takes 1 to 5 turns, skewed (per group of
 8: 1, 1, 1, 2, 2, 3, 5, 5 turns), generating 16 to 64 tokens a turn; every turn but the last ends
@@ -22,11 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
 import numpy as np

@@ -1,7 +1,7 @@
 """Decode throughput of the JAX sampler vs Hugging Face `generate` (PyTorch) on the same weights.
 
-    python bench/sampler.py                 # tiny and ~100M configs (+ real Qwen2.5 0.5B if fetched)
-    python bench/sampler.py --new_tokens 64 --configs tiny
+    python -m bench.sampler                 # tiny and ~100M configs (+ real Qwen2.5 0.5B if fetched)
+    python -m bench.sampler --new_tokens 64 --configs tiny
 
 Both sides decode greedily for exactly `new_tokens` tokens after a 32-token prompt (EOS ignored);
 tokens/s counts generated tokens (batch × new tokens) over wall time including prefill. At batch
@@ -12,12 +12,8 @@ tokens/s counts generated tokens (batch × new tokens) over wall time including 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
 import jax.numpy as jnp

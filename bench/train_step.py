@@ -1,7 +1,7 @@
 """Train-step throughput: our jitted GRPO step (forward + backward + AdamW) vs the same model in
 PyTorch (transformers) doing forward + backward + AdamW on the same tokens, in one process.
 
-    python bench/train_step.py --configs tiny,100m --batch 4 --seq 256
+    python -m bench.train_step --configs tiny,100m --batch 4 --seq 256
 
 Tokens/s counts every position of the [batch, seq] block per step. With --flops it also prints
 model FLOPs utilisation against a peak given in TFLOP/s (6·N·tokens + attention).
@@ -10,23 +10,19 @@ model FLOPs utilisation against a peak given in TFLOP/s (6·N·tokens + attentio
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from bench.sampler import CONFIGS, load  # noqa: E402
-from scope_jax import host_memory  # noqa: E402
-from scope_jax.models import save_hf  # noqa: E402
-from scope_jax.rl.batch import TrainBatch  # noqa: E402
-from scope_jax.rl.optim import make_optimizer  # noqa: E402
-from scope_jax.rl.train_step import LossConfig, init_train_state, make_train_step  # noqa: E402
+from bench.sampler import load
+from scope_jax import host_memory
+from scope_jax.models import save_hf
+from scope_jax.rl.batch import TrainBatch
+from scope_jax.rl.optim import make_optimizer
+from scope_jax.rl.train_step import LossConfig, init_train_state, make_train_step
 
 
 def make_batch(cfg, batch, seq, seed=0):

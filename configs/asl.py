@@ -19,13 +19,9 @@ when a phase ends (PG: |D_PM| reaches its target; GRM and PM: the slope rule). `
 caps the run; a resumed run continues in the phase it was in.
 """
 
-import os
-import sys
-
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configs import base  # noqa: E402  (config files are also loaded by path)
+from scope_jax import configs_base as base
 
 PRESETS = ("demo", "paper")
 

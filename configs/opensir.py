@@ -11,13 +11,9 @@ released settings for Llama-3.2-3B-Instruct and Qwen-2.5-3B-Instruct), 'paper_ge
 for Gemma-2-2B-Instruct, the paper's largest gain).
 """
 
-import os
-import sys
-
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configs import base  # noqa: E402  (config files are also loaded by path)
+from scope_jax import configs_base as base
 
 PRESETS = ("demo", "paper", "paper_gemma2")
 

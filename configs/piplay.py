@@ -19,13 +19,9 @@ gt (the teacher sees the answer only), gt_hops (answer and hop count), partial_q
 of the construction path); the default is qcp (the whole path).
 """
 
-import os
-import sys
-
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configs import base  # noqa: E402  (config files are also loaded by path)
+from scope_jax import configs_base as base
 
 PRESETS = ("demo", "paper", "paper_instruct")
 
@@ -58,9 +54,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.variant = "thinking"  # App. D prompts: 'thinking' (Qwen3-4B/8B) or 'instruct' (2507)
   s.max_doc_chars = 4000  # source document characters shown to the examiner
   s.adv_eps = 1e-6  # δ of the hop-keyed and group z-scores (population std)
-  s.examiner_loss = ml_collections.ConfigDict(dict(kl_beta=0.0))  # LossConfig overrides: KL 0
-  s.student_loss = ml_collections.ConfigDict(dict(  # ε = 0.2, KL 0 (Table 6 also lists 1e-3)
-      kl_beta=0.0, eps_low=0.2, eps_high=0.2, distill_topk=50, distill_tail=True,
+  # Per-policy LossConfig overrides. KL: loss.kl_beta for both, 0 as in the paper (Table 6 also
+  # lists 1e-3 for the student): --config.loss.kl_beta=1e-3 trains both against M0.
+  s.examiner_loss = ml_collections.ConfigDict()
+  s.student_loss = ml_collections.ConfigDict(dict(  # ε = 0.2
+      eps_low=0.2, eps_high=0.2, distill_topk=50, distill_tail=True,
       distill_agg_mode="seq-mean-token-mean"))  # K = 50 (App. B, Table 9); (1/|y|) Σ_t KL_t
   s.data = ml_collections.ConfigDict()
   s.data.size = 0  # questions per iteration (0 = student_batch × student_steps)

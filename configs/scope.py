@@ -14,13 +14,9 @@ Presets:
   paper_olmo3  Table 9 for OLMo-3-7B, the paper's third model (XML <search> syntax).
 """
 
-import os
-import sys
-
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configs import base  # noqa: E402  (config files are also loaded by path)
+from scope_jax import configs_base as base
 
 PRESETS = ("demo", "paper", "paper_qwen3", "paper_olmo3")
 PAPER_MODELS = {"paper": "qwen2.5-7b", "paper_qwen3": "qwen3-8b", "paper_olmo3": "olmo3-7b"}

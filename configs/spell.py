@@ -11,13 +11,9 @@ on the real Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF from the assets), 'paper_qw
 paper's settings for Qwen3-30B-A3B, experts split over the `expert` mesh axis).
 """
 
-import os
-import sys
-
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configs import base  # noqa: E402  (config files are also loaded by path)
+from scope_jax import configs_base as base
 
 PRESETS = ("demo", "paper", "small", "paper_qwen3_moe")
 

@@ -24,8 +24,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import accelerators  # noqa: E402
+from scope_jax import accelerators
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REMOTE_DIR = "~/scope_jax"

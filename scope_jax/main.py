@@ -17,7 +17,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from scope_jax import checkpoint, cli_errors, distributed, host_memory
-from scope_jax.methods import runner
+from scope_jax.core import runner
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Method config file (configs/*.py[:preset]).",
                                           lock_config=True)

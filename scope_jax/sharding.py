@@ -97,6 +97,12 @@ def make_mesh(shape: Sequence[int] | Mapping[str, int] = (1, -1, 1),
   return Mesh(device_array, MESH_AXES)
 
 
+def config_rules(config) -> tuple[Rules, Rules]:
+  """(training rules, sampling rules) from a run config's `mesh.rules`."""
+  return (rules_from_config(config.mesh.rules.train, what="mesh.rules.train"),
+          rules_from_config(config.mesh.rules.sampling, what="mesh.rules.sampling"))
+
+
 def describe_devices(devices: Sequence[jax.Device]) -> str:
   """'8 devices (2 processes × 4 devices)': the count a mesh must match, and where it comes from."""
   per_process: dict[int, int] = {}
@@ -152,8 +158,18 @@ def batch_sharding(mesh: Mesh, shape: Sequence[int], rules: Rules = TRAIN_RULES)
   return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
 
 
+def batch_shards(mesh: Mesh | None, rules: Rules = TRAIN_RULES) -> int:
+  """How many ways the rules split a batch's rows on `mesh` (the product of the mesh axes the
+  logical axis 'batch' maps to): row counts are padded to a multiple of it."""
+  if mesh is None:
+    return 1
+  target = rules.get("batch")
+  names = (target,) if isinstance(target, str) else tuple(target or ())
+  return math.prod(mesh.shape.get(a, 1) for a in names)
+
+
 def shard_batch(x: Any, mesh: Mesh, rules: Rules = TRAIN_RULES) -> Any:
-  """Places each [B, ...] array of a pytree with rows split over ('data', 'fsdp')."""
+  """Places each [B, ...] array of a pytree with rows split over the rules' batch axes."""
   return jax.tree.map(lambda a: global_array(a, batch_sharding(mesh, np.shape(a), rules)), x)
 
 

@@ -13,7 +13,7 @@ import re
 from typing import Sequence
 
 from scope_jax import assets
-from scope_jax.data import demo
+from scope_jax.data import DEMO_TOKENIZER
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -37,7 +37,7 @@ class DemoTokenizer(ChatML):
 
   def __init__(self, path=None):
     import tokenizers  # optional heavy dependency, loaded when used
-    self._tok = tokenizers.Tokenizer.from_file(str(path or demo.BUNDLED / "demo_tokenizer.json"))
+    self._tok = tokenizers.Tokenizer.from_file(str(path or DEMO_TOKENIZER))
     self.vocab_size = self._tok.get_vocab_size()
     self.pad_token_id = self._tok.token_to_id("<|endoftext|>")
     self.eos_token_id = self._tok.token_to_id("<|im_end|>")

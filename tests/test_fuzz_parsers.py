@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from scope_jax.rewards import asl as A
+from scope_jax.methods.asl import rewards as A
 from scope_jax.rewards import match
-from scope_jax.rewards import scope as S
-from scope_jax.rewards import spell as R
+from scope_jax.methods.scope import rewards as S
+from scope_jax.methods.spell import rewards as R
 from scope_jax.rollout import parsers
 from scope_jax.rollout.datums import strip_think
 

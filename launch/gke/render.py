@@ -20,8 +20,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-import accelerators  # noqa: E402
+from scope_jax import accelerators
 
 TEMPLATE = os.path.join(HERE, "jobset.yaml")
 SPOT = "              cloud.google.com/gke-spot: \"true\"\n"

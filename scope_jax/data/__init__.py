@@ -1,1 +1,13 @@
-"""Data: the bundled demo corpus, document clusters, and per-method stores."""
+"""The files that ship with the package, by path: nothing here but paths (no code imports from
+here but paths, so every layer may name a bundled file without importing anything above it)."""
+
+import pathlib
+
+BUNDLED = pathlib.Path(__file__).parent / "bundled"
+DEMO_MODEL = BUNDLED / "demo_model"  # the tiny model warmed up on every method's formats
+DEMO_TOKENIZER = BUNDLED / "demo_tokenizer.json"
+CORPUS = BUNDLED / "wiki_leads_2k.jsonl"  # 2,000 Wikipedia lead paragraphs (CC BY-SA 4.0)
+EMBEDDINGS = BUNDLED / "wiki_leads_2k.minilm.f16.npy"  # MiniLM passage vectors (float16)
+EMBEDDINGS_ENCODER = BUNDLED / "wiki_leads_2k.minilm.json"  # the encoder that made them
+CATEGORIES = BUNDLED / "wiki_leads_2k.categories.json"  # passage id → vital-article category
+ASL_TOPICS = BUNDLED / "asl_topics.txt"

@@ -23,7 +23,7 @@ import numpy as np
 from etils import epath
 
 from scope_jax import assets
-from scope_jax.data import demo
+from scope_jax.retrieval import demo_corpus as demo
 from scope_jax.retrieval import realdata
 from scope_jax.rewards import match
 

@@ -26,7 +26,6 @@ from scope_jax import sharding as shd
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import evaluator as eval_lib
 from scope_jax.evaluation import models, scoring
-from scope_jax.methods import runtime
 from scope_jax.retrieval import search
 
 MAX_BROADCAST_STEPS = 4096
@@ -79,7 +78,7 @@ class Session:
     cfg = self.record.config if self.record is not None else None
     shape = opts.mesh_shape or (tuple(cfg.mesh.shape) if cfg is not None else (1, -1, 1))
     self.mesh = shd.make_mesh(shape)
-    self.rules = runtime.mesh_rules(cfg)[1] if cfg is not None else shd.SAMPLING_RULES
+    self.rules = shd.config_rules(cfg)[1] if cfg is not None else shd.SAMPLING_RULES
     self.dtype = jnp.dtype(opts.dtype or (cfg.model.param_dtype if cfg is not None else "float32"))
     self.settings = _run_settings(opts.settings, cfg)
     if self.settings.num_samples > 1 and self.settings.temperature == 0:

@@ -24,7 +24,8 @@ from etils import epath
 from scope_jax import run_record
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
-from scope_jax.methods import runtime, warmup
+from scope_jax import data
+from scope_jax.models.load import load_model
 from scope_jax.models import ModelConfig, hf_io
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -86,7 +87,7 @@ def load_spec(spec: str, mesh, rules: shd.Rules, dtype, *, record=None,
   if spec == "initial":
     return _initial(record, mesh, rules, dtype, tokenizer, label)
   if spec == "demo":
-    config, params = hf_io.load_hf(warmup.BUNDLED, mesh=mesh, dtype=dtype, rules=rules)
+    config, params = hf_io.load_hf(data.DEMO_MODEL, mesh=mesh, dtype=dtype, rules=rules)
     return Model(label, None, config, params, tok_lib.load_tokenizer(tokenizer or "demo"))
   if spec.startswith("hf:"):
     path = spec[len("hf:"):]
@@ -94,7 +95,7 @@ def load_spec(spec: str, mesh, rules: shd.Rules, dtype, *, record=None,
     return Model(label, None, config, params, _hf_tokenizer(path, tokenizer))
   if spec.startswith(("gguf:", "preset:")):
     source = _model_section(spec, param_dtype=jnp.dtype(dtype).name)
-    config, params = runtime.load_model(source, mesh, 0, rules)
+    config, params = load_model(source, mesh, 0, rules)
     tok = tok_lib.load_tokenizer(tokenizer or ("gguf:" + spec[len("gguf:"):]))
     return Model(label, None, config, params, tok)
   raise AssertionError(spec)  # check_spec rejects every other form
@@ -113,7 +114,7 @@ def _initial(record, mesh, rules, dtype, tokenizer, label) -> Model:
   else:
     section = ml_collections.ConfigDict(record.config.model.to_dict())
     section.param_dtype = jnp.dtype(dtype).name
-    config, params = runtime.load_model(section, mesh, record.config.seed, rules)
+    config, params = load_model(section, mesh, record.config.seed, rules)
   return Model(label, None, config, params, tok)
 
 

@@ -212,7 +212,7 @@ class TextEncoder:
     order = np.argsort([len(x) for x in ids])  # similar lengths share a bucket
     rows = self.batch_size
     if self.mesh is not None:
-      mult = int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")]))
+      mult = shd.batch_shards(self.mesh)
       rows = -(-rows // mult) * mult
     for start in range(0, len(ids), rows):
       idx = order[start:start + rows]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from scope_jax.data import demo
+from scope_jax.retrieval import demo_corpus as demo
 from scope_jax.retrieval.corpus import load_corpus
 from scope_jax.retrieval.index import DenseIndex, SearchTool
 from scope_jax.retrieval.service import RetrievalClient, load_encoder

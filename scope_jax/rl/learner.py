@@ -24,7 +24,6 @@ from scope_jax.models.config import ModelConfig
 from scope_jax.rl import batch as batch_lib
 from scope_jax.rl import train_step
 from scope_jax.rollout.types import Trajectory
-from scope_jax.sampling import engine as engine_lib
 
 
 @dataclasses.dataclass
@@ -84,7 +83,7 @@ class Learner:
   def _row_multiple(self) -> int:
     if self.mesh is None:
       return self.micro_batch_rows
-    return self.micro_batch_rows * int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")]))
+    return self.micro_batch_rows * shd.batch_shards(self.mesh, self.rules)
 
   def make_batch(self, trajectories: Sequence[Trajectory], advantages: Sequence,
                  teacher_prompts=None) -> tuple[batch_lib.TrainBatch, int]:
@@ -107,7 +106,6 @@ class Learner:
     """
     if not trajectories:
       return {}
-    engine_lib.free_caches()  # the rollouts are over: their KV caches' memory goes to training
     loss = loss or policy.loss
     advantages, dropped = finite_advantages(trajectories, advantages, policy.name)
     host, micro = self.make_batch(trajectories, advantages, teacher_prompts)

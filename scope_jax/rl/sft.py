@@ -5,7 +5,6 @@ sharded batches as the RL train step. Used for format warm-ups (cold start) of s
 
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import jax
@@ -13,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from scope_jax import sharding as shd
 from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.rl import batch as batch_lib
@@ -115,7 +115,7 @@ def fit(config: ModelConfig, params, demos: Sequence[Trajectory], *, steps: int,
   rows = min(batch_rows, len(demos))
   by_length = np.argsort([len(d.tokens) for d in demos], kind="stable")
   groups = [by_length[i:i + rows] for i in range(0, len(demos) - rows + 1, rows)]
-  row_multiple = _row_multiple(mesh)
+  row_multiple = shd.batch_shards(mesh)
   order: list[int] = []
   losses = []
   for i in range(steps):
@@ -132,9 +132,3 @@ def fit(config: ModelConfig, params, demos: Sequence[Trajectory], *, steps: int,
       from absl import logging
       logging.info("warm-up step %d/%d: nll %.4f", i + 1, steps, losses[-1])
   return params, losses
-
-
-def _row_multiple(mesh) -> int:
-  if mesh is None:
-    return 1
-  return int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))

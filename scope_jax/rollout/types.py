@@ -61,3 +61,11 @@ class Trajectory:
 
   def response_text(self) -> str:
     return "".join(s.text for s in self.spans if s.kind != "prompt")
+
+  def turn_texts(self) -> list[str]:
+    """The text of each turn the policy generated (observations left out)."""
+    return [s.text for s in self.spans if s.kind == "generated"]
+
+  def final(self, tag: str) -> str | None:
+    """The content of the final element `<tag>` the row ended with; None if it ended otherwise."""
+    return self.answer if self.final_tag == tag else None

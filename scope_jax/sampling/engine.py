@@ -174,7 +174,7 @@ class Engine:
   def _batch_multiple(self) -> int:
     if self.mesh is None:
       return 1
-    return int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")]))
+    return shd.batch_shards(self.mesh, self.rules)
 
   def _window(self, n: int) -> int:
     """The cache positions a program works on to cover `n`: a length bucket (powers of two, then

@@ -232,7 +232,7 @@ class Sampler:
   def _batch_multiple(self) -> int:
     if self.mesh is None:
       return 1
-    return int(np.prod([self.mesh.shape[a] for a in ("data", "fsdp")]))
+    return shd.batch_shards(self.mesh, self.rules)
 
   def _put(self, x):
     if self.mesh is None:

@@ -229,7 +229,7 @@ def test_builtin_fanoutqa():
 
 
 def test_builtin_fanoutqa_search():
-  from scope_jax.data.demo import demo_passages
+  from scope_jax.retrieval.demo_corpus import demo_passages
   from scope_jax.retrieval.realdata import fanoutqa_subquestions
   got = benchmarks.builtin("fanoutqa_search")
   assert got.type == "qa_search" and len(got.examples) == 131

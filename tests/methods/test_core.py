@@ -18,7 +18,11 @@ from ml_collections import config_flags
 from configs import scope as scope_config
 from configs import spell as spell_config
 from scope_jax import prompts
-from scope_jax.methods import runner, runtime, scope, spell, warmup
+from scope_jax.core import runner
+from scope_jax.core import runtime
+from scope_jax.methods.scope import algorithm as scope
+from scope_jax.methods.spell import algorithm as spell
+from scope_jax.core import warmup
 from tests.methods.scripted import ScriptedSpellSampler, play_all_roles
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -11,7 +11,9 @@ import pytest
 
 from configs import opensir as opensir_config
 from scope_jax import metrics as metrics_lib
-from scope_jax.methods import opensir, runner, runtime
+from scope_jax.methods.opensir import algorithm as opensir
+from scope_jax.core import runner
+from scope_jax.core import runtime
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedOpenSirSampler, play_all_roles
 

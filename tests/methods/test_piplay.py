@@ -18,10 +18,13 @@ from configs import piplay as piplay_config
 from scope_jax import checkpoint as ckpt_lib
 from scope_jax import metrics as metrics_lib
 from scope_jax import run_record
-from scope_jax.data import demo
-from scope_jax.methods import piplay, piplay_demos, runner, runtime
-from scope_jax.methods import piplay_prompts as P
-from scope_jax.rewards import piplay as R
+from scope_jax.retrieval import demo_corpus as demo
+from scope_jax.methods.piplay import algorithm as piplay
+from scope_jax.methods.piplay import demos as piplay_demos
+from scope_jax.core import runner
+from scope_jax.core import runtime
+from scope_jax.methods.piplay import prompts as P
+from scope_jax.methods.piplay import rewards as R
 from scope_jax.rl import learner as learner_lib
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedPiPlaySampler, play_all_roles

@@ -14,10 +14,14 @@ import pytest
 
 from configs import scope as scope_config
 from scope_jax import metrics as metrics_lib
-from scope_jax.data import demo
-from scope_jax.methods import runner, runtime, scope, scope_demos
-from scope_jax.methods import scope_prompts as P
-from scope_jax.rewards import scope as R
+from scope_jax.retrieval import demo_corpus as demo
+from scope_jax.core import runner
+from scope_jax.core import runtime
+from scope_jax.methods.scope import algorithm as scope
+from scope_jax.methods.scope import demos as scope_demos
+from scope_jax.methods.scope import prompts as P
+from scope_jax.methods.scope import rewards as R
+from scope_jax.rollout import search_agent
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedScopeSampler, play_all_roles
 
@@ -120,7 +124,7 @@ def test_prompt_styles_carry_the_same_fields_and_tags(style, syntax):
   p = P.Prompts(style, syntax, max_doc_chars=50)
   challenger = p.challenger(doc, "planning", 2).text()
   for part in (doc.title, doc.text[:50], "exactly 2 search turn(s)", "<task>", "<question>",
-               P.search_instructions(syntax), P.TASK_TYPES["planning"]):
+               search_agent.search_instructions(syntax), P.TASK_TYPES["planning"]):
     assert part in challenger
   assert doc.text[:51] not in challenger  # the document is cut to max_doc_chars
   solver = p.solver("Plan a trip.", 3).text()
@@ -139,12 +143,12 @@ def test_prompt_styles_carry_the_same_fields_and_tags(style, syntax):
 
 def test_stratified_search_counts_and_task_types():
   rng = np.random.default_rng(0)
-  assert sorted(collections.Counter(P.stratified(9, (4, 3, 2), rng)).values()) == [2, 3, 4]
-  counts = collections.Counter(P.stratified(18, (4, 3, 2), rng))
+  assert sorted(collections.Counter(search_agent.stratified(9, (4, 3, 2), rng)).values()) == [2, 3, 4]
+  counts = collections.Counter(search_agent.stratified(18, (4, 3, 2), rng))
   assert (counts[0], counts[1], counts[2]) == (8, 6, 4)
-  assert collections.Counter(P.stratified(2, (4, 3, 2), rng)) == {0: 1, 1: 1}  # largest remainders
+  assert collections.Counter(search_agent.stratified(2, (4, 3, 2), rng)) == {0: 1, 1: 1}  # largest remainders
   with pytest.raises(ValueError, match="non-negative weights"):
-    P.stratified(3, (1, -1), rng)
+    search_agent.stratified(3, (1, -1), rng)
 
 
 def test_locate_and_documents(tmp_path):
@@ -224,7 +228,7 @@ def test_solver_reward_parts_by_hand(tmp_path):
   m = scripted(rt)
   traj = m.solve(["Explain how Paris relates to France."], 1)[0]
   parts = m.solver_parts(traj, 0.5)
-  turns = R.turn_texts(traj)
+  turns = traj.turn_texts()
   assert len(turns) == 2 and traj.num_searches == 1 and traj.final_tag == "answer"
   # think 2/2, tool 1 search / 1 non-final turn, answer 1 → format 1; search 1/3.
   assert parts["format"] == pytest.approx(1.0) and parts["search"] == pytest.approx(1 / 3)

@@ -11,8 +11,10 @@ import pytest
 
 from configs import spell as spell_config
 from scope_jax import metrics as metrics_lib
-from scope_jax.data import clusters as clusters_lib
-from scope_jax.methods import runner, runtime, spell
+from scope_jax.methods.spell import clusters as clusters_lib
+from scope_jax.core import runner
+from scope_jax.core import runtime
+from scope_jax.methods.spell import algorithm as spell
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedSpellSampler, play_all_roles
 
@@ -78,7 +80,7 @@ def test_questioner_history_prompt_grows_context(tmp_path):
   first = rt.tokenizer.decode(method.questioner_prompt(c, "doc_qa", ids))
   assert "Previous Examples" not in first
   assert all(method.by_id[d].title in first for d in ids)
-  from scope_jax.data.clusters import HistoryEntry
+  from scope_jax.methods.spell.clusters import HistoryEntry
   method.memory.push(str(c), HistoryEntry(["wiki-00001"], "Old question?", "Old answer"))
   second = rt.tokenizer.decode(method.questioner_prompt(c, "doc_qa", ids))
   assert "### Example 1:\nQuestion: Old question?\nAnswer: Old answer" in second

@@ -6,7 +6,7 @@ import chex
 import numpy as np
 import pytest
 
-from scope_jax.rewards import asl as R
+from scope_jax.methods.asl import rewards as R
 
 LN2 = math.log(2.0)
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from scope_jax import tokenizer as tok_lib
-from scope_jax.rewards import opensir as R
+from scope_jax.methods.opensir import rewards as R
 
 TEACHER = ("<think>Multiplication instead of addition.</think>\n"
            "<problem>What is 7 * 8?</problem>\n<concepts>integer multiplication</concepts>")

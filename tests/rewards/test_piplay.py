@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scope_jax.rewards import piplay as R
+from scope_jax.methods.piplay import rewards as R
 from scope_jax.rl import advantages as adv_lib
 from scope_jax.rl.ema import ema_update
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from scope_jax.rewards import scope as S
+from scope_jax.methods.scope import rewards as S
 from scope_jax.rollout.types import Span, ToolCall, Trajectory
 
 
@@ -100,5 +100,5 @@ def test_think_counts_anywhere_in_a_turn():
   t = _traj(["Let me plan. <think>plan</think><search>a</search>",
              "<search>b</search> <think>late</think>", "<think>never closed <search>c</search>"],
             [0, 1])
-  assert S.think_share(S.turn_texts(t)) == pytest.approx(2 / 3)
+  assert S.think_share(t.turn_texts()) == pytest.approx(2 / 3)
   assert S.think_share(["</think> before <think>"]) == 0.0

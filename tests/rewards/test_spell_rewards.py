@@ -4,9 +4,10 @@ import math
 
 import pytest
 
-from scope_jax.data.clusters import HistoryEntry, HistoryMemory
-from scope_jax.rewards import difficulty, match
-from scope_jax.rewards import spell as R
+from scope_jax.methods.spell.clusters import HistoryEntry, HistoryMemory
+from scope_jax.methods.spell import difficulty
+from scope_jax.rewards import match
+from scope_jax.methods.spell import rewards as R
 
 
 @pytest.mark.parametrize("p,expected", [

@@ -1,0 +1,143 @@
+"""Settings shared by every method's config (each method file adds its own section).
+
+Each field has a one-line comment; override any of them on the command line, e.g.
+    --config.optim.lr=1e-6 --config.mesh.shape='(1,-1,1)'
+"""
+
+import ml_collections
+
+from scope_jax import sharding
+
+DEMO_TINY_MODEL = dict(  # a random-init Qwen2-shaped model over the bundled demo tokenizer
+    model_type="qwen2", vocab_size=2048, hidden_size=128, intermediate_size=256, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10000.0, qkv_bias=True,
+    max_position_embeddings=8192)
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.method = ""  # spell | scope | opensir | asl | piplay (also the name of the method's section)
+  c.method_module = ""  # a method outside the package: the module defining METHOD (adding_a_method.md)
+  c.preset = "demo"  # which preset of the method config built this
+  c.seed = 0  # seeds model init, data sampling and every sampler call
+  c.total_steps = 2  # self-play steps to run (a restart resumes until this many are done)
+  c.checkpoint_every = 1  # save a checkpoint every this many steps (and at the end)
+  c.keep_checkpoints = 3  # newest checkpoints kept on disk
+  c.async_checkpoint = True  # save in the background while the next step runs
+  c.progress = True  # progress bars for steps and rollouts
+  c.overwrite = False  # start over in a workdir that holds metrics but no checkpoint
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = (1, -1, 1)  # ('data', 'fsdp', 'tensor'); -1 takes the remaining devices
+  c.mesh.rules = ml_collections.ConfigDict()  # logical axis -> mesh axes: 'fsdp', 'data,fsdp', ''
+  c.mesh.rules.train = sharding.rules_to_config(sharding.TRAIN_RULES)  # e.g. .train.mlp=fsdp
+  c.mesh.rules.sampling = sharding.rules_to_config(sharding.SAMPLING_RULES)  # weights whole on fsdp
+
+  c.model = ml_collections.ConfigDict()
+  c.model.source = "tiny"  # 'tiny' | 'preset:<name>' | 'hf:<dir or gs://>' | 'gguf:<file or asset>'
+  c.model.tiny = ml_collections.ConfigDict(DEMO_TINY_MODEL)  # architecture when source == 'tiny'
+  c.model.tokenizer = "demo"  # 'demo' | 'byte' | HF tokenizer dir | 'gguf:<file or asset>'
+  c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+  c.model.param_dtype = "float32"  # master weight dtype
+  c.model.remat = "none"  # none | full | dots | dots_no_batch
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 2e-6  # peak learning rate
+  c.optim.warmup_steps = 0  # linear warmup steps
+  c.optim.total_steps = 1000  # schedule length (cosine)
+  c.optim.schedule = "constant"  # constant | cosine (after warmup)
+  c.optim.weight_decay = 0.0  # AdamW decoupled weight decay
+  c.optim.grad_clip = 1.0  # global-norm clip (0 = off)
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.agg_mode = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+  c.loss.eps_low = 0.2  # PPO clip ε below 1
+  c.loss.eps_high = 0.2  # PPO clip ε above 1
+  c.loss.dual_clip = 0.0  # dual-clip c for negative advantages (0 = off)
+  c.loss.kl_beta = 0.0  # β of the KL penalty (0 skips the reference forward)
+  c.loss.kl_kind = "k3"  # k1 | k2 | k3 | k3+
+  c.loss.temperature = 1.0  # logits / T in the trainer (match the sampling temperature)
+  c.loss.chunk = 256  # sequence chunk for log-probs (never [B, T, V] at once)
+  c.loss.micro_batch_rows = 8  # rows per micro-batch (gradient accumulation)
+  c.loss.recompute_old_logp = False  # π_old from a trainer forward instead of the sampler
+  c.loss.norm_length = 0  # Dr.GRPO's constant length (0 = max_context − max_prompt_tokens)
+  c.loss.router_aux_coef = 0.0  # MoE load-balancing loss added to the RL loss (HF: 1e-3; 0 = off)
+
+  c.warmup = ml_collections.ConfigDict()  # format warm-up of the demo model (core/warmup.py)
+  c.warmup.steps = 0  # SFT steps on the method's format demonstrations (0 = off)
+  c.warmup.lr = 5e-3  # Adam learning rate of the warm-up
+  c.warmup.batch_rows = 8  # demonstrations per warm-up step
+  c.warmup.documents = 48  # corpus documents the demonstrations are built from
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.max_context = 8192  # prompt + response tokens per sequence
+  c.rollout.max_prompt_tokens = 6144  # longer prompts keep their last tokens
+  # The slot engine keeps each row's KV cache across turns and refills free slots as rows end
+  # (sampling/engine.py); False runs every turn through the sampler, prefilled from scratch.
+  c.rollout.engine = True
+  # Rows decoded together (rounded up to a multiple of data × fsdp); the KV cache holds
+  # slots × max_context positions from a step's first rollout until its training (then freed).
+  c.rollout.slots = 64
+  c.rollout.chunk = 16  # decode steps per device call between host checks (stops, tools, slots)
+  c.rollout.prefill_rows = 4  # slots prefilled together, per data-parallel shard
+  c.rollout.prefill_chunk = 512  # tokens per prefill call; longer inputs take several
+  c.rollout.min_window = 256  # cache positions every engine program covers at least
+  return c
+
+
+def retrieval() -> ml_collections.ConfigDict:
+  """The search tool of the methods that search (SCOPE, ASL, π-Play): the bundled demo index by
+  default; a prebuilt index directory or a running Search-R1 server for real corpora."""
+  r = ml_collections.ConfigDict()
+  r.corpus = "demo"  # source documents: 'demo' (bundled) or the JSONL corpus the index holds
+  r.index = ""  # prebuilt index dir (scope_jax.retrieval.build_index); '' = demo index
+  r.encoder = "minilm"  # query encoder: asset name or checkpoint dir (E5-base-v2 in the papers)
+  r.url = ""  # use a running Search-R1 retrieval server instead of an in-process index
+  r.topk = 3  # documents per query
+  r.max_documents = 0  # sample source documents (topics) from the first N passages (0 = all)
+  return r
+
+
+def role(max_new_tokens: int, temperature: float = 0.7, top_p: float = 0.95, top_k: int = 0,
+         max_prompt_tokens: int = 0, **extra) -> ml_collections.ConfigDict:
+  """Sampling settings and prompt limit of one role (max_prompt_tokens 0 = the run's
+  rollout.max_prompt_tokens); inserted content is cut to fit, never the instructions."""
+  return ml_collections.ConfigDict(dict(max_new_tokens=max_new_tokens, temperature=temperature,
+                                        top_p=top_p, top_k=top_k,
+                                        max_prompt_tokens=max_prompt_tokens, **extra))
+
+
+def demo_warmup(c: ml_collections.ConfigDict) -> None:
+  """The warm-up every demo preset shares, so the bundled demo model (fitted once on every
+  method's demonstrations with these settings) serves each of them."""
+  c.warmup.steps = 3000
+  c.warmup.lr = 5e-3
+  c.warmup.batch_rows = 8
+  c.warmup.documents = 48
+
+
+def demo_rollout(c: ml_collections.ConfigDict) -> None:
+  """The tiny demo model's attention is cheap and its compiles are not: one 1024-position window
+  serves every engine program of a demo's short contexts."""
+  c.rollout.min_window = 1024
+
+
+def parse_preset(arg, presets) -> str:
+  preset = arg or "demo"
+  if preset not in presets:
+    raise ValueError(f"Unknown preset {preset!r}; valid presets: {', '.join(presets)}.")
+  return preset
+
+
+def load_file(path, preset: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(preset)` of the config file at `path` (what `--config=path:preset` reads), for
+  scripts and tools that take a config without absl's flag."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+  path = pathlib.Path(path)
+  spec = importlib.util.spec_from_file_location(f"scope_jax_config_{path.stem}", path)
+  if spec is None or not path.exists():
+    raise ValueError(f"No config file at {path}; pass a file such as configs/spell.py.")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(preset)

@@ -1,0 +1,101 @@
+"""What a method is to the runner: a class that declares its roles and the config fields it needs
+(checked before anything loads), declares its roles, policies and frozen params with the runtime
+in `__init__`, and then runs one self-play step at a time."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import ml_collections
+import numpy as np
+
+from scope_jax.core.runtime import SYNTAXES
+from scope_jax.retrieval import search
+from scope_jax.rollout.types import Trajectory
+
+
+def check_choice(name: str, value, choices) -> None:
+  if value not in choices:
+    raise ValueError(f"{name}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}.")
+
+
+def field(section: ml_collections.ConfigDict, dotted: str) -> Any:
+  for part in dotted.split("."):
+    section = section[part]
+  return section
+
+
+class Method:
+  """One self-play method. Subclasses declare, as class attributes:
+
+  roles: the entries `config.<method>.roles` must have (each role's sampling settings);
+  at_least_one: fields of `config.<method>` (dotted for nested) that must be at least 1;
+  choices: field → its valid values (every element, for a list-valued field);
+  searches: its roles call the search tool (`config.retrieval` and `<method>.syntax` are checked).
+  `check(config)` adds the rules that relate several fields.
+  """
+
+  name: str = ""
+  roles: tuple[str, ...] = ()
+  at_least_one: tuple[str, ...] = ()
+  choices: Mapping[str, Sequence] = {}
+  searches: bool = False
+  host_local_keys: tuple[str, ...] = ()  # host_state() entries that measure this host (wall
+  # times): every other entry must be the same on every host of a multi-host run
+
+  def __init__(self, rt):
+    self.rt = rt
+
+  # ------------------------------------------------------------------------ declarations
+  @classmethod
+  def validate(cls, config: ml_collections.ConfigDict) -> None:
+    """The declared checks, then `check`: fails fast, before anything loads."""
+    section = config[cls.name]
+    for role in cls.roles:
+      if role not in section.get("roles", {}):
+        raise ValueError(f"{cls.name}.roles needs a '{role}' entry (sampling settings).")
+    for name in cls.at_least_one:
+      value = field(section, name)
+      if value < 1:
+        raise ValueError(f"{cls.name}.{name}={value} must be at least 1.")
+    for name, valid in cls.choices.items():
+      value = field(section, name)
+      values = value if isinstance(value, (list, tuple)) else [value]
+      if isinstance(value, (list, tuple)) and not value:
+        raise ValueError(f"{cls.name}.{name} is empty; choose from: {', '.join(map(str, valid))}.")
+      for v in values:
+        check_choice(f"{cls.name}.{name}", v, valid)
+    if cls.searches:
+      search.validate(config.retrieval)
+      check_choice(f"{cls.name}.syntax", section.syntax, SYNTAXES)
+    for role, settings in section.get("roles", {}).items():
+      own = settings.get("syntax")
+      if own is not None and own != section.get("syntax", "xml"):
+        raise ValueError(f"{cls.name}.roles.{role}.syntax={own!r} differs from "
+                         f"{cls.name}.syntax={section.get('syntax', 'xml')!r}, the syntax its "
+                         "prompts ask for; drop the role's own syntax.")
+    cls.check(config)
+
+  @classmethod
+  def check(cls, config: ml_collections.ConfigDict) -> None:
+    """Rules that relate several fields (the declaration covers the rest)."""
+    del config
+
+  # ------------------------------------------------------------------------ the run
+  def demonstrations(self, rng: np.random.Generator) -> Sequence[Trajectory]:
+    """Format demonstrations of every role for the demo warm-up (`warmup.steps > 0`)."""
+    raise NotImplementedError(f"{type(self).__name__} has no format demonstrations; set "
+                              "--config.warmup.steps=0.")
+
+  def step(self, step: int) -> dict[str, float]:
+    raise NotImplementedError
+
+  def host_state(self) -> dict:
+    """JSON-able method state (memories, pools, RNG) saved with every checkpoint."""
+    return {}
+
+  def load_host_state(self, state: dict) -> None:
+    del state
+
+  def summary(self) -> str:
+    return ""

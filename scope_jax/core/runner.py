@@ -1,0 +1,193 @@
+"""The run loop shared by every method: validation, the demo warm-up, resume, checkpoints, metrics.
+
+A method's `algorithm` module provides `METHOD` (its `core.method.Method` subclass, whose
+declarations `validate` checks) and `make_method(rt)`. The method declares its roles in
+`__init__` and runs one self-play step at a time; the runner adds every role's rollout metrics
+and the timers to each step's metrics.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+
+import jax
+import ml_collections
+from absl import logging
+from etils import epath
+from tqdm import tqdm
+
+from scope_jax import checkpoint as ckpt_lib
+from scope_jax import distributed
+from scope_jax import metrics as metrics_lib
+from scope_jax import run_record
+from scope_jax import sharding as shd
+from scope_jax import tokenizer as tok_lib
+from scope_jax.core import warmup as warmup_lib
+from scope_jax.core.method import check_choice
+from scope_jax.core.runtime import Runtime, loss_config, role_context
+from scope_jax.models import load as load_lib
+from scope_jax.models import transformer
+from scope_jax.rl import optim
+from scope_jax.sampling import engine as engine_lib
+
+METHODS = ("spell", "scope", "opensir", "asl", "piplay")
+
+
+def load_method(config: ml_collections.ConfigDict):
+  """The module of the run's method (it defines `METHOD` and `make_method`): a built-in method by
+  name, or the module `method_module` names (a method outside the package; see
+  docs/adding_a_method.md). Its `Method.name` is the config section it reads."""
+  path = config.get("method_module", "")
+  if not path:
+    check_choice("method", config.method, METHODS)
+    path = f"scope_jax.methods.{config.method}.algorithm"
+  try:
+    module = importlib.import_module(path)
+  except ModuleNotFoundError as e:
+    raise ValueError(f"method_module={path!r} cannot be imported ({e}); give a module on the "
+                     "Python path that defines METHOD and make_method.") from None
+  if getattr(getattr(module, "METHOD", None), "name", None) != config.method:
+    raise ValueError(f"{path} defines no METHOD named {config.method!r} (its Method.name must be "
+                     "the config's `method`, the section it reads).")
+  return module
+
+def validate(config: ml_collections.ConfigDict):
+  """Fails fast (before loading anything) on settings that are typed right but invalid."""
+  module = load_method(config)
+  if config.total_steps < 0:
+    raise ValueError(f"total_steps={config.total_steps} must be at least 0.")
+  if config.checkpoint_every < 1:
+    raise ValueError(f"checkpoint_every={config.checkpoint_every} must be at least 1 (save every "
+                     "that many steps, and always at the end).")
+  if config.keep_checkpoints < 1:
+    raise ValueError(f"keep_checkpoints={config.keep_checkpoints} would keep no checkpoint (and "
+                     "delete the ones there); keep at least 1.")
+  if not config.model.tokenizer:
+    raise ValueError("model.tokenizer is empty: set --config.model.tokenizer to the checkpoint's "
+                     "directory (models are never downloaded at run time), 'demo' or 'gguf:<file>'.")
+  tok_lib.check_spec(config.model.tokenizer)
+  check_choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
+  check_choice("model.remat", config.model.remat, tuple(transformer.REMAT_POLICIES))
+  check_choice("model.dtype", config.model.dtype, ("float32", "bfloat16"))
+  if len(tuple(config.mesh.shape)) not in (3, 4):
+    raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} needs 3 entries (data, fsdp, tensor) "
+                     "or 4 (and expert).")
+  shd.config_rules(config)  # every rule names axes the mesh has
+  check_mesh(config)
+  if config.rollout.max_prompt_tokens >= config.rollout.max_context:
+    raise ValueError(f"rollout.max_prompt_tokens={config.rollout.max_prompt_tokens} leaves no room "
+                     f"for a response within rollout.max_context={config.rollout.max_context}.")
+  loss_config(config)  # checks the names and values of the loss settings
+  roles = config.get(config.method, {}).get("roles", {})
+  for name, role in roles.items():
+    limit = role.get("max_prompt_tokens", 0) or config.rollout.max_prompt_tokens
+    context = role_context(config, role)
+    if limit >= context:
+      raise ValueError(f"{config.method}.roles.{name}.max_prompt_tokens={limit} leaves no room for "
+                       f"a response within the role's context of {context} tokens "
+                       "(rollout.max_context, or the role's own max_context).")
+  load_lib.check_source(config.model.source)
+  warmup_lib.validate(config)
+  module.METHOD.validate(config)
+  return module
+
+
+def check_mesh(config: ml_collections.ConfigDict) -> None:
+  """The mesh fits this run's devices, counted over every process (a multi-host run's mesh spans
+  all hosts); fails before anything loads, naming the device count."""
+  try:
+    shd.make_mesh(tuple(config.mesh.shape))
+  except ValueError as e:
+    raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} does not fit: {e}") from None
+
+
+def build(config: ml_collections.ConfigDict, workdir: str, *, warm_start: bool = True):
+  """(runtime, method): the method's roles, rebased on the warmed-up demo model when the
+  config asks for the warm-up (`warmup.steps > 0`) and `warm_start` is set."""
+  module = validate(config)
+  workdir = ckpt_lib.absolute(workdir)
+  check_writable(workdir)
+  metrics_lib.check_fresh(workdir, bool(ckpt_lib.Checkpointer.list_steps(f"{workdir}/checkpoints")),
+                          config.overwrite)
+  rt = Runtime(config, workdir)
+  method = module.make_method(rt)
+  if warm_start:
+    info = warmup_lib.warm_start(rt, method)
+    if info:
+      logging.info("Warm-up: %s", info)
+  return rt, method
+
+
+def check_writable(workdir: str) -> None:
+  """Fails at once (before any model loads) when the workdir, local or gs://, cannot be written."""
+  probe = epath.Path(workdir) / f".write_check_{jax.process_index()}_{os.getpid()}"
+  try:
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text("ok")
+    probe.unlink()
+  except Exception as e:  # noqa: BLE001 — permissions, read-only or missing file systems, auth
+    raise ValueError(f"The workdir {workdir} is not writable ({type(e).__name__}: {e}); choose "
+                     "another --workdir.") from e
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Runs `config.total_steps` steps of `config.method`, resuming from `workdir` if possible."""
+  rt, method = build(config, workdir)
+  workdir = rt.workdir
+  run_record.write(rt, workdir)  # what the evaluator and the exporter read back
+  checkpointer = ckpt_lib.Checkpointer(f"{workdir}/checkpoints", keep=config.keep_checkpoints,
+                                       async_save=config.async_checkpoint)
+  start = 0
+  restored = checkpointer.restore_latest(rt.device_state())
+  if restored is not None:
+    step, state, host = restored
+    rt.load_device_state(state)
+    method.load_host_state(host)
+    start = step + 1
+  rt.metrics.start(start - 1 if restored is not None else None, overwrite=config.overwrite)
+  last: dict[str, float] = {}
+  run_start = time.perf_counter()
+  bar = tqdm(total=config.total_steps, initial=start, desc=f"{config.method} steps", unit="step",
+             disable=jax.process_index() != 0)
+  for step in range(start, config.total_steps):
+    engine_lib.free_caches()  # every step starts from empty caches, as a resumed run does
+    rt.timer.reset()
+    rt.begin_step(step)
+    t0 = time.perf_counter()
+    metrics = method.step(step)
+    metrics.update(rt.role_metrics())
+    metrics.update(rt.timer.metrics())
+    metrics["time/step"] = time.perf_counter() - t0
+    metrics["train/skipped_updates"] = float(rt.learner.counters["skipped_updates"])
+    last = rt.metrics.write(step, metrics)
+    logging.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())
+                                                  if not k.startswith("time/")))
+    host = method.host_state()
+    distributed.check_agree(f"step {step}'s host state",  # multi-host: every host decided alike
+                            {k: v for k, v in host.items() if k not in method.host_local_keys})
+    if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.total_steps:
+      checkpointer.save(step, rt.device_state(), host)
+    bar.set_postfix({k.split("/")[0]: f"{v:.3g}" for k, v in last.items()
+                     if k.endswith("reward/mean")}, refresh=False)
+    bar.update(1)
+  bar.close()
+  checkpointer.close()
+  rt.metrics.close()
+  wall = time.perf_counter() - run_start
+  if not distributed.is_primary():  # the summary is printed once
+    return last
+  if start >= config.total_steps:
+    print(f"Nothing to run: {config.total_steps} steps of {config.method} are already done in "
+          f"{workdir} (raise --config.total_steps to continue).")
+    return last
+  print(f"Finished {config.method} ({config.preset}): steps {start}..{config.total_steps - 1} in "
+        f"{wall:.1f}s; workdir {workdir}")
+  if last:
+    keys = [k for k in sorted(last) if k.startswith("time/") or k.endswith("/reward/mean")]
+    print("  " + "; ".join(f"{k} {last[k]:.3g}" for k in keys))
+  text = method.summary()
+  if text:
+    print(text)
+  return last

@@ -1,0 +1,262 @@
+"""What a method is given: the mesh, tokenizer, base model, learner, and constructors for its
+trained policies, frozen params and roles.
+
+A run has one base model and any number of trained *policies* (params + optimizer state, updated
+by the shared `Learner`), *frozen* params (a judge, a KL reference: just other pytrees), and
+*tracked* params that the method moves itself (an EMA teacher) and that are checkpointed with
+the policies. A *role* (questioner, solver, judge, ...) is one of those plus its prompts,
+sampling settings, optional tool and seed stream (`core/roles.py`).
+
+The runtime owns what every method would otherwise write for itself: the KL reference (the base
+model M0, used whenever a policy's `loss.kl_beta > 0`), the search syntax every role rolls out
+with (the method section's `syntax`, the one its prompts ask for), freeing the rollout caches
+before an update, and the `train/` prefix of the update's metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import logging
+
+from scope_jax import metrics as metrics_lib
+from scope_jax import sharding as shd
+from scope_jax import tokenizer as tok_lib
+from scope_jax.core.roles import Role
+from scope_jax.models import transformer
+from scope_jax.models.load import load_model
+from scope_jax.rl import learner as learner_lib
+from scope_jax.rl import optim, train_step
+from scope_jax.sampling import Engine, Sampler
+from scope_jax.sampling import engine as engine_lib
+
+LOSS_ONLY_RUNNER_KEYS = ("micro_batch_rows", "recompute_old_logp")
+SYNTAXES = ("xml", "qwen")  # search actions: <search> or Qwen's <tool_call>
+
+
+def method_syntax(config: ml_collections.ConfigDict) -> str:
+  """The search syntax of the run: the method section's `syntax` (its prompts ask for it), 'xml'
+  for a method that does not search."""
+  return config.get(config.method, {}).get("syntax", "xml")
+
+
+def loss_config(config: ml_collections.ConfigDict, overrides=None) -> train_step.LossConfig:
+  """The run's `LossConfig` (`config.loss` without the runner-only keys) with role overrides.
+  Dr.GRPO's constant length defaults to the response budget (max_context − max_prompt_tokens)."""
+  fields = dict(config.loss.to_dict(), **dict(overrides or {}))
+  for key in LOSS_ONLY_RUNNER_KEYS:
+    fields.pop(key, None)
+  fields["dual_clip"] = fields.get("dual_clip") or None
+  if not fields.get("norm_length"):
+    fields["norm_length"] = max(config.rollout.max_context - config.rollout.max_prompt_tokens, 1)
+  return train_step.LossConfig(**fields)
+
+
+def role_context(config: ml_collections.ConfigDict, settings) -> int:
+  """A role's prompt + response budget: its own `max_context` (e.g. π-Play's 4K examiner), at
+  most the run's `rollout.max_context` (the sampler's cache), which is the default."""
+  own = settings.get("max_context", 0)
+  return min(own, config.rollout.max_context) if own else config.rollout.max_context
+
+
+def make_optimizer(c: ml_collections.ConfigDict):
+  """The optimizer every policy of a run uses (from `config.optim`)."""
+  return optim.make_optimizer(c.optim.lr, warmup_steps=c.optim.warmup_steps,
+                              total_steps=c.optim.total_steps, schedule=c.optim.schedule,
+                              weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip or None)
+
+
+def param_overview(params) -> str:
+  """One line per parameter: path, shape, dtype and PartitionSpec."""
+  lines = []
+  for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    spec = getattr(getattr(x, "sharding", None), "spec", None)
+    lines.append(f"  {name:24s} {str(tuple(x.shape)):24s} {str(x.dtype):9s} {spec}")
+  return "\n".join(lines)
+
+
+def pad_id(tokenizer) -> int:
+  pid = getattr(tokenizer, "pad_token_id", None)
+  return int(pid) if pid is not None else 0
+
+
+class Runtime:
+  """Everything a method needs: model, tokenizer, learner, policies, frozen params and roles."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self.config, self.workdir = config, workdir
+    self.mesh = shd.make_mesh(tuple(config.mesh.shape))
+    self.train_rules, self.sampling_rules = shd.config_rules(config)
+    self.syntax = method_syntax(config)
+    self.tokenizer = tok_lib.load_tokenizer(config.model.tokenizer)
+    self.model_config, self.base_params = load_model(config.model, self.mesh, config.seed,
+                                                     self.train_rules)
+    if self.model_config.vocab_size < len(self.tokenizer):
+      raise ValueError(f"The tokenizer has {len(self.tokenizer)} ids but the model's "
+                       f"vocabulary is {self.model_config.vocab_size}.")
+    self.eos_ids = tok_lib.eos_ids(self.tokenizer) or self.model_config.eos_ids
+    self.dtype = jnp.dtype(config.model.dtype)
+    self.pad_id = pad_id(self.tokenizer)
+    self.learner = learner_lib.Learner(
+        self.model_config, make_optimizer(config), self.mesh, dtype=self.dtype,
+        remat=config.model.remat, micro_batch_rows=config.loss.micro_batch_rows,
+        recompute_old_logp=config.loss.recompute_old_logp, pad_id=self.pad_id,
+        rules=self.train_rules)
+    self.policies: dict[str, learner_lib.Policy] = {}
+    self.frozen: dict[str, Any] = {}
+    self.tracked: list[str] = []  # frozen params the method updates itself, checkpointed
+    self.roles: dict[str, Role] = {}
+    self._frozen_samplers: dict[str, Sampler] = {}
+    self._base_frozen: set[str] = set()
+    self.metrics = metrics_lib.MetricsWriter(workdir, enabled=jax.process_index() == 0)
+    self.timer = metrics_lib.PhaseTimer()
+    self.step = 0
+    logging.info("Model %s: %s parameters; devices %s; mesh %s", self.model_config.model_type,
+                 f"{transformer.count_params(self.base_params):,}", jax.devices(),
+                 dict(self.mesh.shape))
+    logging.info("Parameter shardings under mesh.rules.train %s:\n%s", self.train_rules,
+                 param_overview(self.base_params))
+
+  # ---------------------------------------------------------------------------- players
+  def sampler(self, params) -> Sampler | Engine:
+    """What plays `params` (in the sampling layout: weights whole along fsdp): the slot engine,
+    or the turn-by-turn sampler when `rollout.engine` is off."""
+    r = self.config.rollout
+    common = dict(dtype=self.dtype, mesh=self.mesh, rules=self.sampling_rules,
+                  decode=lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=False),
+                  max_context=r.max_context, pad_id=self.pad_id, eos_ids=self.eos_ids)
+    if r.get("engine", False):
+      return Engine(self.model_config, params, num_slots=r.slots, chunk=r.chunk,
+                    prefill_rows=r.prefill_rows, prefill_chunk=r.prefill_chunk,
+                    min_window=r.min_window, **common)
+    return Sampler(self.model_config, params, **common)
+
+  def add_policy(self, name: str, params=None, loss_overrides=None) -> learner_lib.Policy:
+    """A trained policy initialised from a copy of `params` (default: the base model)."""
+    params = jax.tree.map(jnp.copy, self.base_params if params is None else params)
+    policy = self.learner.init_policy(name, params, loss_config(self.config, loss_overrides),
+                                      sampler=self.sampler(params))
+    self.policies[name] = policy
+    return policy
+
+  def add_frozen(self, name: str, params=None):
+    """Frozen params (default: the base model itself, never updated)."""
+    if params is None:
+      self._base_frozen.add(name)
+    self.frozen[name] = self.base_params if params is None else params
+    return self.frozen[name]
+
+  def add_tracked(self, name: str, params=None):
+    """Params the method updates itself (an EMA teacher: `set_frozen` after each change), saved in
+    every checkpoint next to the policies; a copy of `params` (default: the base model)."""
+    self.tracked.append(name)
+    self.frozen[name] = jax.tree.map(jnp.copy, self.base_params if params is None else params)
+    return self.frozen[name]
+
+  def set_frozen(self, name: str, params) -> None:
+    """Replaces the frozen (or tracked) params `name`; roles playing them see the new weights."""
+    self.frozen[name] = params
+    if name in self._frozen_samplers:
+      self._frozen_samplers[name].update_params(params)
+
+  def rebase(self, params) -> None:
+    """Makes `params` the base model (after the demo warm-up): every policy restarts from a
+    copy of it, and every frozen copy of the base (a judge, a KL reference) becomes it."""
+    self.base_params = params
+    for policy in self.policies.values():
+      copy = jax.tree.map(jnp.copy, params)
+      policy.state = train_step.init_train_state(copy, self.learner.optimizer)
+      policy.sampler.update_params(copy)
+    for name in self._base_frozen:
+      self.set_frozen(name, params)
+    for name in self.tracked:  # tracked params start again from a copy of the new base
+      self.set_frozen(name, jax.tree.map(jnp.copy, params))
+
+  def reference(self):
+    """The KL reference π_ref: the base model M0 (frozen; the warmed model after the demo's
+    warm-up). It costs no memory of its own: it is the base params themselves."""
+    if "reference" not in self.frozen:
+      self.add_frozen("reference")
+    return self.frozen["reference"]
+
+  def add_role(self, name: str, settings: ml_collections.ConfigDict, *, policy=None,
+               frozen: str | None = None, tool=None, final_tags=(), templates=None,
+               strip_think: bool = False, system: str | None = None) -> Role:
+    """A role played by a trained `policy` or by the frozen params named `frozen`; a role with a
+    tool searches in the run's syntax (`self.syntax`), the one its prompts ask for."""
+    if (policy is None) == (frozen is None):
+      raise ValueError(f"Role {name!r} needs exactly one of a policy or frozen params.")
+    if policy is not None:
+      sampler = policy.sampler
+    else:
+      if frozen not in self.frozen:
+        raise ValueError(f"Role {name!r}: no frozen params named {frozen!r}; add them first.")
+      if frozen not in self._frozen_samplers:
+        self._frozen_samplers[frozen] = self.sampler(self.frozen[frozen])
+      sampler = self._frozen_samplers[frozen]
+    limit = settings.get("max_prompt_tokens", 0) or self.config.rollout.max_prompt_tokens
+    role = Role(name, settings, sampler=sampler, tokenizer=self.tokenizer,
+                max_prompt_tokens=limit, max_context=role_context(self.config, settings),
+                seed=self.config.seed, tool=tool, final_tags=tuple(final_tags),
+                templates=templates, policy=policy, timer=self.timer,
+                progress=self.config.get("progress", True) and jax.process_index() == 0,
+                strip_think=strip_think, system=system, frozen=frozen, syntax=self.syntax)
+    self.roles[name] = role
+    return role
+
+  # ---------------------------------------------------------------------------- steps
+  def begin_step(self, step: int) -> None:
+    """Resets every role's seed stream and rollout metrics for runner step `step`."""
+    self.step = step
+    for role in self.roles.values():
+      role.begin_step(step)
+
+  def role_metrics(self) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for role in self.roles.values():
+      out.update(role.metrics())
+    return out
+
+  def train(self, policy: learner_lib.Policy, trajectories, advantages, *,
+            loss: train_step.LossConfig | None = None, teacher: str | None = None,
+            teacher_prompts=None) -> dict[str, float]:
+    """One update of `policy` with `loss` (default: the policy's own), its metrics under
+    `train/` (`<policy>/train/` when the run trains several policies). The KL reference is
+    passed whenever the loss has β > 0; `teacher` names frozen params for distillation."""
+    loss = loss or policy.loss
+    engine_lib.free_caches()  # the rollouts are over: their KV caches' memory goes to training
+    ref = self.reference() if loss.kl_beta > 0 else None
+    teacher_params = self.frozen[teacher] if teacher is not None and teacher_prompts else None
+    with self.timer("train"):
+      out = self.learner.train(policy, list(trajectories), list(advantages), loss=loss,
+                               ref_params=ref, teacher_params=teacher_params,
+                               teacher_prompts=teacher_prompts if teacher_params is not None
+                               else None)
+    return {f"{self.train_prefix(policy)}{k}": v for k, v in out.items()}
+
+  def train_prefix(self, policy: learner_lib.Policy) -> str:
+    return "train/" if len(self.policies) == 1 else f"{policy.name}/train/"
+
+  # ---------------------------------------------------------------------------- state
+  def device_state(self) -> dict:
+    """What a checkpoint holds on device: each policy's TrainState and each tracked params tree
+    (as {"params": ...}, so evaluation restores either the same way)."""
+    state = {name: p.state for name, p in self.policies.items()}
+    state.update({name: {"params": self.frozen[name]} for name in self.tracked})
+    return state
+
+  def load_device_state(self, state: dict) -> None:
+    for name, s in state.items():
+      if name in self.tracked:
+        self.set_frozen(name, s["params"])
+        continue
+      self.policies[name].state = s
+      self.policies[name].sampler.update_params(s.params)
+
+  def checkpointed(self) -> list[str]:
+    """Names whose params every checkpoint holds: the policies, then the tracked params."""
+    return list(self.policies) + list(self.tracked)

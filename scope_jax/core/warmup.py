@@ -1,0 +1,157 @@
+"""The generic demo warm-up: fine-tune the tiny demo model on demonstrations of every role's
+output format, so each CPU demo runs every phase of its algorithm on the model's own output.
+
+The papers start from instruction-tuned 7–8B models that already follow each role's format; a
+random 0.8M-parameter model follows none, so nothing would parse and nothing would train. With
+`warmup.steps > 0` the runner asks the method for `demonstrations(rng)` (built from the corpus,
+with real search results as observations), fits the base model on them (token NLL, `rl/sft.py`),
+and rebases every policy and frozen copy of the base model on the result. Paper presets keep it
+off.
+
+Where the warmed weights come from, first match wins:
+  1. `<workdir>/warm_start`: a resumed run reuses its own (so a frozen Judge stays bit-identical);
+  2. the bundled demo model (`data/bundled/demo_model`), fitted once on every method's
+     demonstrations by `python tools/build_demo_model.py`, when its settings and this
+     method's demonstrations are the ones it was fitted on;
+  3. the asset cache, keyed by the settings and the demonstrations' tokens;
+  4. fitted now on this method's demonstrations, then saved to the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from etils import epath
+
+from scope_jax import assets, distributed
+from scope_jax.data import DEMO_MODEL
+from scope_jax.models import hf_io
+from scope_jax.rl import sft
+from scope_jax.rollout.types import Trajectory
+
+BUNDLED = DEMO_MODEL
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  w = config.get("warmup")
+  if w is None or not w.steps:
+    return
+  for name in ("lr", "batch_rows", "documents"):
+    if w[name] <= 0:
+      raise ValueError(f"warmup.{name} must be positive when warmup.steps > 0, got {w[name]}.")
+
+
+def _model_fields(model_config) -> dict:
+  """The architecture's fields that differ from their defaults: a stable description (adding
+  a defaulted field for another family changes no existing key)."""
+  return {f.name: getattr(model_config, f.name) for f in dataclasses.fields(model_config)
+          if f.default is dataclasses.MISSING or getattr(model_config, f.name) != f.default}
+
+
+def settings_key(config: ml_collections.ConfigDict, model_config) -> str:
+  """What the fit depends on besides the demonstrations: model, warm-up settings, seed, dtypes."""
+  w = config.warmup
+  blob = json.dumps([_model_fields(model_config), [w.steps, w.lr, w.batch_rows], config.seed,
+                     config.model.param_dtype, config.model.dtype], default=str, sort_keys=True)
+  return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def demos_digest(demos: Sequence[Trajectory]) -> str:
+  h = hashlib.sha256()
+  for d in demos:
+    h.update(np.asarray(d.tokens, np.int32).tobytes())
+    h.update(np.asarray(d.loss_mask, np.int32).tobytes())
+  return h.hexdigest()[:24]
+
+
+def demonstrations(method, config) -> list[Trajectory]:
+  """The method's demonstrations, from its own seeded stream (the same in every process)."""
+  return list(method.demonstrations(np.random.default_rng([config.seed, 99])))
+
+
+def fit(rt, demos: Sequence[Trajectory], params=None):
+  """The base model fine-tuned on `demos` with `config.warmup`'s settings; returns (params, s)."""
+  w = rt.config.warmup
+  start = time.perf_counter()
+  logging.info("Format warm-up: %d demonstrations, %d steps", len(demos), w.steps)
+  params, losses = sft.fit(rt.model_config, jax.tree.map(jnp.copy, params or rt.base_params),
+                           demos, steps=w.steps, lr=w.lr, batch_rows=w.batch_rows,
+                           seed=rt.config.seed, mesh=rt.mesh, pad_id=rt.pad_id, dtype=rt.dtype,
+                           log_every=max(w.steps // 5, 1))
+  seconds = time.perf_counter() - start
+  logging.info("Format warm-up done in %.1fs: nll %.3f → %.3f", seconds, losses[0], losses[-1])
+  return params, seconds
+
+
+def warm_start(rt, method) -> dict[str, float]:
+  """Rebases the run on the warmed base model (when `warmup.steps > 0`); returns metrics."""
+  w = rt.config.get("warmup")
+  if w is None or not w.steps:
+    return {}
+  dtype = jnp.dtype(rt.config.model.param_dtype)
+  local = epath.Path(rt.workdir) / "warm_start"
+  if distributed.broadcast_int((local / "config.json").exists()):  # process 0's view, for all
+    logging.info("Loading the warmed-up base model of this run from %s", local)
+    rt.rebase(load(local, rt, dtype))
+    return {"warmup/source_run": 1.0}
+  demos = demonstrations(method, rt.config)
+  key, digest = settings_key(rt.config, rt.model_config), demos_digest(demos)
+  meta = _bundled_meta()
+  cached = assets.cache_dir() / "warm_start" / f"{key}-{digest}"
+  # The asset cache is each host's own disk: a multi-host run uses it only if every host has it.
+  in_cache = distributed.on_every_host((cached / "config.json").exists())
+  if meta.get("settings") == key and meta.get("demos", {}).get(rt.config.method) == digest:
+    logging.info("Using the bundled warmed-up demo model %s", BUNDLED)
+    params, out = load(BUNDLED, rt, dtype), {"warmup/source_bundled": 1.0}
+  elif in_cache:
+    logging.info("Using the cached warmed-up base model %s", cached)
+    params, out = load(cached, rt, dtype), {"warmup/source_cache": 1.0}
+  else:
+    if meta:
+      logging.info("The bundled demo model was fitted with other settings or demonstrations; "
+                   "warming up again (cached afterwards in %s).", cached)
+    params, seconds = fit(rt, demos)
+    save(rt.model_config, params, cached)
+    out = {"warmup/seconds": seconds}
+  save(rt.model_config, params, local)
+  rt.rebase(params)
+  out["warmup/demonstrations"] = float(len(demos))
+  return out
+
+
+def _bundled_meta() -> dict:
+  path = BUNDLED / "warmup.json"
+  return json.loads(path.read_text()) if path.exists() else {}
+
+
+def load(path, rt, dtype):
+  _, params = hf_io.load_hf(path, mesh=rt.mesh, dtype=dtype)
+  same = jax.tree.map(lambda a, b: a.shape == b.shape, params, rt.base_params)
+  if not all(jax.tree.leaves(same)):
+    raise ValueError(f"{path} holds a model of a different shape than model.source; use a new "
+                     "workdir (or delete that directory to warm up again).")
+  return params
+
+
+def save(model_config, params, path) -> None:
+  """Writes to a temporary sibling, then renames: an interrupted save is never picked up."""
+  path = epath.Path(path)
+  tmp = epath.Path(f"{path}.tmp{os.getpid()}")
+  hf_io.save_hf(model_config, params, tmp)
+  if jax.process_index() != 0:
+    return
+  if path.exists():
+    tmp.rmtree()  # another process got there first with the same content
+    return
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp.rename(path)

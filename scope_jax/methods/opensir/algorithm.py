@@ -1,0 +1,329 @@
+"""OpenSIR (Kwan et al.): one policy as teacher and student, from one seed problem, with no
+external label: the students' majority answer is the pseudo-label (ALGORITHMS §3, OpenSIR.txt).
+
+Per step, for each of `units_per_step` units:
+  sample a reference problem from the pool for each of `groups_per_unit` groups → the teacher
+  writes g problems per group (`<think>`, `<problem>`, `<concepts>`) → legal problems get n
+  student solutions each → boxed answers parsed with math-verify → majority answer and solve
+  rate → solvability, length, diversity (vs the pool and this step's problems) and format →
+  train the teacher on the unit's group with the most varied c = solv + div, the student on the
+  unit's problem with the highest c; group z-scores, `<concepts>` masked out of the teacher's
+  loss, teacher and student sequences pooled in one token-mean update → every legal problem
+  joins the pool with its embedding.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import dataclasses
+
+import numpy as np
+from absl import logging
+
+from scope_jax import metrics as metrics_lib
+from scope_jax import prompts
+from scope_jax.core.guard import ParseGuard
+from scope_jax.core.method import Method
+from scope_jax.core.runtime import Runtime
+from scope_jax.methods.opensir import demos as opensir_demos
+from scope_jax.methods.opensir import rewards as R
+from scope_jax.retrieval.service import load_encoder
+from scope_jax.rewards import mathcheck
+from scope_jax.rl import advantages as adv_lib
+from scope_jax.rollout.types import Trajectory
+
+SEED_PROBLEM = opensir_demos.SEED_PROBLEM
+
+
+@dataclasses.dataclass
+class Candidate:
+  """One teacher sample and everything scored from it."""
+
+  unit: int
+  group: int
+  reference: str
+  traj: Trajectory
+  problem: R.Problem | None = None
+  fmt: float = 0.0
+  solutions: list[Trajectory] = dataclasses.field(default_factory=list)
+  answers: list[str | None] = dataclasses.field(default_factory=list)
+  majority: str | None = None
+  rate: float | None = None
+  solv: float | None = None
+  div: float | None = None
+  length: float = 0.0
+  reward: float = 0.0
+  student_rewards: list[float] = dataclasses.field(default_factory=list)
+
+  @property
+  def c(self) -> float | None:
+    return R.combined(self.solv, self.div)
+
+
+class Pool:
+  """The problem pool: texts, concepts and L2-normalised embeddings [P, D], grown in place."""
+
+  def __init__(self, dim: int):
+    self.problems: list[str] = []
+    self.concepts: list[list[str]] = []
+    self.embeddings = np.zeros((0, dim), np.float32)
+
+  def __len__(self) -> int:
+    return len(self.problems)
+
+  def add(self, problems, concepts, embeddings_ND) -> None:
+    self.problems += list(problems)
+    self.concepts += [list(c) for c in concepts]
+    self.embeddings = np.concatenate([self.embeddings, np.asarray(embeddings_ND, np.float32)])
+
+  def distinct_concepts(self) -> int:
+    return len({c for cs in self.concepts for c in cs})
+
+  def to_json(self) -> dict:
+    """Exact: the embeddings travel as their float32 bytes."""
+    return {"problems": self.problems, "concepts": self.concepts,
+            "dim": int(self.embeddings.shape[1]),
+            "embeddings": base64.b64encode(self.embeddings.astype("<f4").tobytes()).decode()}
+
+  @classmethod
+  def from_json(cls, state: dict) -> "Pool":
+    pool = cls(state["dim"])
+    raw = np.frombuffer(base64.b64decode(state["embeddings"]), "<f4")
+    pool.add(state["problems"], state["concepts"], raw.reshape(-1, state["dim"]).copy())
+    if len(pool.embeddings) != len(pool.problems):
+      raise ValueError(f"The checkpoint's pool has {len(pool.problems)} problems but "
+                       f"{len(pool.embeddings)} embeddings; it is not from this version.")
+    return pool
+
+
+class OpenSir(Method):
+  name = "opensir"
+  roles = ("teacher", "student")
+  at_least_one = ("units_per_step", "groups_per_unit", "group_size", "num_solutions",
+                  "math_timeout", "diversity_top_k")
+
+  @classmethod
+  def check(cls, c) -> None:
+    o = c.opensir
+    if o.num_solutions < 2:
+      raise ValueError("opensir.num_solutions must be at least 2 (a majority needs a vote).")
+    low, high = o.solve_rate_band
+    if not 0.0 <= low < high <= 1.0:
+      raise ValueError(f"opensir.solve_rate_band={tuple(o.solve_rate_band)} must be (low, high) "
+                       "with 0 <= low < high <= 1, e.g. (0.5, 0.9).")
+    if not o.encoder:
+      raise ValueError("opensir.encoder is empty: set it to an E5/BERT checkpoint directory (the "
+                       "diversity embedder) or an asset name such as 'minilm'.")
+    if not o.seed_problem.strip():
+      raise ValueError("opensir.seed_problem is empty; the pool starts from it ('What is 1+1?').")
+
+  def __init__(self, rt: Runtime):
+    super().__init__(rt)
+    self.cfg = cfg = rt.config.opensir
+    self.rng = np.random.default_rng(rt.config.seed)
+    self.parse = ParseGuard()
+    self.checker = mathcheck.MathChecker(timeout=cfg.math_timeout)
+    atexit.register(self.checker.close)
+    self.encoder = load_encoder(cfg.encoder, mesh=rt.mesh)
+    self.pool = Pool(self.encoder.dim)
+    self.pool.add([cfg.seed_problem], [[]], self.embed([cfg.seed_problem]))
+    self.policy = rt.add_policy("policy")
+    templates = lambda name: prompts.load("opensir", name)
+    self.teacher = rt.add_role("teacher", cfg.roles.teacher, policy=self.policy,
+                               templates=templates)
+    self.student = rt.add_role("student", cfg.roles.student, policy=self.policy,
+                               templates=templates)
+    self.decode = lambda ids: rt.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+  def demonstrations(self, rng):
+    return opensir_demos.demonstrations(self, rng)
+
+  def embed(self, texts) -> np.ndarray:
+    return self.encoder.encode(list(texts), kind="passage") if texts else \
+        np.zeros((0, self.encoder.dim), np.float32)
+
+  # ------------------------------------------------------------------------------ prompts
+  def teacher_prompt(self, reference: str) -> list[int]:
+    return self.teacher.render("teacher", problem=reference, fit=("problem",))
+
+  def student_prompt(self, problem: str) -> list[int]:
+    return self.student.render("student", problem=problem, fit=("problem",))
+
+  # ------------------------------------------------------------------------------ phases
+  def generate_problems(self) -> list[Candidate]:
+    """units × groups_per_unit groups of g problems, each group from one reference problem."""
+    cfg = self.cfg
+    refs = [(u, k, self.pool.problems[int(self.rng.integers(len(self.pool)))])
+            for u in range(cfg.units_per_step) for k in range(cfg.groups_per_unit)]
+    trajs = self.teacher.generate([self.teacher_prompt(r) for _, _, r in refs],
+                                  num_samples=cfg.group_size)
+    out = []
+    for i, (u, k, ref) in enumerate(refs):
+      for traj in trajs[i * cfg.group_size:(i + 1) * cfg.group_size]:
+        text = traj.response_text()
+        cand = Candidate(u, u * cfg.groups_per_unit + k, ref, traj)
+        cand.problem = self.parse(R.parse_problem, text, malformed=None)
+        cand.fmt = self.parse(R.teacher_format, text, cand.problem, malformed=0.0)
+        out.append(cand)
+    return out
+
+  def solve(self, cands: list[Candidate]) -> None:
+    """n student solutions per legal problem; majority answer, solve rate and student rewards."""
+    legal = [c for c in cands if c.problem is not None]
+    n = self.cfg.num_solutions
+    sols = self.student.generate([self.student_prompt(c.problem.text) for c in legal],
+                                 num_samples=n)
+    for i, c in enumerate(legal):
+      c.solutions = sols[i * n:(i + 1) * n]
+      texts = [t.response_text() for t in c.solutions]
+      c.answers = [self.parse(self.checker.boxed, t, malformed=None) for t in texts]
+      c.majority, c.rate = R.solve_rate(c.answers)
+      c.student_rewards = [
+          R.student_reward(a, c.majority, R.student_format(t), self.cfg.student_format_weight)
+          for a, t in zip(c.answers, texts)]
+      if c.rate is not None:
+        c.solv = R.solvability(c.rate, n, *self.cfg.solve_rate_band)
+        c.length = R.length_score([float(t.loss_mask.sum()) for t in c.solutions],
+                                  self.cfg.length_cap, self.cfg.length_baseline)
+
+  def score(self, cands: list[Candidate]) -> np.ndarray:
+    """Diversity of every legal problem and the teacher rewards; returns the new embeddings."""
+    legal = [c for c in cands if c.problem is not None]
+    new_ND = self.embed([c.problem.text for c in legal])
+    for c, d in zip(legal, R.diversity(new_ND, self.pool.embeddings, self.cfg.diversity_top_k)):
+      c.div = float(d)
+    w = self.cfg.teacher_weights
+    for c in cands:
+      c.reward = 0.0 if c.problem is None else R.teacher_reward(
+          c.solv or 0.0, c.div or 0.0, c.length, c.fmt,
+          (w.solvability, w.diversity, w.length, w.format))
+    return new_ND
+
+  def select(self, cands: list[Candidate]):
+    """Per unit: the teacher group with the most varied c and the student problem with the
+    highest c, with group z-score advantages; `<concepts>` masked out of the teacher rows."""
+    cfg = self.cfg
+    trajs: list[Trajectory] = []
+    advs: list[float] = []
+    picked_groups, picked_problems = [], []
+    for u in range(cfg.units_per_step):
+      unit = [c for c in cands if c.unit == u]
+      groups = [[c for c in unit if c.group == u * cfg.groups_per_unit + k]
+                for k in range(cfg.groups_per_unit)]
+      g = groups[R.select_group([[c.c for c in grp] for grp in groups])]
+      a = adv_lib.group_zscore([[c.reward for c in g]], std="unbiased", eps=cfg.adv_eps)[0]
+      trajs += [self.mask_concepts(c.traj) for c in g]
+      advs += list(a)
+      picked_groups.append(g)
+      best = R.select_problem([c.c for c in unit])
+      if best is not None:
+        p = unit[best]
+        trajs += p.solutions
+        advs += list(adv_lib.group_zscore([p.student_rewards], std="unbiased",
+                                          eps=cfg.adv_eps)[0])
+        picked_problems.append(p)
+    return trajs, advs, picked_groups, picked_problems
+
+  def mask_concepts(self, traj: Trajectory) -> Trajectory:
+    if not self.cfg.mask_concepts:
+      return traj
+    p = traj.prompt_len
+    mask = traj.loss_mask.copy()
+    mask[p:] *= R.concepts_mask(traj.tokens[p:], self.decode)
+    return dataclasses.replace(traj, loss_mask=mask)
+
+  # ---------------------------------------------------------------------------- the step
+  def step(self, step: int) -> dict[str, float]:
+    cands = self.generate_problems()
+    self.solve(cands)
+    new_ND = self.score(cands)
+    trajs, advs, groups, problems = self.select(cands)
+    self.rt.metrics.samples(step, self.sample_records(cands))
+    metrics = self.step_metrics(cands, groups, problems)
+    metrics.update(self.rt.train(self.policy, trajs, advs))
+    legal = [c for c in cands if c.problem is not None]
+    self.pool.add([c.problem.text for c in legal], [c.problem.concepts for c in legal], new_ND)
+    metrics["pool/size"] = float(len(self.pool))
+    metrics["pool/distinct_concepts"] = float(self.pool.distinct_concepts())
+    if not legal:
+      logging.info("Step %d: no legal problem; the teacher trains on format alone.", step)
+    return metrics
+
+  # ----------------------------------------------------------------------- metrics and state
+  def step_metrics(self, cands, groups, problems) -> dict[str, float]:
+    legal = [c for c in cands if c.problem is not None]
+    rated = [c for c in legal if c.rate is not None]
+    m: dict[str, float] = {"teacher/problems": float(len(cands)),
+                           "teacher/legal_rate": len(legal) / max(len(cands), 1),
+                           "student/rated_problems": float(len(rated))}
+    m.update(metrics_lib.summarize([c.reward for c in cands], "teacher/reward"))
+    m.update(metrics_lib.summarize([c.fmt for c in cands], "teacher/format"))
+    for part in ("solv", "div", "length"):
+      m.update(metrics_lib.summarize([getattr(c, part) or 0.0 for c in legal],
+                                     f"teacher/{part}"))
+    m.update(metrics_lib.summarize([c.rate for c in rated], "student/solve_rate"))
+    edges = np.linspace(0.0, 1.0, 6)
+    hist, _ = np.histogram([c.rate for c in rated], bins=edges)
+    for lo, hi, count in zip(edges[:-1], edges[1:], hist):
+      m[f"student/solve_rate_hist/{lo:.1f}-{hi:.1f}"] = float(count)
+    rewards = [r for c in legal for r in c.student_rewards]
+    m.update(metrics_lib.summarize(rewards, "student/reward"))
+    agree = [a is not None and a == c.majority for c in legal for a in c.answers]
+    m["student/accuracy"] = float(np.mean(agree)) if agree else 0.0  # vs the majority answer
+    answers = [a for c in legal for a in c.answers]
+    m["student/valid_answer_rate"] = float(np.mean([a is not None for a in answers])) \
+        if answers else 0.0
+    texts = [t.response_text() for c in legal for t in c.solutions]
+    m["student/format"] = float(np.mean([R.student_format(t) for t in texts])) if texts else 0.0
+    m["train/teacher_rows"] = float(sum(len(g) for g in groups))
+    m["train/student_rows"] = float(sum(len(p.solutions) for p in problems))
+    m.update(metrics_lib.summarize([c.c for g in groups for c in g if c.c is not None],
+                                   "train/teacher_c"))
+    m.update(metrics_lib.summarize([p.c for p in problems], "train/student_c"))
+    for key, value in self.checker.counters.items():
+      m[f"mathcheck/{key}"] = float(value)
+    m["parse_errors"] = self.parse.take()
+    return m
+
+  def sample_records(self, cands, k: int = 4) -> list[dict]:
+    legal = sorted((c for c in cands if c.problem is not None),
+                   key=lambda c: -(c.rate if c.rate is not None else -1))
+    out = []
+    for c in (legal or cands)[:k]:
+      rec = {"reference": c.reference, "teacher reward": f"{c.reward:.3f}",
+             "teacher output": c.traj.response_text()[-1500:]}
+      if c.problem is not None:
+        rec.update({"problem": c.problem.text, "concepts": ", ".join(c.problem.concepts),
+                    "majority answer": str(c.majority),
+                    "solve rate": "none valid" if c.rate is None else f"{c.rate:.3f}",
+                    "solv / div / length": f"{c.solv or 0:.3f} / {c.div or 0:.3f} / "
+                                           f"{c.length:.3f}",
+                    "solutions (answer)": "\n---\n".join(
+                        f"({a}) {t.response_text()[-300:]}"
+                        for t, a in zip(c.solutions[:3], c.answers))})
+      out.append(rec)
+    return out
+
+  def host_state(self) -> dict:
+    return {"pool": self.pool.to_json(), "rng": self.rng.bit_generator.state}
+
+  def load_host_state(self, state: dict) -> None:
+    pool = Pool.from_json(state["pool"])
+    if pool.embeddings.shape[1] != self.encoder.dim:
+      raise ValueError(f"The checkpoint's pool embeddings have dimension "
+                       f"{pool.embeddings.shape[1]}, but opensir.encoder={self.cfg.encoder!r} "
+                       f"gives {self.encoder.dim}; resume with the run's encoder.")
+    self.pool = pool
+    self.rng.bit_generator.state = state["rng"]
+
+  def summary(self) -> str:
+    return (f"  problem pool: {len(self.pool)} problems, {self.pool.distinct_concepts()} "
+            "distinct concepts")
+
+
+METHOD = OpenSir
+
+
+def make_method(rt: Runtime) -> OpenSir:
+  return OpenSir(rt)

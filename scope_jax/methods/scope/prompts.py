@@ -1,0 +1,71 @@
+"""SCOPE's prompts (templates in `prompts/scope/`, written from the paper's App. H descriptions)
+and its prompt mix: task types and the 4:3:2 stratified number of required searches (App. G).
+
+Only the search action differs between syntaxes ('xml' `<search>` for Qwen2.5, 'qwen'
+`<tool_call>` for Qwen3); tasks, answers and every Judge prompt use the same XML tags.
+"""
+
+from __future__ import annotations
+
+from scope_jax import prompts
+from scope_jax.retrieval.corpus import Passage
+from scope_jax.rollout.search_agent import search_instructions
+
+TASK_TYPES = {  # name → how prompts call it; creative writing is defined but off by default
+    "longform_qa": "long-form QA",
+    "summarisation": "summarisation",
+    "planning": "planning",
+    "writing": "writing",
+    "creative_writing": "creative writing",
+}
+DEFAULT_TASK_TYPES = ("longform_qa", "summarisation", "planning", "writing")
+
+
+STYLES = {"paper": "scope", "compact": "scope_compact"}  # prompt style → template directory
+
+
+def _shared(name: str) -> str:
+  """Task-type descriptions, the same in every style."""
+  return prompts.load("scope", name)
+
+
+class Prompts:
+  """SCOPE's role prompts in one style: 'paper' (App. H) or 'compact' (the same roles, fields and
+  output tags in a few lines, for the demo's small model: short prompts are quicker to warm up on
+  and put the title it copies close to where it writes). Each returns a `Prompt` whose inserted
+  content (documents, tasks, answers) a role may cut to its prompt limit, never the template."""
+
+  def __init__(self, style: str = "paper", syntax: str = "xml", max_doc_chars: int = 4000):
+    if style not in STYLES:
+      raise ValueError(f"Unknown prompt style {style!r}; use one of {sorted(STYLES)}.")
+    self.style, self.syntax, self.max_doc_chars = style, syntax, max_doc_chars
+
+  def _prompt(self, name: str, fit: tuple[str, ...], **fields) -> prompts.Prompt:
+    return prompts.Prompt(prompts.load(STYLES[self.style], name), fields, fit)
+
+  def document(self, passage: Passage) -> str:
+    return passage.text[:self.max_doc_chars]
+
+  def challenger(self, passage: Passage, task_type: str, num_searches: int) -> prompts.Prompt:
+    return self._prompt("challenger", ("document",), task_type=TASK_TYPES[task_type],
+                        task_description=_shared(f"task_{task_type}"), title=passage.title,
+                        document=self.document(passage), num_searches=num_searches,
+                        search_instructions=search_instructions(self.syntax))
+
+  def solver(self, question: str, max_searches: int) -> prompts.Prompt:
+    return self._prompt("solver", ("question",), question=question, max_searches=max_searches,
+                        search_instructions=search_instructions(self.syntax))
+
+  def gates(self, task: str, passage: Passage) -> tuple[prompts.Prompt, prompts.Prompt]:
+    """(entity identifiability, source relevance) Judge prompts for one task."""
+    return (self._prompt("gate_entity", ("task",), task=task),
+            self._prompt("gate_source", ("document", "task"), task=task, title=passage.title,
+                         document=self.document(passage)))
+
+  def rubric(self, task: str, passage: Passage) -> prompts.Prompt:
+    return self._prompt("rubric", ("document", "task"), task=task, title=passage.title,
+                        document=self.document(passage))
+
+  def grader(self, task: str, criterion: str, response: str) -> prompts.Prompt:
+    return self._prompt("grader", ("response", "task", "criterion"), task=task,
+                        criterion=criterion, response=response)

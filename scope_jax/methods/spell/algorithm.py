@@ -1,0 +1,298 @@
+"""SPELL (Yang et al.): one policy plays questioner, responder and verifier over document clusters.
+
+Per step, following Algorithm 1 (ALGORITHMS §1):
+  draw task types uniformly and a cluster that supports each → the questioner proposes (q, a) from
+  m new documents plus the cluster's history memory → format check (−1) → grounding filter
+  without documents (−0.5) → G responder rollouts over the whole cluster → G verifier judgments
+  per response (majority vote) → rewards → push solvable questions to the history memory →
+  role-specific dynamic sampling → per-role advantages → one unified policy update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+from absl import logging
+
+from scope_jax import metrics as metrics_lib
+from scope_jax import prompts
+from scope_jax.core.guard import ParseGuard
+from scope_jax.core.method import Method
+from scope_jax.core.runtime import Runtime
+from scope_jax.methods.spell import clusters as clusters_lib
+from scope_jax.methods.spell import demos as spell_demos
+from scope_jax.methods.spell import rewards as R
+from scope_jax.methods.spell.difficulty import MAPPINGS
+from scope_jax.rewards import match
+from scope_jax.rl import advantages as adv_lib
+from scope_jax.rollout.types import Trajectory
+
+STYLES = {"paper": "spell", "compact": "spell_compact"}  # prompt style → template directory
+
+
+@dataclasses.dataclass
+class Question:
+  """One questioner sample and everything that follows from it."""
+
+  cluster: int
+  task: str
+  doc_ids: list[str]  # C_new
+  traj: Trajectory
+  proposal: R.Proposal | None = None
+  reward: float = 0.0
+  status: str = "ok"  # ok | bad_format | ungrounded | zero_variance
+  responses: list[Trajectory] = dataclasses.field(default_factory=list)
+  rule: list[float] = dataclasses.field(default_factory=list)
+  votes: list[int] = dataclasses.field(default_factory=list)
+  res_rewards: list[float] = dataclasses.field(default_factory=list)
+  verdicts: list[list[Trajectory]] = dataclasses.field(default_factory=list)
+  ver_rewards: list[list[float]] = dataclasses.field(default_factory=list)
+
+
+class Spell(Method):
+  name = "spell"
+  roles = ("questioner", "responder", "verifier")
+  at_least_one = ("questions_per_step", "group_size", "docs_per_question", "max_generation_rounds")
+  choices = {"tasks": R.TASKS, "reward_mapping": MAPPINGS, "prompt_style": tuple(STYLES)}
+
+  @classmethod
+  def check(cls, c) -> None:
+    if not c.data.num_clusters and c.data.cluster_size < 1:
+      raise ValueError("Set data.num_clusters or a positive data.cluster_size.")
+
+  def __init__(self, rt: Runtime):
+    super().__init__(rt)
+    self.cfg = cfg = rt.config.spell
+    self.passages, self.clusters = clusters_lib.from_config(rt.config.data, rt.config.seed)
+    self.by_id = {p.id: p for p in self.passages}
+    tasks_of = [clusters_lib.cluster_tasks([self.passages[i] for i in c], cfg.tasks)
+                for c in self.clusters]
+    self.clusters_for = {t: [c for c, ts in enumerate(tasks_of) if t in ts] for t in cfg.tasks}
+    self.tasks = tuple(t for t in cfg.tasks if self.clusters_for[t])
+    if not self.tasks:
+      raise ValueError(f"No document cluster supports any of spell.tasks={tuple(cfg.tasks)} "
+                       "(doc_math needs clusters of mostly numeric documents); add doc_qa or doc_mc.")
+    self.memory = clusters_lib.HistoryMemory(cfg.history_size)
+    self.rng = np.random.default_rng(rt.config.seed)
+    self.parse = ParseGuard()  # a parser error scores the sample as malformed, never ends the run
+    # One policy plays the three roles.
+    self.policy = rt.add_policy("policy")
+    templates = lambda name: prompts.load(STYLES[cfg.prompt_style], name)
+    self.questioner, self.responder, self.verifier = (
+        rt.add_role(name, cfg.roles[name], policy=self.policy, templates=templates)
+        for name in ("questioner", "responder", "verifier"))
+
+  def demonstrations(self, rng):
+    return spell_demos.demonstrations(self, rng)
+
+  # ------------------------------------------------------------------------------ prompts
+  def context(self, doc_ids) -> str:
+    limit = self.cfg.max_doc_chars or None  # 0: whole documents (the paper)
+    return "\n\n".join(f"{p.title}\n{p.text[:limit]}" for p in (self.by_id[d] for d in doc_ids))
+
+  def questioner_prompt(self, cluster: int, task: str, new_ids: list[str]) -> list[int]:
+    history = self.memory.get(str(cluster))
+    fields: dict[str, Any] = {}
+    if history:
+      doc_ids = self.memory.context_doc_ids(str(cluster), new_ids)
+      name = f"questioner_{task}_history"
+      fields["examples"] = "\n".join(
+          f"### Example {i}:\nQuestion: {e.question}\nAnswer: {e.answer}"
+          for i, e in enumerate(history, 1))
+    else:
+      doc_ids, name = list(new_ids), f"questioner_{task}"
+    if task == "doc_mc":
+      fields["correct_letter"] = "ABCD"[int(self.rng.integers(4))]
+    return self.questioner.render(name, context=self.context(doc_ids), fit=("context",), **fields)
+
+  def responder_prompt(self, task: str, proposal: R.Proposal, context: str) -> list[int]:
+    fields = {"context": context, "question": proposal.question}
+    if task == "doc_mc":
+      fields.update({f"choice_{k}": v for k, v in proposal.options.items()})
+    return self.responder.render(f"responder_{task}", fit=("context", "question"), **fields)
+
+  def verifier_prompt(self, proposal: R.Proposal, response: Trajectory) -> list[int]:
+    text = response.response_text()
+    answer = match.extract_final_answer(text) or text[-300:]
+    return self.verifier.render("verifier", problem=proposal.display(), answer_1=proposal.answer,
+                                answer_2=answer, fit=("answer_2", "problem", "answer_1"))
+
+  # ------------------------------------------------------------------------------ phases
+  def propose(self, n: int) -> list[Question]:
+    """n questions: task types uniform over those some cluster supports, then a cluster."""
+    picks = []
+    for _ in range(n):
+      task = self.tasks[int(self.rng.integers(len(self.tasks)))]
+      options = self.clusters_for[task]
+      c = options[int(self.rng.integers(len(options)))]
+      members = self.clusters[c]
+      m = min(self.cfg.docs_per_question, len(members))
+      new_ids = [self.passages[i].id for i in self.rng.choice(members, m, replace=False)]
+      picks.append((c, task, new_ids, self.questioner_prompt(c, task, new_ids)))
+    trajs = self.questioner.generate([p[3] for p in picks])
+    out = []
+    for (c, task, new_ids, _), traj in zip(picks, trajs):
+      q = Question(c, task, new_ids, traj)
+      q.proposal = self.parse(R.parse_proposal, traj.response_text(), task, malformed=None)
+      if q.proposal is None:
+        q.status, q.reward = "bad_format", R.BAD_FORMAT
+      out.append(q)
+    return out
+
+  def grounding_filter(self, questions: list[Question]) -> None:
+    """A question the responder answers without any document is not grounded (−0.5)."""
+    live = [q for q in questions if q.status == "ok"]
+    texts = self.responder.texts([self.responder_prompt(q.task, q.proposal, "Empty")
+                                  for q in live])
+    for q, text in zip(live, texts):
+      if self.parse(R.rule_score, text, q.proposal.answer, q.task, malformed=0.0) >= 1.0:
+        q.status, q.reward = "ungrounded", R.UNGROUNDED
+
+  def respond_and_verify(self, questions: list[Question]) -> None:
+    live = [q for q in questions if q.status == "ok"]
+    if not live:
+      return
+    g = self.cfg.group_size
+    cluster_ids = lambda q: [self.passages[i].id for i in self.clusters[q.cluster]]
+    responses = self.responder.generate(
+        [self.responder_prompt(q.task, q.proposal, self.context(cluster_ids(q))) for q in live],
+        num_samples=g)
+    for k, q in enumerate(live):
+      q.responses = responses[k * g:(k + 1) * g]
+      q.rule = [self.parse(R.rule_score, t.response_text(), q.proposal.answer, q.task,
+                           malformed=0.0) for t in q.responses]
+    verdicts = self.verifier.generate([self.verifier_prompt(q.proposal, t)
+                                       for q in live for t in q.responses], num_samples=g)
+    for k, q in enumerate(live):
+      for i in range(g):
+        row = verdicts[(k * g + i) * g:(k * g + i + 1) * g]
+        judged = [self.parse(R.parse_verdict, t.response_text(), malformed=None) for t in row]
+        vote = R.majority(judged)
+        q.verdicts.append(row)
+        q.votes.append(vote)
+        q.ver_rewards.append(R.verifier_rewards(judged, vote))
+      q.res_rewards = [R.responder_reward(r, v) for r, v in zip(q.rule, q.votes)]
+      q.reward = R.questioner_reward(q.res_rewards, self.cfg.reward_mapping)
+      if len(set(q.res_rewards)) == 1:
+        q.status = "zero_variance"
+      if q.reward > 0:
+        self.memory.push(str(q.cluster), clusters_lib.HistoryEntry(
+            q.doc_ids, q.proposal.display(), q.proposal.answer))
+
+  # ---------------------------------------------------------------------------- the step
+  def step(self, step: int) -> dict[str, float]:
+    cfg = self.cfg
+    questions: list[Question] = []
+    rounds = 0
+    while sum(q.status in ("ok", "zero_variance") for q in questions) < cfg.questions_per_step \
+        and rounds < cfg.max_generation_rounds:
+      batch = self.propose(cfg.questions_per_step)
+      self.grounding_filter(batch)
+      self.respond_and_verify(batch)
+      questions += batch
+      rounds += 1
+    trajs, advs, counts = self.select_and_advantage(questions)
+    self.rt.metrics.samples(step, self.sample_records(questions))  # before the update
+    metrics = self.step_metrics(questions, counts, rounds)
+    metrics.update(self.rt.train(self.policy, trajs, advs))
+    if not trajs:
+      logging.info("Step %d: no group had reward variance; no update.", step)
+    return metrics
+
+  def select_and_advantage(self, questions: list[Question]):
+    """Role-specific dynamic sampling (§4.3) and per-role advantages for one unified update."""
+    cfg = self.cfg
+    trajs: list[Trajectory] = []
+    advs: list[float] = []
+    # Responder: groups with non-zero reward variance, z-scored within the group.
+    kept = [q for q in questions if q.responses and np.std(q.res_rewards) > 0]
+    for q in kept:
+      trajs += q.responses
+      advs += list(adv_lib.group_zscore([q.res_rewards], eps=cfg.adv_eps)[0])
+    # Questioner: the kept questions are positives; an equal number of negatives (r_que ≤ 0).
+    negatives = [q for q in questions if q.reward <= 0]
+    n_neg = min(len(negatives), int(round(cfg.questioner_negative_ratio * len(kept))))
+    picked = list(kept) + [negatives[i] for i in
+                           self.rng.choice(len(negatives), n_neg, replace=False)] if n_neg else list(kept)
+    if picked:
+      a = adv_lib.batch_zscore([q.reward for q in picked], keys=[q.task for q in picked],
+                               eps=cfg.adv_eps)
+      trajs += [q.traj for q in picked]
+      advs += list(a)
+    # Verifier: groups whose agreement is in [lo, hi]; consistent with the rule check first,
+    # conflicting ones subsampled to the number of questions.
+    consistent, conflicting = [], []
+    lo, hi = cfg.verifier_agreement
+    for q in questions:
+      for i, rewards in enumerate(q.ver_rewards):
+        agree = float(np.mean([r == 1.0 for r in rewards]))
+        if lo <= agree <= hi:
+          (consistent if q.votes[i] == int(q.rule[i] >= 1.0) else conflicting).append((q, i))
+    if len(conflicting) > len(questions):
+      conflicting = [conflicting[j] for j in self.rng.choice(len(conflicting), len(questions),
+                                                              replace=False)]
+    for q, i in consistent + conflicting:
+      trajs += q.verdicts[i]
+      advs += list(adv_lib.group_zscore([q.ver_rewards[i]], eps=cfg.adv_eps)[0])
+    counts = {"train/responder_groups": len(kept), "train/questioner_samples": len(picked),
+              "train/verifier_groups": len(consistent) + len(conflicting)}
+    return trajs, advs, counts
+
+  # ----------------------------------------------------------------------- metrics and state
+  def step_metrics(self, questions, counts, rounds) -> dict[str, float]:
+    n = max(len(questions), 1)
+    m: dict[str, float] = dict(counts)
+    m["rounds"] = rounds
+    m["questioner/proposals"] = len(questions)
+    m["questioner/parsed"] = sum(q.proposal is not None for q in questions)
+    m["questioner/grounded"] = sum(q.status in ("ok", "zero_variance") for q in questions)
+    m.update(metrics_lib.summarize([q.reward for q in questions], "questioner/reward"))
+    for status in ("bad_format", "ungrounded", "zero_variance"):
+      m[f"questioner/share_{status}"] = sum(q.status == status for q in questions) / n
+    answered = [q for q in questions if q.res_rewards]
+    m["responder/groups"] = len(answered)
+    m.update(metrics_lib.summarize([1 - np.mean(q.res_rewards) for q in answered],
+                                   "questioner/difficulty"))
+    m.update(metrics_lib.summarize([r for q in answered for r in q.res_rewards], "responder/reward"))
+    m.update(metrics_lib.summarize([r for q in answered for r in q.rule], "responder/rule"))
+    ver = [r for q in answered for rows in q.ver_rewards for r in rows]
+    m["verifier/votes"] = sum(len(q.votes) for q in answered)
+    m.update(metrics_lib.summarize(ver, "verifier/reward"))
+    if ver:
+      m["verifier/agreement"] = float(np.mean([r == 1.0 for r in ver]))
+      m["verifier/share_invalid"] = float(np.mean([r < 0 for r in ver]))
+      m["verifier/share_yes_votes"] = float(np.mean([v for q in answered for v in q.votes]))
+    m["memory/clusters_with_history"] = len(self.memory.to_json())
+    m["parse_errors"] = self.parse.take()
+    return m
+
+  def sample_records(self, questions, k: int = 2) -> list[dict]:
+    out = []
+    for q in questions[:k]:
+      rec = {"task": q.task, "status": q.status, "questioner reward": f"{q.reward:.3f}",
+             "questioner output": q.traj.response_text()[-1500:]}
+      if q.responses:
+        rec["responses (reward)"] = "\n---\n".join(
+            f"({r:.2f}) {t.response_text()[-400:]}" for t, r in zip(q.responses[:3], q.res_rewards))
+        rec["verdicts"] = "\n---\n".join(t.response_text()[-200:] for t in q.verdicts[0][:3])
+      out.append(rec)
+    return out
+
+  def host_state(self) -> dict:
+    return {"memory": self.memory.to_json(), "rng": self.rng.bit_generator.state}
+
+  def load_host_state(self, state: dict) -> None:
+    self.memory = clusters_lib.HistoryMemory.from_json(self.cfg.history_size, state["memory"])
+    self.rng.bit_generator.state = state["rng"]
+
+  def summary(self) -> str:
+    return f"  history memory: {len(self.memory.to_json())} clusters with solvable questions"
+
+
+METHOD = Spell
+
+
+def make_method(rt: Runtime) -> Spell:
+  return Spell(rt)

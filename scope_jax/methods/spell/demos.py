@@ -1,0 +1,106 @@
+"""Format demonstrations of SPELL's three roles for the demo warm-up (`core/warmup.py`).
+
+A small model can learn to copy from a fixed place, so every demonstrated question is a copy
+task on the first document of the questioner's context: "What comes after 'w1 w2 w3'?" quoting
+its first three plain words, with the next two as the answer (for math, the words before its
+first number and that number; for multiple choice, the following spans of the same document as
+distractors). The questioner learns the JSON format on real clusters; the responder learns to
+find the quoted words in the whole cluster and answer in the rule-checked form; the verifier
+learns [[YES]] for the same answer and [[NO]] for another. An answer needs the documents, so the
+grounding filter passes what the warmed model proposes, and the responder is right only
+sometimes: groups have reward variance to train on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+
+from scope_jax.methods.spell import rewards as R
+from scope_jax.rl import sft
+from scope_jax.rollout.types import Trajectory
+
+_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-]*$")
+_NUMBER = re.compile(r"^\d[\d,]*(?:\.\d+)?$")
+
+
+def _spans(text: str, numeric: bool, follow: int = 1) -> list[tuple[str, ...]]:
+  """(three words, what follows, ...) in text order: `follow` next two-word spans, or the next
+  word if it is a number (`numeric`)."""
+  words = [w.strip(".,;:()") for w in text.split()][:-1]  # the last word may be cut
+  plain = lambda ws: all(_WORD.match(w) for w in ws)
+  out = []
+  for i in range(len(words) - 3):
+    key = words[i:i + 3]
+    if not plain(key):
+      continue
+    if numeric:
+      if _NUMBER.match(words[i + 3]):
+        out.append((" ".join(key), words[i + 3].replace(",", "")))
+      continue
+    nxt = [words[i + 1 + 2 * k:i + 3 + 2 * k] for k in range(1, follow + 1)]
+    if all(len(w) == 2 and plain(w) for w in nxt):
+      out.append((" ".join(key), *(" ".join(w) for w in nxt)))
+  return out
+
+
+def _question(key: str) -> str:
+  return f"What comes after '{key}'?"
+
+
+def demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
+  """Per cluster drawn: one questioner, one responder and one verifier demonstration (the
+  verifier's alternately [[YES]] and [[NO]]); 4 × warmup.documents draws."""
+  rt, cfg = spell.rt, spell.cfg
+  eos = rt.tokenizer.decode([rt.eos_ids[0]], skip_special_tokens=False)
+  limit = cfg.max_doc_chars or None
+  out: list[Trajectory] = []
+  demo = lambda prompt, text: sft.demonstration(prompt, [("generated", text + eos)], rt.tokenizer)
+  attempts = 0
+  while len(out) < 12 * rt.config.warmup.documents and attempts < 50 * rt.config.warmup.documents:
+    attempts += 1
+    task = spell.tasks[int(rng.integers(len(spell.tasks)))]
+    members = spell.clusters[spell.clusters_for[task][int(rng.integers(len(spell.clusters_for[task])))]]
+    m = min(cfg.docs_per_question, len(members))
+    new_ids = [spell.passages[i].id for i in rng.choice(members, m, replace=False)]
+    target = spell.by_id[new_ids[0]]  # the first document of the context
+    spans = _spans(target.text[:limit], numeric=task == "doc_math",
+                   follow=4 if task == "doc_mc" else 1)
+    others = [s for d in new_ids[1:] for s in _spans(spell.by_id[d].text[:limit], numeric=False)]
+    if not spans:
+      continue
+    key, gold = spans[0][:2]
+    proposal = {"question": _question(key), "answer": gold}
+    fields = {"context": spell.context(new_ids)}
+    name = f"questioner_{task}"
+    if task == "doc_mc":
+      letter = "ABCD"[int(rng.integers(4))]
+      wrong = list(spans[0][2:])  # the spans that follow, in order
+      options = dict(zip([c for c in "ABCD" if c != letter], wrong), **{letter: gold})
+      proposal = {"question": _question(key), "options": dict(sorted(options.items())),
+                  "answer": letter}
+      fields["correct_letter"] = letter
+    if rng.random() < 0.25 and others:  # the history templates: earlier questions as examples
+      name += "_history"
+      fields["examples"] = f"### Example 1:\nQuestion: {_question(others[0][0])}\n" \
+                           f"Answer: {others[0][1]}"
+    out.append(demo(spell.questioner.render(name, fit=("context",), **fields),
+                    json.dumps(proposal, ensure_ascii=False)))
+    parsed = R.Proposal(proposal["question"], proposal["answer"],
+                        proposal.get("options"))
+    cluster_ids = [spell.passages[i].id for i in members]
+    reply = {"doc_qa": f"The correct answer is {gold}.", "doc_mc": f"The correct answer is "
+             f"({parsed.answer}).", "doc_math": f"Therefore, the answer is {gold}."}[task]
+    out.append(demo(spell.responder_prompt(task, parsed, spell.context(cluster_ids)), reply))
+    if task == "doc_mc":
+      wrong_answer = "ABCD".replace(parsed.answer, "")[int(rng.integers(3))]
+    else:
+      wrong_answer = others[int(rng.integers(len(others)))][1] if others else "unknown"
+    pairs = ((parsed.answer, "[[YES]]"), (wrong_answer, "[[NO]]"))
+    for answer, verdict in pairs[len(out) // 3 % 2:][:1]:
+      prompt = spell.verifier.render("verifier", problem=parsed.display(), answer_1=parsed.answer,
+                                     answer_2=answer, fit=("answer_2", "problem", "answer_1"))
+      out.append(demo(prompt, f"Decision: {verdict}"))
+  return out

@@ -1,0 +1,51 @@
+"""A model from a `model` config section: (ModelConfig, params), placed on a mesh.
+
+`model.source` is 'tiny' (the section's own small architecture, random init), 'preset:<name>'
+(a named architecture, random init), 'hf:<dir or gs://>' (a Hugging Face checkpoint) or
+'gguf:<file or asset>'. Training and evaluation both load through here.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+
+from scope_jax import assets
+from scope_jax import sharding as shd
+from scope_jax.models import gguf_io, hf_io, transformer
+from scope_jax.models.config import ModelConfig, get_preset
+
+SOURCES = "'tiny', 'preset:<name>', 'hf:<path>' or 'gguf:<path or asset>'"
+
+
+def model_config(cfg) -> ModelConfig | None:
+  """The architecture of `cfg.source` when it needs no file ('tiny', 'preset:'), else None."""
+  if cfg.source == "tiny":
+    return ModelConfig(**cfg.tiny.to_dict())
+  if cfg.source.startswith("preset:"):
+    return get_preset(cfg.source[len("preset:"):])
+  return None
+
+
+def check_source(source: str) -> None:
+  """Fails at once, in one line, on a `model.source` no loader takes."""
+  if source != "tiny" and not source.startswith(("preset:", "hf:", "gguf:")):
+    raise ValueError(f"Unknown model.source {source!r}; use {SOURCES}.")
+
+
+def load_model(cfg, mesh, seed: int, rules: shd.Rules = shd.TRAIN_RULES):
+  """(ModelConfig, params) from `cfg.source`, placed on `mesh` under `rules`."""
+  check_source(cfg.source)
+  dtype = jnp.dtype(cfg.param_dtype)
+  source = cfg.source
+  if source.startswith("hf:"):
+    return hf_io.load_hf(source[len("hf:"):], mesh=mesh, dtype=dtype, rules=rules)
+  if source.startswith("gguf:"):
+    target = source[len("gguf:"):]
+    path = pathlib.Path(target) if pathlib.Path(target).exists() else assets.fetch(target)
+    return gguf_io.load_gguf(path, mesh=mesh, dtype=dtype, rules=rules)
+  config = model_config(cfg)
+  params = transformer.init_sharded_params(config, jax.random.key(seed), mesh, rules, dtype)
+  return config, params
