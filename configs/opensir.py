@@ -85,6 +85,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.model.source = ("preset:llama3.2-3b" if preset == "paper" else
                       "preset:gemma2-2b")  # replace with hf:<path> for the real weights
     c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
+    c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
     c.model.dtype = "bfloat16"
     c.model.remat = "full"
     c.opensir.encoder = ""  # required: an E5/BERT checkpoint (the paper: Linq-Embed-Mistral 7B)

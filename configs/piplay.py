@@ -121,6 +121,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   else:
     c.model.source = "preset:qwen3-4b"  # replace with hf:<path> for real weights
     c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
+    c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
     c.model.dtype = "bfloat16"
     c.model.remat = "full"
     c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)

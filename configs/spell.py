@@ -100,6 +100,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.model.source = ("preset:qwen2.5-7b" if preset == "paper" else
                       "preset:qwen3-30b-a3b")  # replace with hf:<path> for the real weights
     c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
+    c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
     c.model.dtype = "bfloat16"
     c.model.remat = "full"
     c.mesh.shape = (1, -1, 1)

@@ -26,6 +26,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.async_checkpoint = True  # save in the background while the next step runs
   c.progress = True  # progress bars for steps and rollouts
   c.overwrite = False  # start over in a workdir that holds metrics but no checkpoint
+  c.smoke = False  # this preset at the smallest sizes on one machine and a real model (core/smoke.py)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (1, -1, 1)  # ('data', 'fsdp', 'tensor'); -1 takes the remaining devices

@@ -31,7 +31,8 @@ class Method:
   roles: the entries `config.<method>.roles` must have (each role's sampling settings);
   at_least_one: fields of `config.<method>` (dotted for nested) that must be at least 1;
   choices: field → its valid values (every element, for a list-valued field);
-  searches: its roles call the search tool (`config.retrieval` and `<method>.syntax` are checked).
+  searches: its roles call the search tool (`config.retrieval` and `<method>.syntax` are checked);
+  smoke: the sizes of a smoke run — batch and group sizes 2, one step per phase (core/smoke.py).
   `check(config)` adds the rules that relate several fields.
   """
 
@@ -40,6 +41,7 @@ class Method:
   at_least_one: tuple[str, ...] = ()
   choices: Mapping[str, Sequence] = {}
   searches: bool = False
+  smoke: Mapping[str, Any] = {}  # --config.smoke=True: sizes (dotted from the config's root)
   host_local_keys: tuple[str, ...] = ()  # host_state() entries that measure this host (wall
   # times): every other entry must be the same on every host of a multi-host run
 

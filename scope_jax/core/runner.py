@@ -24,6 +24,7 @@ from scope_jax import metrics as metrics_lib
 from scope_jax import run_record
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
+from scope_jax.core import smoke
 from scope_jax.core import warmup as warmup_lib
 from scope_jax.core.method import check_choice
 from scope_jax.core.runtime import Runtime, loss_config, role_context
@@ -54,8 +55,11 @@ def load_method(config: ml_collections.ConfigDict):
   return module
 
 def validate(config: ml_collections.ConfigDict):
-  """Fails fast (before loading anything) on settings that are typed right but invalid."""
+  """Fails fast (before loading anything) on settings that are typed right but invalid. With
+  `smoke`, first shrinks the config (in place, idempotent) to the run it will be."""
   module = load_method(config)
+  if config.get("smoke", False):
+    smoke.shrink(config, module.METHOD.smoke)
   if config.total_steps < 0:
     raise ValueError(f"total_steps={config.total_steps} must be at least 0.")
   if config.checkpoint_every < 1:

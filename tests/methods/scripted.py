@@ -1,5 +1,6 @@
 """Scripted policies for method tests: each answers every role of a method by reading its prompt."""
 
+import json
 import re
 import zlib
 
@@ -7,6 +8,29 @@ import numpy as np
 
 from scope_jax.sampling import SampleResult
 from scope_jax.sampling.stops import find_stop
+
+
+def search_call(query: str, prompt: str) -> str:
+  """A search as a model that follows `prompt` writes it: Qwen's <tool_call> with the tool name
+  and argument the prompt describes (ASL's `retrieve`, π-Play's `query_list`), else <search>."""
+  if "<tool_call>" not in prompt:
+    return f"<search>{query}</search>"
+  name = "retrieve" if "Name:retrieve" in prompt else "search"
+  args = {"query_list": [query]} if "query_list" in prompt else {"query": query}
+  return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+def last_query(response: str) -> str | None:
+  """The query of the last search call in either syntax."""
+  calls = re.findall(r"<search>(.*?)</search>|<tool_call>\s*(\{.*?\})\s*</tool_call>", response,
+                     re.S)
+  if not calls:
+    return None
+  xml, js = calls[-1]
+  if xml:
+    return xml.strip()
+  args = json.loads(js)["arguments"]
+  return args["query_list"][0] if "query_list" in args else args["query"]
 
 
 def play_all_roles(rt, sampler) -> None:
@@ -57,16 +81,17 @@ class ScriptedSpellSampler(ScriptedSampler):
   per-row coin; verifier: a noisy comparison."""
 
   def _answer(self, text, rng):
-    if "propose" in text or "generate a multiple choice" in text or "ONE new" in text:
+    if "propose" in text or "generate a multiple choice" in text or "ONE new" in text \
+        or re.search(r"Write one (new, harder )?(multiple-choice )?question", text):
       title = re.search(r"<text>\n(.*?)\n", text).group(1)
       if '"options"' in text:
         letter = re.search(r"The correct answer must be option ([A-D])", text).group(1)
         return ('Reasoning... {"question": "Which one?", "options": {"A": "w", "B": "x", '
                 f'"C": "y", "D": "z"}}, "answer": "{letter}"}}')
-      if "numerical answer" in text:
+      if "numerical answer" in text or "answer is a number" in text:
         return '{"question": "How many?", "answer": "42"}'
       return f'{{"question": "Which topic is first?", "answer": "{title}"}}'
-    if "You are an expert in verifying" in text:
+    if "You are an expert in verifying" in text or "Do the two answers mean the same" in text:
       a1 = re.search(r"Answer 1: (.*)", text).group(1)
       a2 = re.search(r"Answer 2: (.*)", text).group(1)
       same = a1.strip().lower() in a2.strip().lower()
@@ -77,9 +102,9 @@ class ScriptedSpellSampler(ScriptedSampler):
       return "The correct answer is unknown."
     gold = re.search(r"<text>\n(.*?)\n", text).group(1)
     right = rng.random() < 0.5
-    if "Choices:" in text:
+    if "Choices:" in text or "\n(A) " in text:
       return "The correct answer is (" + ("ABCD"[rng.integers(4)]) + ")."
-    if "numeric reasoning" in text:
+    if "numeric reasoning" in text or "the answer is (number)" in text:
       return "Therefore, the answer is " + ("42" if right else "7") + "."
     return "The correct answer is " + (gold if right else "something else") + "."
 
@@ -91,44 +116,47 @@ class ScriptedScopeSampler(ScriptedSampler):
   the required number of searches; then a task naming the document. Solver: searches the task,
   then answers with the first retrieved title (right or wrong by a per-row coin). Judge: gates
   pass unless `gate_fail` is in the task; rubric of three criteria; a grader that checks the
-  criterion's entity against the answer. `garbage` makes the Judge's outputs unparseable.
+  criterion's entity against the answer. `garbage` makes the Judge's outputs unparseable;
+  `untagged` is the share of Challenger samples that leave out the <task> tags (by a coin).
   """
 
   logprob = -1.5
 
-  def __init__(self, tokenizer, garbage: bool = False):
+  def __init__(self, tokenizer, garbage: bool = False, untagged: float = 0.0):
     super().__init__(tokenizer)
-    self.garbage = garbage
+    self.garbage, self.untagged = garbage, untagged
 
   def _answer(self, text, rng):
-    prompt, _, response = text.rpartition("<|im_start|>assistant\n")
+    prompt, _, response = text.partition("<|im_start|>assistant\n")
     if "You are the Challenger" in prompt:
       title = re.search(r"<document>\nTitle: (.*)\n", prompt).group(1)
       need = int(re.search(r"Use exactly (\d+) search turn", prompt).group(1))
       found = re.findall(r"Doc 1\(Title: (.*?)\)", response)
       if len(found) < need:
         query = found[-1] if found else title
-        return f"<think>Look up {query}.</think>\n<search>{query}</search>"
-      return (f"<think>Enough.</think>\n<task>\n<question>Explain how {title} relates to "
-              f"{found[-1]}.</question>\n</task>")
-    if "Complete the task below" in prompt:
+        return f"<think>Look up {query}.</think>\n{search_call(query, prompt)}"
+      task = f"<question>Explain how {title} relates to {found[-1]}.</question>"
+      if self.untagged and rng.random() < self.untagged:
+        return f"<think>Enough.</think>\n{task}"
+      return f"<think>Enough.</think>\n<task>\n{task}\n</task>"
+    if "Complete the task below" in prompt or "Complete the task." in prompt:
       found = re.findall(r"Doc 1\(Title: (.*?)\)", response)
       if not found:
         question = re.search(r"Task: (.*)", prompt).group(1)
-        return f"<think>Search first.</think>\n<search>{question}</search>"
+        return f"<think>Search first.</think>\n{search_call(question, prompt)}"
       name = found[0] if rng.random() < 0.6 else "nothing relevant"
       return f"<think>Answer.</think>\n<answer>It is about {name}.</answer>"
     if self.garbage:
       return "I cannot decide."
-    if "Check: entity identifiability" in prompt or "Check: source relevance" in prompt:
+    if re.search(r"Check:? (entity identifiability|source relevance)", prompt):
       return "<think>ok</think>\n<score>" + ("0" if "gate_fail" in prompt else "1") + "</score>"
-    if "You are writing the grading rubric" in prompt:
+    if "You are writing the grading rubric" in prompt or "Write the grading rubric" in prompt:
       title = re.search(r"<document>\nTitle: (.*)\n", prompt).group(1)
       return (f"<rubric>\n1. [critical] Identifies {title}.\n2. [important] States what "
               f"{title} is known for.\n3. [bonus] Mentions a related topic clearly.\n</rubric>")
-    if "You are grading a response" in prompt:
-      criterion = re.search(r"Criterion:\n(.*)\n", prompt).group(1)
-      response_text = prompt.split("Response:\n", 1)[1]
+    if "You are grading a response" in prompt or "Grade the response against" in prompt:
+      criterion = re.search(r"Criterion:\s*(.*)\n", prompt).group(1)
+      response_text = prompt.split("Response:", 1)[1]
       hit = any(w in response_text for w in criterion.split()[1:3] if len(w) > 3)
       return "<think>checked</think>\n<score>" + str(int(hit)) + "</score>"
     raise AssertionError(f"unknown role for prompt: {prompt[:200]!r}")
@@ -149,7 +177,8 @@ class ScriptedOpenSirSampler(ScriptedSampler):
 
 
 class ScriptedPiPlaySampler(ScriptedSampler):
-  """Plays π-Play's roles by reading the compact prompts (XML syntax; real searches):
+  """Plays π-Play's roles by reading their prompts (compact or paper, either syntax; real
+  searches):
 
   Examiner: searches the document title until it made n − 1 searches, then asks for the fifth
   word of the last page it read (the document itself for one hop); every `malformed_every`-th
@@ -160,6 +189,8 @@ class ScriptedPiPlaySampler(ScriptedSampler):
   """
 
   logprob = -1.0
+  EXAMINER = re.compile(r'n = (\d+)(?:\. Document:| hops starting from the following source '
+                        r'document:) \(Title: "(.*?)"\) (.*)')
 
   def __init__(self, tokenizer, malformed_every: int = 4):
     super().__init__(tokenizer)
@@ -174,26 +205,27 @@ class ScriptedPiPlaySampler(ScriptedSampler):
     if found:
       return found[0]
     page = re.findall(r"Question: In (.*?), which word", prompt)[-1]
-    return f"<think>Search.</think>\n<search> {page} </search>"
+    return f"<think>Search.</think>\n{search_call(f' {page} ', prompt)}"
 
   def _answer(self, text, rng):
-    prompt, _, response = text.rpartition("<|im_start|>assistant\n")
-    if "You are the examiner" in prompt:
-      hops, title, body = re.findall(r'n = (\d+)\. Document: \(Title: "(.*?)"\) (.*)', prompt)[-1]
+    prompt, _, response = text.partition("<|im_start|>assistant\n")
+    if "You are the examiner" in prompt or "You are an expert in question generation" in prompt:
+      hops, title, body = self.EXAMINER.findall(prompt)[-1]
       found = re.findall(r"Doc 1\(Title: (.*?)\) (.*)", response)
       if len(found) < int(hops) - 1:
-        return f"<think>Hop {len(found) + 1}.</think>\n<search> {title} </search>"
+        return f"<think>Hop {len(found) + 1}.</think>\n{search_call(f' {title} ', prompt)}"
       page, body = found[-1] if found else (title, body)
       question = f"<question>In {page}, which word comes fifth?</question>"
       if self.malformed_every and zlib.crc32(page.encode()) % self.malformed_every == 0:
         question = ""
       return f"<think>Ask.</think>\n{question}<answer>{self.fifth_word(body)}</answer>"
-    if "You are the teacher" in prompt or "Answer the question." in prompt:
+    teacher = "You are the teacher" in prompt or "given privileged information" in prompt
+    if teacher or "Answer the question." in prompt or "Answer the given question." in prompt:
       page = self._search_or(prompt, response)
       if page.startswith("<think>"):
         return page
-      if "You are the teacher" in prompt:
-        shown = re.findall(r"<answer>(.*?)</answer>", prompt.split("=====")[1])
+      if teacher:
+        shown = re.findall(r"<answer>(.*?)</answer>", re.split(r"={5,}", prompt)[1])
         answer = shown[-1] if shown and rng.random() < 0.9 else "unknown"
       else:
         answer = self.fifth_word(page) if rng.random() < 0.6 else "unknown"
@@ -225,7 +257,7 @@ class ScriptedAslSampler(ScriptedSampler):
     return found.group(1) if found else question
 
   def _answer(self, text, rng):
-    prompt, _, response = text.rpartition("<|im_start|>assistant\n")
+    prompt, _, response = text.partition("<|im_start|>assistant\n")
     first = re.findall(r"Doc 1\(Title: (.*?)\)", response)
     if "Write a question about" in prompt or "Please generate a question about" in prompt \
         or "Students answer" in prompt or "I asked a question to my students:" in prompt:
@@ -236,8 +268,8 @@ class ScriptedAslSampler(ScriptedSampler):
             r"\(answer: (.*?)\)\.|The true answer to this question is:\n(.*)\n", prompt)
         if not isinstance(query, str):
           query = next(g for g in query.groups() if g)
-        return f"<search>{query}</search>"
-      query = re.findall(r"<search>(.*?)</search>", response)[-1]
+        return search_call(query, prompt)
+      query = last_query(response)
       question = f"Which entity does the search for {query} return first?"
       if self.pg_mode == "no_question":
         return f"<answer>{first[0]}</answer>"
@@ -250,7 +282,7 @@ class ScriptedAslSampler(ScriptedSampler):
     question = re.search(r"Question: (.*)\n|to my student:\n(.*)\n", prompt)
     question = next(g for g in question.groups() if g)
     if not first:
-      return f"<search>{self._query(question)}</search>"
+      return search_call(self._query(question), prompt)
     if "Verify the student's answer" in prompt or "verify the correctness" in prompt:
       if self.grm_garbage:
         return "<answer>I cannot decide.</answer>"

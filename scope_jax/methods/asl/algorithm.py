@@ -79,6 +79,11 @@ class Asl(Method):
   choices = {"prompt_style": tuple(P.STYLES), "pg_reward": R.PG_REWARDS, "grm_mode": GRM_MODES,
              "adv_std": adv_lib.STD_KINDS}
   searches = True
+  smoke = {"total_steps": 3, "asl.pg_batch": 2, "asl.grm_batch": 2, "asl.pm_batch": 2,
+           "asl.group_size": 2, "asl.validity_samples": 2, "asl.pm_samples": 2,
+           "asl.pm_target_first": 1, "asl.pm_target": 1, "asl.phases.pg.max_steps": 1,
+           "asl.phases.grm.min_steps": 1, "asl.phases.grm.max_steps": 1,
+           "asl.phases.pm.min_steps": 1, "asl.phases.pm.max_steps": 1}
 
   @classmethod
   def check(cls, c) -> None:

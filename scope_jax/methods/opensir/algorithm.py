@@ -102,6 +102,8 @@ class OpenSir(Method):
   roles = ("teacher", "student")
   at_least_one = ("units_per_step", "groups_per_unit", "group_size", "num_solutions",
                   "math_timeout", "diversity_top_k")
+  smoke = {"total_steps": 1, "opensir.units_per_step": 2, "opensir.groups_per_unit": 2,
+           "opensir.group_size": 2, "opensir.num_solutions": 2}
 
   @classmethod
   def check(cls, c) -> None:

@@ -81,6 +81,9 @@ class PiPlay(Method):
   choices = {"prompt_style": tuple(P.STYLES), "variant": P.VARIANTS, "teacher": R.PRIVILEGED,
              "hop_choices": R.HOPS}
   searches = True
+  smoke = {"piplay.iterations": 1, "piplay.examiner_steps": 1, "piplay.student_steps": 1,
+           "piplay.examiner_batch": 2, "piplay.student_batch": 2, "piplay.group_size": 2,
+           "piplay.attempts": 2, "piplay.data.candidates_per_round": 2, "piplay.data.max_rounds": 1}
   host_local_keys = ("stage_seconds",)  # this host's wall times, not a decision
 
   @classmethod

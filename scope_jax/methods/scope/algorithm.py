@@ -85,6 +85,10 @@ class Scope(Method):
                   "group_size")
   choices = {"prompt_style": tuple(P.STYLES), "task_types": tuple(P.TASK_TYPES)}
   searches = True
+  smoke = {"scope.iterations": 1, "scope.challenger_steps": 1, "scope.solver_steps": 1,
+           "scope.challenger_batch": 2, "scope.solver_batch": 2, "scope.group_size": 2,
+           "scope.solver_rollouts_train": 2, "scope.task_set.solver_rollouts": 2,
+           "scope.task_set.candidates_per_round": 2, "scope.task_set.max_rounds": 1}
   host_local_keys = ("stage_seconds",)  # this host's wall times, not a decision
 
   @classmethod

@@ -56,6 +56,11 @@ class Spell(Method):
   roles = ("questioner", "responder", "verifier")
   at_least_one = ("questions_per_step", "group_size", "docs_per_question", "max_generation_rounds")
   choices = {"tasks": R.TASKS, "reward_mapping": MAPPINGS, "prompt_style": tuple(STYLES)}
+  # G = 4 in a smoke run: the verifier trains on groups whose agreement is in (0.5, 1), which
+  # two votes never have.
+  smoke = {"total_steps": 1, "spell.questions_per_step": 2, "spell.group_size": 4,
+           "spell.max_generation_rounds": 1, "spell.docs_per_question": 2,
+           "data.max_cluster_size": 3}
 
   @classmethod
   def check(cls, c) -> None:

