@@ -41,8 +41,17 @@ class DemoTokenizer(ChatML):
     self.vocab_size = self._tok.get_vocab_size()
     self.pad_token_id = self._tok.token_to_id("<|endoftext|>")
     self.eos_token_id = self._tok.token_to_id("<|im_end|>")
+    self._plain = None
 
-  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+  def encode(self, text: str, add_special_tokens: bool = False,
+             split_special_tokens: bool = False) -> list[int]:
+    """With `split_special_tokens`, special-token strings in `text` stay plain text."""
+    if split_special_tokens:
+      if self._plain is None:  # a second tokenizer: the first's flag is shared state
+        import tokenizers
+        self._plain = tokenizers.Tokenizer.from_str(self._tok.to_str())
+        self._plain.encode_special_tokens = True
+      return self._plain.encode(text, add_special_tokens=False).ids
     return self._tok.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
@@ -60,7 +69,10 @@ class ByteTokenizer(ChatML):
     self.eos_token_id = self.special_ids["<|im_end|>"]
     self.vocab_size = 256 + len(SPECIALS)
 
-  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+  def encode(self, text: str, add_special_tokens: bool = False,
+             split_special_tokens: bool = False) -> list[int]:
+    if split_special_tokens:
+      return list(text.encode("utf-8"))
     ids: list[int] = []
     for part in self._split.split(text):
       if part in self.special_ids:
@@ -82,6 +94,25 @@ class ByteTokenizer(ChatML):
         out.append(self.id_to_special.get(i, ""))
     out.append(buf.decode("utf-8", errors="replace"))
     return "".join(out)
+
+
+_UNSAFE = re.compile("[\ud800-\udfff\x00]")
+
+
+def clean_text(text) -> str:
+  """Untrusted text as a string the tokenizers accept: lone surrogates (from JSON escapes or a
+  corpus line) and NULs become U+FFFD."""
+  if not isinstance(text, str):
+    raise TypeError(f"expected text, got {type(text).__name__}")
+  return _UNSAFE.sub("\ufffd", text)
+
+
+def encode_plain(tokenizer, text: str) -> list[int]:
+  """Ids of untrusted text (tool output, model output, benchmark questions) with special-token
+  parsing off: a literal `<|im_end|>` in a document is text, never the control token."""
+  return list(tokenizer.encode(clean_text(text), add_special_tokens=False,
+                               split_special_tokens=True))
+
 
 def load_tokenizer(spec: str):
   """'demo', 'byte', a HF tokenizer directory, or 'gguf:<path-or-asset>' (read from a GGUF)."""

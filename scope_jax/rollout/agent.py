@@ -20,6 +20,7 @@ from scope_jax.rollout.datums import context_tokens
 from scope_jax.rollout.types import SearchTool, Span, ToolCall, Trajectory
 from scope_jax.sampling import SampleResult, SamplingSpec
 from scope_jax.sampling.engine import Engine, Request, row_seed
+from scope_jax.tokenizer import clean_text, encode_plain
 
 INVALID_ACTION_XML = (
     "\nMy previous action is invalid. If I want to search, I should put the query between "
@@ -30,6 +31,7 @@ INVALID_ACTION_QWEN = (
     "<tool_call> and </tool_call> as {\"name\": \"search\", \"arguments\": {\"query\": ...}}. If I "
     "want to give the final answer, I should put it between <answer> and </answer>. Let me try "
     "again.\n")
+MAX_CHARS_PER_TOKEN = 64  # observations are cut to this many characters per token of budget
 TOOL_ERROR = "The search tool failed for this query ({}). Try a different query or answer."
 
 
@@ -94,10 +96,35 @@ def encode(tokenizer, text: str) -> list[int]:
 
 
 def render_chat(tokenizer, messages: Sequence[dict], **template_kwargs) -> list[int]:
-  """Chat-template a conversation (ending with a generation prompt) into token ids."""
-  text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False,
-                                       **template_kwargs)
-  return encode(tokenizer, text)
+  """Chat-template a conversation (ending with a generation prompt) into token ids. Only the
+  template makes control tokens: message contents (documents, questions, other roles' output)
+  are encoded as plain text, so a literal `<|im_end|>` in them stays text."""
+  messages = list(messages)
+  render = lambda ms: tokenizer.apply_chat_template(ms, add_generation_prompt=True,
+                                                    tokenize=False, **template_kwargs)
+  text = render(messages)
+  marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+  marked = render([dict(m, content=k) for m, k in zip(messages, marks)])
+  pieces, ids = _split_marks(marked, marks), []
+  contents = [m["content"] for m in messages]
+  if pieces is None or "".join(p if j % 2 == 0 else contents[p] for j, p in
+                               enumerate(pieces)) != text:
+    return encode(tokenizer, text)  # the template rewrites contents: render it as it is
+  for j, piece in enumerate(pieces):
+    ids += encode(tokenizer, piece) if j % 2 == 0 else encode_plain(tokenizer, contents[piece])
+  return ids
+
+
+def _split_marks(text: str, marks: Sequence[str]) -> list | None:
+  """[template text, message index, template text, …] in order, or None unless each mark
+  occurs exactly once."""
+  out, rest = [], text
+  for i, mark in enumerate(marks):
+    if text.count(mark) != 1:
+      return None
+    head, _, rest = rest.partition(mark)
+    out += [head, i]
+  return out + [rest]
 
 
 def run_rollout(sampler, tokenizer, prompts: Sequence[Sequence[int]], tool: SearchTool | None,
@@ -261,7 +288,10 @@ def _search(tool, queries: list[str]) -> tuple[list[str], str | None]:
     answers = list(tool(queries))
     if len(answers) != len(queries):
       raise RuntimeError(f"tool returned {len(answers)} results for {len(queries)} queries")
-    return answers, None
+    odd = [type(a).__name__ for a in answers if not isinstance(a, str)]
+    if odd:
+      raise TypeError(f"tool returned {odd[0]} where text was expected")
+    return [clean_text(a) for a in answers], None
   except Exception as e:  # a tool failure must never end the rollout
     logging.warning("Search tool failed on %d queries: %s", len(queries), e)
     return [""] * len(queries), f"{type(e).__name__}: {e}"[:200]
@@ -281,7 +311,10 @@ def _observe(rows, pending, answers, error, turn, tokenizer, config: RolloutConf
     row.calls.append(ToolCall(turn if turns is None else turns[i] - 1, list(action.queries), body,
                               error))
     row.searches += error is None
-    body_ids = encode(tokenizer, body)[:config.max_obs_tokens]
+    # Cut by characters first (no token is that long), so a huge document costs no more than
+    # the part that can be shown; then to the token budget, with special-token parsing off.
+    body = body[:config.max_obs_tokens * MAX_CHARS_PER_TOKEN]
+    body_ids = encode_plain(tokenizer, body)[:config.max_obs_tokens]
     ids = prefix_ids + body_ids + suffix_ids
     row.append(ids, "observation", tokenizer.decode(ids, skip_special_tokens=False))
 

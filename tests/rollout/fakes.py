@@ -10,7 +10,7 @@ from scope_jax.sampling.stops import find_stop
 class CharTokenizer:
   """One token per character (ids = code points < 256)."""
 
-  def encode(self, text, add_special_tokens=False):
+  def encode(self, text, add_special_tokens=False, split_special_tokens=False):
     return [min(ord(c), 255) for c in text]
 
   def decode(self, ids, skip_special_tokens=False):
@@ -76,7 +76,7 @@ class ActionTokenizer(CharTokenizer):
   ACTIONS = {250: "<search>a</search>", 251: "<search>b</search>", 252: "<search>c</search>",
              253: "<answer>yes</answer>", 254: "<answer>no</answer>"}
 
-  def encode(self, text, add_special_tokens=False):
+  def encode(self, text, add_special_tokens=False, split_special_tokens=False):
     return [min(ord(c), 249) for c in text]
 
   def decode(self, ids, skip_special_tokens=False):
