@@ -13,6 +13,7 @@ error, never silence. Paths may be local or gs:// (etils.epath).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -33,9 +34,14 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def save(self, step: int, state: Any, host_state: dict, *, force: bool = False) -> None:
-    """Starts an (async) save of `state` (a pytree of arrays) and `host_state` (JSON-able)."""
+    """Starts an (async) save of `state` (a pytree of arrays) and `host_state` (JSON-able).
+
+    The host state is snapshotted here: orbax serialises it in the background commit, after
+    this returns, while the method goes on changing its live lists and dicts (on a gs:// workdir
+    the commit can take seconds, and the checkpoint would hold the next step's state)."""
+    snapshot = json.loads(json.dumps(host_state))
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                              host=ocp.args.JsonSave(host_state))
+                              host=ocp.args.JsonSave(snapshot))
     if not self._manager.save(step, args=args, force=force):
       raise RuntimeError(f"orbax declined to save step {step} in {self.directory} (steps on disk: "
                          f"{self.steps()}); a step is saved only when it is newer than the latest.")

@@ -50,3 +50,28 @@ def test_absolute_paths(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   assert absolute("gs://bucket/run") == "gs://bucket/run"
   assert absolute("runs/x") == str(tmp_path / "runs/x")
+
+
+def test_the_host_state_is_the_one_at_save_time(tmp_path, monkeypatch):
+  """orbax serialises the host state's JSON in its background commit, after save() returns,
+  while the method changes its live state; with a slow commit (as on gs://, simulated by a 1 s
+  delay) the checkpoint held the next step's state. It must hold the state at save()."""
+  import asyncio
+  from orbax.checkpoint._src.handlers import json_checkpoint_handler as handler
+  write = handler.JsonCheckpointHandler._save_fn
+
+  async def slow_write(self, x, directory):
+    await asyncio.sleep(1.0)
+    await write(self, x, directory)
+
+  monkeypatch.setattr(handler.JsonCheckpointHandler, "_save_fn", slow_write)
+  ck = Checkpointer(tmp_path / "c", keep=3)
+  host = {"step": 1, "pool": [{"q": "a"}], "history": {"phase": [0]}}
+  ck.save(1, {"w": jnp.zeros(2)}, host)
+  host["step"] = 2  # the method's next step, while the commit is still running
+  host["pool"].append({"q": "b"})
+  host["history"]["phase"].append(1)
+  ck.wait()
+  _, _, saved = ck.restore_latest({"w": jnp.zeros(2)})
+  assert saved == {"step": 1, "pool": [{"q": "a"}], "history": {"phase": [0]}}
+  ck.close()
