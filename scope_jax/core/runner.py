@@ -24,6 +24,7 @@ from scope_jax import metrics as metrics_lib
 from scope_jax import run_record
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
+from scope_jax.core import health as health_lib
 from scope_jax.core import smoke
 from scope_jax.core import warmup as warmup_lib
 from scope_jax.core.method import check_choice
@@ -152,6 +153,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     start = step + 1
   rt.metrics.start(start - 1 if restored is not None else None, overwrite=config.overwrite)
   last: dict[str, float] = {}
+  health = health_lib.Health()  # counts updates that could not teach (this process's steps)
   run_start = time.perf_counter()
   bar = tqdm(total=config.total_steps, initial=start, desc=f"{config.method} steps", unit="step",
              disable=jax.process_index() != 0)
@@ -165,6 +167,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     metrics.update(rt.timer.metrics())
     metrics["time/step"] = time.perf_counter() - t0
     metrics["train/skipped_updates"] = float(rt.learner.counters["skipped_updates"])
+    for warning in health.observe(metrics):
+      logging.warning("step %d: %s.", step, warning)
     last = rt.metrics.write(step, metrics)
     logging.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())
                                                   if not k.startswith("time/")))
@@ -194,4 +198,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   text = method.summary()
   if text:
     print(text)
+  warning = health.summary()
+  if warning:
+    print(warning)
+    logging.warning("%s", warning)
   return last

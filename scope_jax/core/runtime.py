@@ -25,6 +25,7 @@ from absl import logging
 from scope_jax import metrics as metrics_lib
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
+from scope_jax.core import health
 from scope_jax.core.roles import Role
 from scope_jax.models import transformer
 from scope_jax.models.load import load_model
@@ -231,11 +232,15 @@ class Runtime:
     engine_lib.free_caches()  # the rollouts are over: their KV caches' memory goes to training
     ref = self.reference() if loss.kl_beta > 0 else None
     teacher_params = self.frozen[teacher] if teacher is not None and teacher_prompts else None
+    trajectories, advantages = list(trajectories), list(advantages)
+    stats = health.update_stats(trajectories, advantages)
     with self.timer("train"):
       out = self.learner.train(policy, list(trajectories), list(advantages), loss=loss,
                                ref_params=ref, teacher_params=teacher_params,
                                teacher_prompts=teacher_prompts if teacher_params is not None
                                else None)
+    if out:
+      out.update(stats)
     return {f"{self.train_prefix(policy)}{k}": v for k, v in out.items()}
 
   def train_prefix(self, policy: learner_lib.Policy) -> str:
