@@ -164,8 +164,10 @@ def _turn_by_turn(sampler, tokenizer, prompts, rows, tool, config, num_samples, 
     if not active:
       break
     search_allowed = turn < config.max_turns and tool is not None
-    budget = min(config.max_turn_tokens,
-                 max(config.max_total_tokens - max(len(rows[i].context) for i in active), 1))
+    # Each row's own budget, as on the engine: all rows decode to the largest, and each is cut
+    # to its own after (a row's tokens do not depend on how far the others go).
+    budgets = {i: _turn_budget(rows[i], config) for i in active}
+    budget = max(budgets.values())
     stop = _stops(config, search_allowed)
     if turn == 0:  # identical prompts: prefill once, fork num_samples ways
       results = sampler.generate(prompts, max_new_tokens=budget, stop=stop,
@@ -176,6 +178,7 @@ def _turn_by_turn(sampler, tokenizer, prompts, rows, tool, config, num_samples, 
                                  stop=stop, seed=seed + 7919 * turn, **_sampling(config))
     pending = []
     for i, res in zip(active, results):
+      res = _cut(res, budgets[i], tokenizer)
       action = _absorb_turn(rows[i], res, turn, search_allowed, tool, tokenizer, config)
       if action is not None:
         pending.append((i, action))
@@ -197,8 +200,8 @@ def _on_engine(engine: Engine, tokenizer, prompts, rows, tool, config, num_sampl
 
   def submit(i: int) -> None:
     search_allowed = turns[i] < config.max_turns and tool is not None
-    budget = min(config.max_turn_tokens, max(config.max_total_tokens - len(rows[i].context), 1))
-    engine.add(Request(("rollout", i), rows[i].context, budget, seed=row_seed(seed, i),
+    engine.add(Request(("rollout", i), rows[i].context, _turn_budget(rows[i], config),
+                       seed=row_seed(seed, i),
                        turn=turns[i], stop=tuple(_stops(config, search_allowed)), spec=spec))
 
   def settle(i: int) -> None:
@@ -239,6 +242,21 @@ def _on_engine(engine: Engine, tokenizer, prompts, rows, tool, config, num_sampl
   finally:
     pool.shutdown(wait=True)
     engine.cancel()  # the cache stays: the next call may share its prefixes
+
+
+def _turn_budget(row: _Row, config: RolloutConfig) -> int:
+  """New tokens a row may generate this turn: the turn's limit, within the row's total."""
+  return min(config.max_turn_tokens, max(config.max_total_tokens - len(row.context), 1))
+
+
+def _cut(res: SampleResult, budget: int, tokenizer) -> SampleResult:
+  """`res` as if generated with `budget` new tokens (unchanged when it fits)."""
+  if len(res.tokens) <= budget:
+    return res
+  tokens = res.tokens[:budget]
+  return dataclasses.replace(res, tokens=tokens, logprobs=res.logprobs[:budget],
+                             finish_reason="length", stop=None,
+                             text=tokenizer.decode(list(tokens), skip_special_tokens=False))
 
 
 def _stops(config: RolloutConfig, search_allowed: bool) -> list[str]:

@@ -161,6 +161,25 @@ def test_greedy_multi_turn_rollouts_match_the_turn_by_turn_sampler(seed, boost):
   assert not engine.busy()
 
 
+def test_each_row_gets_its_own_budget_on_both_paths():
+  """Under a tight max_total_tokens each row's budget is its own remaining room (13-, 10-, 5- and
+  14-token prompts get up to 11, 14, 16 and 10 tokens), on the turn-by-turn sampler as on the engine,
+  so results do not depend on which rows share a batch."""
+  cfg, params = action_model(0, 0.0)
+  rc = RolloutConfig(max_turns=2, max_turn_tokens=16, max_total_tokens=24, temperature=0.0)
+  ref = run_rollout(Sampler(cfg, params, decode=TOK.decode), TOK, QUESTIONS, DOCS, rc)
+  alone = [run_rollout(Sampler(cfg, params, decode=TOK.decode), TOK, [q], DOCS, rc)[0]
+           for q in QUESTIONS]
+  ours = run_rollout(_rollout_engine(cfg, params), TOK, QUESTIONS, DOCS, rc)
+  first_turn = [t.spans[1].end - t.spans[1].start for t in ref]
+  assert all(n <= b for n, b in zip(first_turn, [11, 14, 16, 10])), first_turn
+  assert max(first_turn) > 10, first_turn  # a shared budget gave every row the longest's 10
+  for a, b, c in zip(ours, ref, alone):
+    chex.assert_trees_all_equal(a.tokens, b.tokens)
+    chex.assert_trees_all_equal(b.tokens, c.tokens)
+    assert a.finish_reason == b.finish_reason == c.finish_reason
+
+
 def test_multi_turn_sampled_logprobs_equal_a_direct_forward():
   cfg, params = action_model(1, 2.5)
   rc = RolloutConfig(max_turns=3, max_turn_tokens=16, temperature=0.8, top_k=50)
