@@ -10,6 +10,7 @@ training run with `watch`; writes results under `<run>/eval` (or `out`) and prin
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 
@@ -21,6 +22,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from scope_jax import checkpoint as ckpt_lib
 from scope_jax import events, run_record
 from scope_jax import sharding as shd
 from scope_jax.evaluation import benchmarks as bench_lib
@@ -145,11 +147,20 @@ class Session:
   def result_dir(self, bench, label: str) -> epath.Path:
     return self.root / bench.name / label
 
-  def identity(self, label: str) -> dict:
-    """What results must have been computed with to count as this evaluation's."""
+  def identity(self, label: str, bench) -> dict:
+    """What results must have been computed with to count as this evaluation's: settings, model
+    or policy, the run, the benchmark (name, type, a digest of its examples), and the judge or
+    retrieval a benchmark of that type uses."""
+    o = self.opts
+    search = bench.type == "qa_search"
     return {"settings": dataclasses.asdict(self.settings),
-            "model": self.opts.model if label == "base" else None,
-            "policy": None if label == "base" else self.policy}
+            "model": o.model if label == "base" else None,
+            "policy": None if label == "base" else self.policy,
+            "run": ckpt_lib.absolute(o.run) if o.run else None,
+            "benchmark": {"name": bench.name, "type": bench.type, "digest": digest(bench)},
+            "judge": (o.judge or o.model or "initial") if bench.type == "judge" else None,
+            "retrieval": {"url": o.retrieval_url, "index": o.index, "encoder": o.encoder,
+                          "topk": o.topk} if search else None}
 
   def done(self, label: str) -> bool:
     """True when every benchmark has results for `label` from this same evaluation (model,
@@ -165,7 +176,8 @@ class Session:
       if not path.exists():
         complete = False  # the others are still checked: a benchmark with results is skipped
         continue
-      want = json.loads(json.dumps({**self.identity(label), "num_examples": len(bench.examples)}))
+      want = json.loads(json.dumps({**self.identity(label, bench),
+                                    "num_examples": len(bench.examples)}))
       have = json.loads(path.read_text())
       diff = [k for k in want if have.get(k) != want[k]]
       if diff:
@@ -191,7 +203,7 @@ class Session:
       if jax.process_index() != 0:  # every host evaluates (the mesh spans them); one writes
         continue
       eval_lib.write_results(target, bench, metrics, records, step=model.step, label=model.label,
-                             extra={**self.identity(model.label), "run": self.opts.run,
+                             extra={**self.identity(model.label, bench),
                                     "role": self.opts.role})
       logging.info("%s %s: %s", bench.name, model.label, _headline(bench.type, metrics))
       scalars.update({f"eval/{bench.name}/{k}": v for k, v in metrics.items()})
@@ -228,6 +240,12 @@ class Session:
       self.evaluate_model(model)
       evaluated.append(step)
     return evaluated
+
+
+def digest(bench) -> str:
+  """sha256 of a benchmark's examples: a changed file under the same name is another benchmark."""
+  blob = json.dumps([dataclasses.asdict(e) for e in bench.examples], sort_keys=True)
+  return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _run_settings(settings: eval_lib.Settings, cfg) -> eval_lib.Settings:

@@ -185,7 +185,7 @@ def test_results_of_fewer_examples_or_other_settings_are_never_reused(tmp_path):
   opts = driver.Options(benchmarks=f"file:{first}:qa", model="demo", out=str(tmp_path / "out"),
                         limit=2, progress=False, settings=settings)
   driver.run(opts)
-  with pytest.raises(ValueError, match="another evaluation \\(its num_examples differ"):
+  with pytest.raises(ValueError, match="another evaluation \\(its benchmark, num_examples differ"):
     driver.run(dataclasses.replace(opts, limit=None))
   other = dataclasses.replace(opts, benchmarks=f"file:{second}:qa,file:{first}:qa",
                               settings=dataclasses.replace(settings, max_new_tokens=5))
@@ -193,6 +193,39 @@ def test_results_of_fewer_examples_or_other_settings_are_never_reused(tmp_path):
                                        "of another evaluation \\(its settings differ"):
     driver.run(other)
   assert not (tmp_path / "out" / "second").exists()  # checked before anything is evaluated
+
+
+def test_results_of_another_benchmark_file_or_type_are_never_reused(tmp_path):
+  """A changed file under the same name, or the same file as another type, is another
+  evaluation: its results are an error, never skipped as done."""
+  data = _tiny_set(tmp_path / "set.jsonl")
+  opts = driver.Options(benchmarks=f"file:{data}:qa", model="demo", out=str(tmp_path / "out"),
+                        progress=False, settings=eval_lib.Settings(max_new_tokens=4, batch_size=4))
+  driver.run(opts)
+  driver.run(opts)  # the same evaluation again: done, skipped
+  data.write_text(data.read_text().replace("Question 1?", "Question one?"))
+  with pytest.raises(ValueError, match="another evaluation \\(its benchmark differ"):
+    driver.run(opts)
+  with pytest.raises(ValueError, match="another evaluation \\(its benchmark differ"):
+    driver.run(dataclasses.replace(opts, benchmarks=f"file:{data}:math"))
+
+
+def test_the_identity_names_the_run_judge_and_retrieval():
+  """Evaluating another run into the same --out is another evaluation (it once printed the
+  first run's numbers as the second's), and so is another judge or retrieval setting."""
+  def identity(bench, **opts):
+    session = driver.Session.__new__(driver.Session)
+    session.opts = driver.Options(benchmarks="x", **{"out": "/o", **opts})
+    session.settings, session.policy = eval_lib.Settings(), "policy"
+    return session.identity("step_1", bench)
+
+  qa = bench_lib.Benchmark("b", "qa_search", (bench_lib.Example("0", "Q?", ("a",)),))
+  judged = bench_lib.Benchmark("b", "judge", qa.examples)
+  assert identity(qa, run="/runs/spell") != identity(qa, run="/runs/opensir")
+  assert identity(qa, run="/r", topk=3) != identity(qa, run="/r", topk=5)
+  assert identity(judged, run="/r", judge="gguf:a") != identity(judged, run="/r", judge="gguf:b")
+  assert identity(qa, run="/r") != identity(judged, run="/r")
+  assert identity(qa, run="/r") == identity(qa, run="/r")
 
 
 def test_the_table_shows_the_largest_chosen_k(tmp_path):
