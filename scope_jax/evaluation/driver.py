@@ -149,15 +149,15 @@ class Session:
 
   def identity(self, label: str, bench) -> dict:
     """What results must have been computed with to count as this evaluation's: settings, model
-    or policy, the run, the benchmark (name, type, a digest of its examples), and the judge or
-    retrieval a benchmark of that type uses."""
+    or policy, the run, the benchmark (its type and a digest of its examples; its name is the
+    results' folder), and the judge or retrieval a benchmark of that type uses."""
     o = self.opts
     search = bench.type == "qa_search"
     return {"settings": dataclasses.asdict(self.settings),
             "model": o.model if label == "base" else None,
             "policy": None if label == "base" else self.policy,
             "run": ckpt_lib.absolute(o.run) if o.run else None,
-            "benchmark": {"name": bench.name, "type": bench.type, "digest": digest(bench)},
+            "type": bench.type, "examples_sha256": digest(bench),  # the name is the folder's
             "judge": (o.judge or o.model or "initial") if bench.type == "judge" else None,
             "retrieval": {"url": o.retrieval_url, "index": o.index, "encoder": o.encoder,
                           "topk": o.topk} if search else None}

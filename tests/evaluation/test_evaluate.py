@@ -185,7 +185,8 @@ def test_results_of_fewer_examples_or_other_settings_are_never_reused(tmp_path):
   opts = driver.Options(benchmarks=f"file:{first}:qa", model="demo", out=str(tmp_path / "out"),
                         limit=2, progress=False, settings=settings)
   driver.run(opts)
-  with pytest.raises(ValueError, match="another evaluation \\(its benchmark, num_examples differ"):
+  with pytest.raises(ValueError,
+                     match="another evaluation \\(its examples_sha256, num_examples differ"):
     driver.run(dataclasses.replace(opts, limit=None))
   other = dataclasses.replace(opts, benchmarks=f"file:{second}:qa,file:{first}:qa",
                               settings=dataclasses.replace(settings, max_new_tokens=5))
@@ -204,9 +205,9 @@ def test_results_of_another_benchmark_file_or_type_are_never_reused(tmp_path):
   driver.run(opts)
   driver.run(opts)  # the same evaluation again: done, skipped
   data.write_text(data.read_text().replace("Question 1?", "Question one?"))
-  with pytest.raises(ValueError, match="another evaluation \\(its benchmark differ"):
+  with pytest.raises(ValueError, match="another evaluation \\(its examples_sha256 differ"):
     driver.run(opts)
-  with pytest.raises(ValueError, match="another evaluation \\(its benchmark differ"):
+  with pytest.raises(ValueError, match="another evaluation \\(its type"):
     driver.run(dataclasses.replace(opts, benchmarks=f"file:{data}:math"))
 
 
