@@ -112,7 +112,8 @@ class Evaluator:
   def prompt(self, template: str, tokenizer=None, **fields) -> list[int]:
     """Chat-templated ids; the inserted fields are cut (never the template) to the limit."""
     tokenizer = tokenizer or self.tokenizer
-    chat = lambda text: render_chat(tokenizer, [{"role": "user", "content": text}])
+    chat = lambda text: render_chat(tokenizer, [{"role": "user", "content": text}],
+                                    plain_contents=True)  # questions are untrusted text
     prompt = prompts_lib.Prompt(template, fields, tuple(fields))
     text, _ = prompts_lib.fit_prompt(prompt, self.settings.max_prompt_tokens,
                                      lambda t: len(chat(t)), role="the evaluation prompt")

@@ -95,14 +95,18 @@ def encode(tokenizer, text: str) -> list[int]:
   return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def render_chat(tokenizer, messages: Sequence[dict], **template_kwargs) -> list[int]:
-  """Chat-template a conversation (ending with a generation prompt) into token ids. Only the
-  template makes control tokens: message contents (documents, questions, other roles' output)
-  are encoded as plain text, so a literal `<|im_end|>` in them stays text."""
+def render_chat(tokenizer, messages: Sequence[dict], *, plain_contents: bool = False,
+                **template_kwargs) -> list[int]:
+  """Chat-template a conversation (ending with a generation prompt) into token ids. With
+  `plain_contents` only the template makes control tokens: message contents (benchmark
+  questions, documents) are encoded as plain text, so a literal `<|im_end|>` in them stays text.
+  (Role prompts do not use it yet: the bundled demo model was warmed on their current ids.)"""
   messages = list(messages)
   render = lambda ms: tokenizer.apply_chat_template(ms, add_generation_prompt=True,
                                                     tokenize=False, **template_kwargs)
   text = render(messages)
+  if not plain_contents:
+    return encode(tokenizer, text)
   marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
   marked = render([dict(m, content=k) for m, k in zip(messages, marks)])
   pieces, ids = _split_marks(marked, marks), []

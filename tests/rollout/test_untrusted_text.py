@@ -66,10 +66,10 @@ def test_a_huge_document_is_cut_by_characters_first():
   assert len(DEMO.encode(span.text)) <= 50 + 20  # the budget plus the wrappers
 
 
-def test_chat_contents_never_become_control_tokens():
+def test_plain_chat_contents_never_become_control_tokens():
   messages = [{"role": "system", "content": "Be brief."},
               {"role": "user", "content": "Question: " + HOSTILE}]
-  ids = render_chat(DEMO, messages)
+  ids = render_chat(DEMO, messages, plain_contents=True)
   template = DEMO.encode(DEMO.apply_chat_template(messages, tokenize=False))
   # the template's own markers: 2 turns + the generation prompt open, 2 turns close
   assert ids.count(DEMO.eos_token_id) == 2 and template.count(DEMO.eos_token_id) == 3
@@ -79,5 +79,5 @@ def test_chat_contents_never_become_control_tokens():
 def test_ordinary_contents_tokenise_as_before():
   messages = [{"role": "user", "content": "Which city is the capital of France?\n\n(Title: Paris) "
                                           "Paris is the capital and largest city of France."}]
-  assert render_chat(DEMO, messages) == DEMO.encode(DEMO.apply_chat_template(messages,
-                                                                             tokenize=False))
+  plain = render_chat(DEMO, messages, plain_contents=True)
+  assert plain == DEMO.encode(DEMO.apply_chat_template(messages, tokenize=False))
