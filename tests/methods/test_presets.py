@@ -14,6 +14,7 @@ import pathlib
 
 import pytest
 
+from bench.paper_smoke import merged
 from tests.methods import wiring
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -33,14 +34,6 @@ ABLATIONS = [  # switches that change a preset's code path
 ]
 CONFIGS = {m: importlib.import_module(f"configs.{m}") for m in METHODS}
 CASES = [(m, p, {}) for m in METHODS for p in CONFIGS[m].PRESETS] + ABLATIONS
-
-
-def merged(rows) -> dict[str, list]:
-  out: dict[str, list] = {}
-  for r in rows:
-    for k, v in r.items():
-      out.setdefault(k, []).append(v)
-  return out
 
 
 @pytest.mark.parametrize("method, preset, overrides", CASES,
