@@ -7,8 +7,11 @@ import time
 import numpy as np
 import pytest
 
+from scope_jax import tokenizer
 from scope_jax.methods.asl import rewards as A
+from scope_jax.methods.opensir import rewards as O
 from scope_jax.rewards import match
+from scope_jax.rewards import mathcheck
 from scope_jax.methods.scope import rewards as S
 from scope_jax.methods.spell import rewards as R
 from scope_jax.rollout import parsers
@@ -45,7 +48,9 @@ def _adversarial() -> list[str]:
       "<task><question>" * 3000 + "</question></task>", "\ud800" * 1000,
       "\\boxed{" * (CAP // 7), "\\boxed{" + "{" * CAP, "\\boxed " + " " * CAP,
       "<answer>conclusion" + " " * CAP + "correct</answer>", "<answer>" + "conclusion: " * 4000,
-      "<question>" + "x " * CAP + "</question><answer>" + "y " * CAP + "</answer>"]
+      "<question>" + "x " * CAP + "</question><answer>" + "y " * CAP + "</answer>",
+      "Therefore, the final answer is: $\\boxed{" * (CAP // 40), "9^{" * 20 + "9" + "}" * 20,
+      "2^" * (CAP // 2) + "2", "\\text{" * (CAP // 7) + "even", "(" * 9 + "9!)!" * 5000]
 
 
 PARSERS = {
@@ -70,6 +75,10 @@ PARSERS = {
     "datum_strip": strip_think,
     "asl_task": A.parse_task,
     "asl_verdict": A.parse_verdict,
+    "student_format": O.student_format,
+    "math_screen": mathcheck.screen,  # what reaches the math worker, and what is text
+    "math_text": mathcheck.text_answer,
+    "tool_output": tokenizer.clean_text,  # search results, before they are encoded plain
 }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import pathlib
 import string
 from typing import Any, Iterator, Mapping
@@ -72,9 +73,13 @@ def _plain(v: Any) -> Any:
 
 
 def _scalar(v: Any) -> list[str]:
-  """Gold strings of one value: yes/no for a bool, '6' and '6.0' for a whole float."""
+  """Gold strings of one value: yes/no for a bool, '6' and '6.0' for a whole float, none for a
+  NaN or an infinity (a JSON `NaN` or an empty parquet cell is no gold; math would read 'nan' as
+  n·a·n)."""
   if isinstance(v, bool):
     return ["yes" if v else "no"]
+  if isinstance(v, float) and not math.isfinite(v):
+    return []
   if isinstance(v, float) and v.is_integer():
     return [str(int(v)), repr(v)]
   if isinstance(v, (int, float)):

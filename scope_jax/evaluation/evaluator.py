@@ -14,6 +14,7 @@ import json
 import time
 from typing import Any, Sequence
 
+from absl import logging
 from etils import epath
 from tqdm import tqdm
 
@@ -140,6 +141,7 @@ class Evaluator:
     template = self.template(bench.type)
     records: list[dict] = []
     start = time.perf_counter()
+    unchecked = self.checker.unchecked() if bench.type == "math" else 0
     chunks = range(0, len(bench.examples), s.batch_size)
     for first in tqdm(chunks, desc=desc or bench.name, unit="batch", disable=not self.progress):
       examples = bench.examples[first:first + s.batch_size]
@@ -156,6 +158,12 @@ class Evaluator:
                         searches=r["searches"], type=bench.type) for r in records]
     metrics = scoring.aggregate(per_example, ks=self.settings.ks or None)
     metrics["time/seconds"] = time.perf_counter() - start
+    if bench.type == "math":  # answers that could not be checked (too large, or out of time)
+      metrics["math/unchecked"] = float(self.checker.unchecked() - unchecked)
+      if metrics["math/unchecked"]:
+        logging.warning("%s: %d answers could not be checked (too large to parse, or past the "
+                        "math checker's timeout); each scored 0.", bench.name,
+                        metrics["math/unchecked"])
     if bench.type == "judge":
       verdicts = [v for r in records for v in r["verdicts"]]
       metrics["judge/invalid"] = sum(v is None for v in verdicts) / max(len(verdicts), 1)

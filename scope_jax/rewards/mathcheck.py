@@ -1,17 +1,20 @@
 """Math answers (ALGORITHMS §0.5): `\\boxed{}` extraction, then math-verify's parse and verify,
 each under a timeout, in a worker process.
 
-Model text is untrusted: it is never `eval`ed and never handed to sympy in this process. A cheap
-screen rejects what no answer needs (very long, deeply nested, power towers, factorial chains,
-huge literals); the rest goes to `math_worker.py`, where math-verify's own timeouts bound each
+Model text is untrusted: it is never `eval`ed and never handed to sympy in this process. Only
+size is screened here (very long or deeply nested text, and numbers written as powers or
+factorials of literals with more than 10,000 digits, which no signal could interrupt); everything
+else, symbolic powers of powers included, goes to `math_worker.py`, where math-verify's own timeouts bound each
 call and an address-space limit bounds memory. A reply later than `timeout + grace` seconds (a
-big-integer power that no signal interrupts) kills the worker; the answer counts as invalid and
-the next call starts a fresh worker. So a pathological expression costs a bounded time, and the
-run goes on.
+big-integer power that no signal interrupts) kills the worker; the answer counts as unchecked
+(`counters['timeouts']`) and the next call starts a fresh worker. So a pathological expression
+costs a bounded time, and the run goes on. Answers in words (`even`, `\\text{Monday}`, `true`)
+are not math: they compare as normalised text. Gold answers are never screened.
 
     checker = MathChecker()
     checker.canonical("\\frac{1}{2}") == checker.canonical("0.5") == "1/2"
     checker.equivalent("1/2", "\\frac{1}{2}")    # True
+    checker.equivalent("\\text{Even}", "even")  # True (text)
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import atexit
 import collections
 import json
+import math
 import re
 import select
 import subprocess
@@ -29,14 +33,14 @@ from scope_jax.rewards import match
 
 MAX_ANSWER_CHARS = 200  # a boxed answer longer than this is not a final answer
 MAX_DEPTH = 8  # bracket nesting
-MAX_POWERS = 2  # `^` or `**` operators (and no power of a power)
-MAX_DIGITS = 40  # digits in one literal
-MAX_EXPONENT_DIGITS = 6  # digits of a literal exponent
-_DIGITS = re.compile(r"\d{%d,}" % (MAX_DIGITS + 1))
-_POWER = re.compile(r"\^|\*\*")
-_BIG_EXPONENT = re.compile(r"(?:\^|\*\*)\s*[{(]?\s*\d{%d,}" % (MAX_EXPONENT_DIGITS + 1))
-_TOWER = re.compile(r"(?:\^|\*\*)\s*(?:\{[^{}]*(?:\^|\*\*)|\([^()]*(?:\^|\*\*)|[\w.]+\s*(?:\^|\*\*))")
-_WORD = re.compile(r"^[A-Za-z ]{4,}$")  # a word, not a variable or a number
+MAX_LITERAL_DIGITS = 10_000  # a number written as a power of literals with more digits is no answer
+_POWER_CHAIN = re.compile(r"\d+(?:\.\d+)?(?:\s*(?:\^|\*\*)\s*[{(]?\s*\d+(?:\.\d+)?)+")
+_FACTORIAL_OF_FACTORIAL = re.compile(r"!\s*[)}\]]\s*!")  # (10!)! has 22 million digits
+_BIG_FACTORIAL = re.compile(r"\d{5,}\s*!")
+# `\text{...}`-like wrappers around an answer in words.
+_TEXT_WRAPPER = re.compile(r"^\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}$")
+_WORDS = re.compile(r"^[A-Za-z][A-Za-z' -]*$")
+_PLACEHOLDERS = {"answer", "none", "nan", "null", "undefined", "n a", "your answer"}
 
 
 def boxed_answer(text: str) -> str | None:
@@ -45,7 +49,8 @@ def boxed_answer(text: str) -> str | None:
 
 
 def screen(answer: str) -> str | None:
-  """Why `answer` is rejected without parsing (None: it may be parsed). Linear time."""
+  """Why a predicted `answer` is not parsed at all (None: it may be). Only size counts here,
+  in linear time: what an answer says, however costly, is bounded by the worker's timeout."""
   if len(answer) > MAX_ANSWER_CHARS:
     return "too_long"
   depth = peak = 0
@@ -54,12 +59,39 @@ def screen(answer: str) -> str | None:
     peak = max(peak, depth)
   if peak > MAX_DEPTH:
     return "too_deep"
-  if _WORD.match(answer):
-    return "not_math"
-  if (len(_POWER.findall(answer)) > MAX_POWERS or "!!" in answer or _DIGITS.search(answer)
-      or _BIG_EXPONENT.search(answer) or _TOWER.search(answer)):
-    return "too_large"
+  if (_FACTORIAL_OF_FACTORIAL.search(answer) or _BIG_FACTORIAL.search(answer)
+      or any(_digits_of_power(m.group()) > MAX_LITERAL_DIGITS
+             for m in _POWER_CHAIN.finditer(answer))):
+    return "too_large"  # a number no signal could stop the worker computing
   return None
+
+
+def _digits_of_power(chain: str) -> float:
+  """About how many digits the literal power chain '9^{9^{9}}' (right-associative) has; inf
+  when even its exponent is beyond counting."""
+  *bases, top = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", chain)]
+  exponent = top
+  for base in reversed(bases[1:]):  # the tower's exponent, from the top down
+    if base <= 1:
+      exponent = 1.0
+    elif exponent * math.log10(base) > 308:
+      return math.inf
+    else:
+      exponent = base ** exponent
+  return exponent * math.log10(bases[0]) if bases[0] > 1 else 0.0
+
+
+def text_answer(answer: str) -> str | None:
+  """The normalised text of an answer in words ('Even.', '\\text{Monday}', 'true'), or None for
+  anything else: one or two letters are variables ('x', 'ab'), and digits or operators make it
+  math. Placeholders ('answer', 'None', 'NaN') are no answer: ''."""
+  s = answer.strip().rstrip(".").strip()
+  while (m := _TEXT_WRAPPER.match(s)):
+    s = m.group(1).strip().rstrip(".").strip()
+  if not _WORDS.match(s) or sum(c.isalpha() for c in s) < 3:
+    return None
+  text = match.normalize(s)
+  return "" if text in _PLACEHOLDERS else text
 
 
 class MathChecker:
@@ -82,40 +114,54 @@ class MathChecker:
     self.counters = collections.Counter()
 
   # ------------------------------------------------------------------------------ answers
-  def canonical(self, answer: str | None) -> str | None:
-    """math-verify's canonical string of `answer` (e.g. '1/2' for 0.5), or None if it is not a
-    math answer, cannot be parsed in time, or fails the screen."""
+  def canonical(self, answer: str | None, *, gold: bool = False) -> str | None:
+    """The form two equal answers share: math-verify's canonical string (e.g. '1/2' for 0.5),
+    or the normalised text of an answer in words; None if it is no answer, or could not be
+    checked (too large for the screen, or not parsed in time: counted in `counters`). A `gold`
+    answer is never screened."""
     if answer is None:
       return None
     answer = str(answer).strip()
     if not answer:
       return None
+    text = text_answer(answer)
+    if text is not None:
+      return text or None
+    reason = None if gold else screen(answer)
+    if reason is not None:
+      if ("screened", answer) not in self._cache:  # each answer counts once, as a timeout does
+        self.counters[f"rejected_{reason}"] += 1
+        self._remember(("screened", answer), None)
+      return None
     key = ("canonical", answer)
     if key in self._cache:
       self._cache.move_to_end(key)
       return self._cache[key]
-    reason = screen(answer)
-    if reason is not None:
-      self.counters[f"rejected_{reason}"] += 1
-      value = None
-    else:
-      value = self._call({"op": "canonical", "text": answer})
-      value = value if isinstance(value, str) else None
+    value = self._call({"op": "canonical", "text": answer})
+    value = value if isinstance(value, str) else None
     self._remember(key, value)
     return value
 
-  def equivalent(self, a: str | None, b: str | None) -> bool:
-    """Whether two answers are mathematically equal (math-verify's `verify`, under the timeout);
-    False when either is invalid."""
-    if self.canonical(a) is None or self.canonical(b) is None:
+  def equivalent(self, a: str | None, gold: str | None) -> bool:
+    """Whether an answer equals a gold answer: the same canonical form, or math-verify's
+    `verify` (under the timeout); False when the answer is invalid or the gold cannot be read."""
+    ca, cg = self.canonical(a), self.canonical(gold, gold=True)
+    if ca is None or cg is None:
       return False
-    a, b = str(a).strip(), str(b).strip()
-    if self.canonical(a) == self.canonical(b):
+    if ca == cg:
       return True
-    key = ("equal", a, b)
+    if text_answer(str(a)) is not None or text_answer(str(gold)) is not None:
+      return False  # words equal only as text
+    a, gold = str(a).strip(), str(gold).strip()
+    key = ("equal", a, gold)
     if key not in self._cache:
-      self._remember(key, self._call({"op": "equal", "a": a, "b": b}) is True)
+      self._remember(key, self._call({"op": "equal", "a": a, "b": gold}) is True)
     return self._cache[key]
+
+  def unchecked(self) -> int:
+    """Answers so far that could not be checked: screened out, timed out, or a worker error."""
+    return sum(v for k, v in self.counters.items()
+               if k.startswith("rejected_") or k in ("timeouts", "worker_errors"))
 
   def boxed(self, text: str) -> str | None:
     """The canonical form of the last boxed answer in a response."""

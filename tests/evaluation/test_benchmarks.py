@@ -101,6 +101,15 @@ def test_multiple_choice(tmp_path):
       Example("mc-4", "ARC?\nA. p\nB. q", ("B",)))
 
 
+def test_non_finite_golds_are_dropped_and_the_rest_kept(tmp_path):
+  path = tmp_path / "mixed.jsonl"
+  path.write_text('{"question": "q", "gold": [NaN, 2.5, "x"]}\n', encoding="utf-8")
+  assert benchmarks.load_file(str(path), "math").examples[0].gold == ("2.5", "x")
+  record = {"question": "q", "answer": np.float64("nan")}  # an empty parquet float cell
+  with pytest.raises(ValueError, match="no gold answer"):
+    benchmarks.example_from_record(record, "math", default_id="x")
+
+
 def test_numpy_values_from_a_reader():
   record = {"question": np.str_("Q"), "golden_answers": np.array(["a", "b"]),
             "reward_model": {"ground_truth": {"target": np.array(["c"])}}, "id": np.int64(3)}
@@ -145,6 +154,9 @@ def test_missing_files_name_the_path(tmp_path, monkeypatch):
      r"record 2: no gold answer: it has keys \['label', 'question'\]; accepted: gold, "
      r"golden_answers, answers, answer, solution"),
     ("noboxed.json", '[{"problem": "q", "solution": "no box"}]', r"record 1: no gold answer"),
+    # A JSON NaN or Infinity is no gold (math-verify would read 'nan' as n·a·n: 'ann' correct).
+    ("nanboxed.jsonl", '{"problem": "q", "answer": NaN}\n', r"line 1: no gold answer"),
+    ("inf.jsonl", '{"question": "q", "gold": [Infinity, -Infinity]}\n', r"line 1: no gold answer"),
     ("list.json", '[["q", "a"]]', r"record 1: expected a JSON object, got list"),
     ("dict.json", '{"question": "q"}', r"must hold a JSON list of objects, not a dict"),
     ("broken.json", '[{"question": ', r"is not valid JSON"),

@@ -1,4 +1,4 @@
-"""Math answers: math-verify equivalence, the screen, the worker's timeout, and a fuzz of 10,000
+"""Math answers: math-verify equivalence, answers in words, the size screen, the worker's timeout, and a fuzz of 10,000
 random and adversarial strings within a stated time budget."""
 
 import subprocess
@@ -36,18 +36,65 @@ def test_equivalent_answers(checker):
 
 
 def test_what_is_not_an_answer(checker):
-  for text in ("no box here", "\\boxed{", "\\boxed{}", "\\boxed{ANSWER}", "\\boxed{apples}"):
+  for text in ("no box here", "\\boxed{", "\\boxed{}", "\\boxed{ANSWER}", "\\boxed{None}",
+               "\\boxed{\\text{answer}}"):
     assert checker.boxed(text) is None, text
-  assert not checker.equivalent(None, "1") and not checker.equivalent("apples", "apples")
+  assert not checker.equivalent(None, "1") and not checker.equivalent("answer", "answer")
+  assert checker.boxed("\\boxed{apples}") == "apples"  # words are text answers
 
 
 @pytest.mark.parametrize("answer, reason", [
     ("1" * 300, "too_long"), ("(" * 20 + "1" + ")" * 20, "too_deep"),
     ("10^{10^{10}}", "too_large"), ("9^9^9", "too_large"), ("2^{10000000}", "too_large"),
-    ("10!!!!", "too_large"), ("1" * 50, "too_large"), ("apple pie", "not_math")])
-def test_the_screen_rejects_without_parsing(answer, reason):
+    ("(10!)!", "too_large"), ("123456!", "too_large"), ("e^{9^{9^{9}}}", "too_large")])
+def test_the_screen_rejects_only_size_without_parsing(answer, reason):
   assert mathcheck.screen(answer) == reason
-  assert mathcheck.screen("x^2+y^2") is None and mathcheck.screen("(2^3)^4") is None
+
+
+@pytest.mark.parametrize("answer", [
+    "x^2+y^2", "(2^3)^4", "x^2y^2", "e^{x^2}", "x^4+x^3+x^2+x+1", "2^{1000}", "10!!!!",
+    "1" * 50, "even", "Monday", "\\text{even}", "true", "x^{2^{3}}"])
+def test_the_screen_passes_ordinary_answers(answer):
+  assert mathcheck.screen(answer) is None
+
+
+@pytest.mark.parametrize("pred, gold", [
+    ("1+x+x^2+x^3+x^4", "x^4+x^3+x^2+x+1"), ("(xy)^2", "x^2y^2"), ("\\exp(x^2)", "e^{x^2}"),
+    ("a^2b^3c^4", "c^4 b^3 a^2"), ("2^{10}", "1024"), ("x^{2^{3}}", "x^8"),
+    ("Even", "\\text{even}"), ("monday.", "Monday"), ("\\text{True}", "true"),
+    ("\\textbf{yes}", "Yes")])
+def test_ordinary_answers_are_checked_right(checker, pred, gold):
+  """Several powers, exponentials of powers and words: equal to the gold, and the gold to itself
+  (the old screen rejected each of these golds, so every prediction scored 0)."""
+  assert checker.equivalent(pred, gold), (pred, gold)
+  assert checker.equivalent(gold, gold), gold
+
+
+@pytest.mark.parametrize("pred, gold", [
+    ("x^2y^3", "x^2y^2"), ("e^{x^3}", "e^{x^2}"), ("odd", "even"), ("Tuesday", "Monday"),
+    ("ann", "nan"), ("even", "1"), ("2", "two")])
+def test_different_answers_differ(checker, pred, gold):
+  assert not checker.equivalent(pred, gold), (pred, gold)
+
+
+def test_the_gold_is_never_screened(checker):
+  """A gold the screen would reject in a prediction is still read: long, or deeply nested."""
+  gold = "+".join(f"x^{{{k}}}" for k in range(40, 0, -1))  # 40 powers, 240 characters
+  assert mathcheck.screen(gold) == "too_long" and checker.canonical(gold) is None
+  assert checker.canonical(gold, gold=True) is not None
+  pred = "+".join(f"x^{{{k}}}" for k in range(1, 41)).replace("^{1}+", "+")
+  assert not checker.equivalent(pred, gold)  # the prediction itself is too long to check
+  assert checker.equivalent("x", "((((((((((x))))))))))")
+
+
+def test_what_could_not_be_checked_is_counted():
+  c = mathcheck.MathChecker(timeout=1)
+  try:
+    assert c.unchecked() == 0
+    assert c.canonical("9^9^9") is None and c.canonical("1" * 300) is None
+    assert c.canonical("even") == "even" and c.unchecked() == 2
+  finally:
+    c.close()
 
 
 def test_a_pathological_expression_costs_bounded_time(monkeypatch):

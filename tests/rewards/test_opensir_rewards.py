@@ -1,5 +1,8 @@
 """OpenSIR's scores (ALGORITHMS §3) against values computed by hand."""
 
+import re
+import time
+
 import chex
 import numpy as np
 import pytest
@@ -73,6 +76,21 @@ def test_format_rewards():
   assert R.student_format("7 * 8 = 56.\nTherefore, the final answer is: $\\boxed{56}$") == 1.0
   assert R.student_format("The answer is \\boxed{56}.") == 0.0
   assert R.student_format("Therefore, the final answer is: $\\boxed{}$") == 0.0
+
+
+def test_student_format_is_the_papers_regex_in_linear_time():
+  """Equal to the regex it replaces on random text, and linear where the regex is quadratic
+  (48 ms on 20,000 characters of repeated openings; now well under 5 ms)."""
+  regex = re.compile(r"Therefore, the final answer is: \$\\boxed\{(.+)\}\$")
+  pieces = ["Therefore, the final answer is: $\\boxed{", "}$", "}", "$", "x", "\n", "\r", " "]
+  rng = np.random.default_rng(0)
+  for _ in range(3000):
+    text = "".join(pieces[i] for i in rng.integers(0, len(pieces), int(rng.integers(0, 12))))
+    assert R.student_format(text) == float(regex.search(text) is not None), repr(text)
+  hostile = "Therefore, the final answer is: $\\boxed{" * 500
+  start = time.perf_counter()
+  assert R.student_format(hostile) == 0.0
+  assert time.perf_counter() - start < 0.005
 
 
 def test_legal_problems():

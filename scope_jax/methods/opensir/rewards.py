@@ -20,7 +20,7 @@ LENGTH_CAP = 1000.0  # tokens: min(mean length, cap) / baseline
 LENGTH_BASELINE = 1000.0
 TOP_K_SIMILAR = 5
 MAX_TEXT = 20_000
-_STUDENT_FORMAT = re.compile(r"Therefore, the final answer is: \$\\boxed\{(.+)\}\$")
+_STUDENT_FORMAT = "Therefore, the final answer is: $\\boxed{"  # then at least one character, '}$'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,11 @@ def teacher_format(text: str, problem: Problem | None) -> float:
 
 def student_format(text: str) -> float:
   """1 iff the response states 'Therefore, the final answer is: $\\boxed{…}$'."""
-  return float(_STUDENT_FORMAT.search(str(text)[-MAX_TEXT:]) is not None)
+  for line in str(text)[-MAX_TEXT:].split("\n"):  # in linear time: a regex backtracks per start
+    at = line.find(_STUDENT_FORMAT)  # a later start on the line closes on a suffix of this one's
+    if at >= 0 and line.find("}$", at + len(_STUDENT_FORMAT) + 1) >= 0:
+      return 1.0
+  return 0.0
 
 
 def solve_rate(answers: Sequence[str | None]) -> tuple[str | None, float | None]:
