@@ -22,7 +22,8 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 def one_line(exc: BaseException, argv: Sequence[str] = ()) -> str:
   """What went wrong and how to fix it, in one line."""
-  if type(exc) is ValueError and str(exc).strip():  # the project's own checks say it already
+  if isinstance(exc, ValueError) and str(exc).strip() and type(exc).__module__.startswith(
+      ("builtins", "scope_jax")):  # the project's own checks say it already
     return str(exc).strip().splitlines()[0]
   text = "\n".join(str(e) for e in _chain(exc))
   m = _DID_YOU_MEAN.search(text)
@@ -40,3 +41,23 @@ def one_line(exc: BaseException, argv: Sequence[str] = ()) -> str:
     return m.group(0).strip()
   lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
   return lines[-1] if lines else type(exc).__name__
+
+
+CHATTY = ("/orbax/", "xla_bridge.py", "faiss/loader.py")  # libraries whose INFO lines are noise
+
+
+def quiet_chatty_libraries() -> None:
+  """Only warnings and errors from `CHATTY` libraries reach the absl log (the entrypoints')."""
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  import logging as std_logging  # pylint: disable=g-import-not-at-top
+  logging.get_absl_handler().addFilter(
+      lambda r: r.levelno >= std_logging.WARNING or not any(q in r.pathname for q in CHATTY))
+
+
+def raised_here(exc: BaseException) -> bool:
+  """Whether the project's own code raised `exc` (its message is meant for the user), not a
+  library deep in a call (whose traceback is the useful part)."""
+  tb = exc.__traceback__
+  while tb is not None and tb.tb_next is not None:
+    tb = tb.tb_next
+  return tb is not None and "/scope_jax/" in tb.tb_frame.f_code.co_filename

@@ -16,7 +16,7 @@ import sys
 
 from absl import app, flags
 
-from scope_jax import cli_errors
+from scope_jax import cli_errors, run_record
 from scope_jax.evaluation import driver
 from scope_jax.evaluation import evaluator as eval_lib
 
@@ -88,12 +88,22 @@ def options() -> driver.Options:
 
 def main(argv):
   del argv
+  cli_errors.quiet_chatty_libraries()
   try:  # bad flags, paths, runs, roles or benchmark files: one line, before any model loads
     session = driver.Session(options())
   except (OSError, ValueError, KeyError) as e:
     print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
     sys.exit(2)
-  driver.run(session)
+  try:  # what only loading shows (a corrupt step, a tokenizer too large): one line too
+    driver.run(session)
+  except (run_record.UnreadableCheckpoint, FileNotFoundError) as e:
+    print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
+    sys.exit(2)
+  except ValueError as e:
+    if not cli_errors.raised_here(e):  # a library's error keeps its traceback
+      raise
+    print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ Multi-host: every host runs the same command; launch/ sets the environment that
 `scope_jax.distributed` reads (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
 """
 
-import logging as std_logging
 import os
 import sys
 
@@ -26,9 +25,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (local or gs://):
 
 def main(argv):
   del argv
-  quiet = ("/orbax/", "xla_bridge.py", "faiss/loader.py")  # chatty libraries: warnings only
-  logging.get_absl_handler().addFilter(
-      lambda r: r.levelno >= std_logging.WARNING or not any(q in r.pathname for q in quiet))
+  cli_errors.quiet_chatty_libraries()
   try:  # a missing config file, or settings typed right but invalid: one line, before loading
     host_memory.reuse_freed_memory(os.environ)  # before JAX starts its threads
     distributed.initialize(os.environ)  # multi-host: one process per host

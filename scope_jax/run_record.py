@@ -146,6 +146,44 @@ def load_tokenizer(record: RunRecord):
   return tok_lib.load_tokenizer(local)
 
 
+class UnreadableCheckpoint(ValueError):
+  """A committed checkpoint step whose files cannot be read (corrupt or partial)."""
+
+
+def check_tokenizer(record: RunRecord) -> None:
+  """A one-line error when run.json says the tokenizer's files are in the run and they are not."""
+  if record.tokenizer != SAVED_TOKENIZER:
+    return
+  src = epath.Path(record.path) / TOKENIZER_DIR
+  if not src.is_dir() or not any(src.iterdir()):
+    raise ValueError(f"{record.path}/{RUN_FILE} says the tokenizer is saved in {src}, which is "
+                     "missing or empty; copy the run's tokenizer/ folder back, or pass --tokenizer "
+                     "with --model=initial.")
+
+
+def check_checkpoint(record: RunRecord, step: int, policy: str) -> None:
+  """Reads only the metadata of `policy`'s params at `step` and compares every shape with what
+  run.json's model has: UnreadableCheckpoint when the files cannot be read, ValueError (one line,
+  the first difference) when they hold another model."""
+  path = epath.Path(record.checkpoints) / str(step) / "state"
+  try:
+    saved = ocp.PyTreeCheckpointer().metadata(path).item_metadata[policy]["params"]
+    saved = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
+             jax.tree_util.tree_flatten_with_path(saved)[0]}
+  except Exception as e:  # noqa: BLE001 — any failure to read is a corrupt step
+    raise UnreadableCheckpoint(f"Checkpoint step {step} of {record.path} cannot be read "
+                               f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+                               ) from None
+  want = {jax.tree_util.keystr(k): tuple(v) for k, v in jax.tree_util.tree_flatten_with_path(
+      transformer.param_shapes(record.model_config), is_leaf=lambda x: isinstance(x, tuple))[0]}
+  for key in sorted(set(want) | set(saved)):
+    if want.get(key) != saved.get(key):
+      raise ValueError(f"Checkpoint step {step} of {record.path} does not hold the model its "
+                       f"{RUN_FILE} describes: params{key} is {saved.get(key, 'missing')} in the "
+                       f"checkpoint and {want.get(key, 'absent')} by {RUN_FILE} (was it edited, "
+                       "or copied from another run?).")
+
+
 def committed_steps(record: RunRecord) -> list[int]:
   """Checkpoint steps whose save committed (a save in progress is never listed)."""
   directory = epath.Path(record.checkpoints)
@@ -166,7 +204,9 @@ def select_steps(available: list[int], spec: str) -> list[int]:
   try:
     wanted = [int(s) for s in spec.split(",") if s.strip()]
   except ValueError:
-    raise ValueError(f"--step={spec!r}: use latest, all, or step numbers such as 3,7.") from None
+    wanted = []
+  if not wanted:
+    raise ValueError(f"--step={spec!r}: use latest, all, or step numbers such as 3,7.")
   missing = [s for s in wanted if s not in available]
   if missing:
     raise ValueError(f"No committed checkpoint for step(s) {missing}; the run has steps "

@@ -17,6 +17,7 @@ import io
 import json
 import math
 import pathlib
+import re
 import string
 from typing import Any, Iterator, Mapping
 
@@ -169,6 +170,10 @@ def example_from_record(record: Mapping, type: str, *, default_id: str) -> Examp
   return Example(eid, question, tuple(gold))
 
 
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a folder under --out, never '..'
+RESERVED_NAMES = ("tb",)  # the TensorBoard folder beside the benchmarks'
+
+
 def _stem(path: str) -> str:
   return pathlib.PurePosixPath(str(path).rstrip("/")).stem
 
@@ -199,12 +204,16 @@ def _records(path: str, data: bytes) -> Iterator[tuple[str, Any]]:
       if line.strip():
         try:
           yield f"line {i}", json.loads(line)
+        except RecursionError:
+          raise ValueError(f"Benchmark file {path}: line {i} is nested too deeply to read.") from None
         except json.JSONDecodeError as e:
           raise ValueError(f"Benchmark file {path}: line {i} is not valid JSON ({e}).") from None
     return
   if suffix == ".json":
     try:
       rows = json.loads(text)
+    except RecursionError:
+      raise ValueError(f"Benchmark file {path} is nested too deeply to read.") from None
     except json.JSONDecodeError as e:
       raise ValueError(f"Benchmark file {path} is not valid JSON ({e}).") from None
     if not isinstance(rows, list):
@@ -235,6 +244,8 @@ def load_file(path: str, type: str, *, name: str | None = None, limit: int | Non
       examples.append(example_from_record(record, type, default_id=f"{name}-{len(examples)}"))
     except ValueError as e:
       raise ValueError(f"Benchmark file {path}, {where}: {e}") from None
+    except RecursionError:
+      raise ValueError(f"Benchmark file {path}, {where}: the record is nested too deeply.") from None
     if limit is not None and len(examples) >= limit:
       break
   if not examples:
@@ -294,7 +305,12 @@ def parse_specs(spec: str) -> list[tuple[str, str, str | None]]:
       if not path or type not in TYPES:
         raise ValueError(f"Bad benchmark {item!r}: expected file:<path>:<type> with a type in "
                          f"{', '.join(TYPES)}.")
-      out.append((_stem(path), type, path))
+      name = _stem(path)
+      if not _NAME.match(name) or name in RESERVED_NAMES:
+        raise ValueError(f"Benchmark file {path} would be named {name!r}, which cannot be a "
+                         "results folder: rename the file (letters, digits, '.', '_', '-'; not "
+                         f"{', '.join(RESERVED_NAMES)}).")
+      out.append((name, type, path))
     elif item in BUILTINS:
       out.append((item, BUILTIN_TYPES[item], None))
     else:

@@ -90,17 +90,24 @@ class Session:
                                         f"eval/{_spec_name(opts.model)}"))
     if self.record is not None and len(self.record.policies) > 1:
       self.root = self.root / self.policy  # SCOPE's challenger and solver never collide
+    if self.root.exists() and not self.root.is_dir():
+      raise ValueError(f"--out={self.root} is a file; results need a directory there.")
     self.steps = None
+    if self.record is not None:
+      run_record.check_tokenizer(self.record)
     if self.record is not None and not opts.watch:
       available = run_record.committed_steps(self.record)
       if not available:
         raise ValueError(f"The run {self.record.path} has no committed checkpoint yet; use "
                          "--watch to wait for one.")
       self.steps = run_record.select_steps(available, opts.step)
+      for step in self.steps:  # metadata only: a corrupt step or another model, before loading
+        run_record.check_checkpoint(self.record, step, self.policy)
     self._tool = None
     self._judge = None
     self._run_tokenizer = None
     self._finished: set[str] = set()  # labels evaluated (or found done) in this session
+    self.skipped: set[int] = set()  # unreadable steps --watch passed over, as training does
 
   def _read_record(self):
     """The run's record; under --watch, waits for a run that has not written it yet."""
@@ -173,12 +180,12 @@ class Session:
     complete = True
     for bench in self.benches:
       path = self.result_dir(bench, label) / "results.json"
-      if not path.exists():
+      have = read_results(path)
+      if have is None:
         complete = False  # the others are still checked: a benchmark with results is skipped
         continue
       want = json.loads(json.dumps({**self.identity(label, bench),
                                     "num_examples": len(bench.examples)}))
-      have = json.loads(path.read_text())
       diff = [k for k in want if have.get(k) != want[k]]
       if diff:
         raise ValueError(f"{path} holds results of another evaluation (its {', '.join(diff)} "
@@ -197,7 +204,7 @@ class Session:
     scalars = {}
     for bench in self.benches:
       target = self.result_dir(bench, model.label)
-      if not self.opts.overwrite and (target / "results.json").exists():
+      if not self.opts.overwrite and read_results(target / "results.json") is not None:
         continue
       metrics, records = ev.evaluate(sampler, bench, desc=f"{bench.name} {model.label}")
       if jax.process_index() != 0:  # every host evaluates (the mesh spans them); one writes
@@ -226,20 +233,48 @@ class Session:
       if self.done(f"step_{step}"):
         logging.info("Step %d is already evaluated in %s; skipping it.", step, self.root)
         continue
+      if step in self.skipped:
+        continue
       if self._run_tokenizer is None:
         self._run_tokenizer = run_record.load_tokenizer(self.record)
       try:
+        run_record.check_checkpoint(self.record, step, self.policy)
         model = models.load_step(self.record, step, self.policy, self.mesh, self.rules,
                                  self.dtype, tokenizer=self._run_tokenizer)
-      except Exception:  # noqa: BLE001 — re-raised unless the step is gone
-        if step in agreed_steps(self.record):
+      except Exception as e:  # noqa: BLE001 — re-raised unless the step is gone or corrupt
+        if step not in agreed_steps(self.record):
+          logging.warning("Checkpoint step %d was deleted before it could be read (the run keeps "
+                          "only its newest checkpoints); skipping it.", step)
+          continue
+        if type(e) is ValueError:  # another model than run.json's: no step will do
           raise
-        logging.warning("Checkpoint step %d was deleted before it could be read (the run keeps "
-                        "only its newest checkpoints); skipping it.", step)
+        if not isinstance(e, run_record.UnreadableCheckpoint):
+          e = run_record.UnreadableCheckpoint(
+              f"Checkpoint step {step} of {self.record.path} cannot be read ({type(e).__name__}: "
+              f"{str(e).splitlines()[0][:200] if str(e) else ''})")
+        if not self.opts.watch:
+          raise e from None
+        logging.warning("%s; skipping it, as training does with a corrupt step.", e)
+        self.skipped.add(step)
         continue
       self.evaluate_model(model)
       evaluated.append(step)
     return evaluated
+
+
+def read_results(path) -> dict | None:
+  """A results.json, or None when there is none or it cannot be read (a write cut short): that
+  benchmark is evaluated again, with a warning."""
+  if not path.exists():
+    return None
+  try:
+    out = json.loads(path.read_text())
+    if not isinstance(out, dict) or "metrics" not in out:
+      raise ValueError("no metrics")
+    return out
+  except (ValueError, UnicodeDecodeError) as e:
+    logging.warning("%s cannot be read (%s); evaluating it again.", path, e)
+    return None
 
 
 def digest(bench) -> str:
@@ -308,7 +343,8 @@ def watch(session: Session) -> None:
       if session.evaluate_steps(available):
         idle_since = time.monotonic()
       last_step = int(run_record.read(opts.run).config.total_steps) - 1
-      if last_step in available and session.done(f"step_{last_step}"):
+      if last_step in available and (last_step in session.skipped
+                                     or session.done(f"step_{last_step}")):
         logging.info("The run's last step %d is evaluated; done watching.", last_step)
         return
       if opts.watch_timeout and time.monotonic() - idle_since > opts.watch_timeout:
@@ -331,15 +367,15 @@ def table_rows(session: Session) -> list[dict]:
   for bench in session.benches:
     d = session.root / bench.name
     if d.exists():
-      labels |= {p.name for p in d.iterdir() if (p / "results.json").exists()}
+      labels |= {p.name for p in d.iterdir() if read_results(p / "results.json") is not None}
   order = sorted(labels, key=lambda l: (l != "base", int(l[5:]) if l.startswith("step_") else -1))
   rows = []
   for label in order:
     row = {"model": label}
     for bench in session.benches:
-      path = session.result_dir(bench, label) / "results.json"
-      if path.exists():
-        row[bench.name] = json.loads(path.read_text())["metrics"]
+      results = read_results(session.result_dir(bench, label) / "results.json")
+      if results is not None:
+        row[bench.name] = results["metrics"]
     rows.append(row)
   return rows
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from typing import Any, Sequence
 
@@ -53,8 +54,17 @@ class Settings:
   ks: tuple[int, ...] = ()  # k of pass@k and maj@k (default 1, 2, 4, … ≤ n, and n)
 
   def validate(self) -> None:
-    if self.num_samples < 1 or self.batch_size < 1 or self.max_new_tokens < 1:
-      raise ValueError(f"num_samples, batch_size and max_new_tokens must be at least 1: {self}.")
+    """Every setting a run would otherwise trip over late (or never notice), in one line."""
+    for name in ("num_samples", "batch_size", "max_new_tokens", "max_obs_tokens",
+                 "max_prompt_tokens", "max_context", "judge_max_tokens"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"--{name}={getattr(self, name)}: it must be at least 1.")
+    if not math.isfinite(self.temperature) or self.temperature < 0:
+      raise ValueError(f"--temperature={self.temperature}: use 0 (greedy) or a positive number.")
+    if not 0 < self.top_p <= 1:  # NaN fails too
+      raise ValueError(f"--top_p={self.top_p}: it must be in (0, 1]; 1 keeps every token.")
+    if self.max_turns < 0:
+      raise ValueError(f"--max_turns={self.max_turns}: use 0 (no search) or more searches.")
     if self.max_prompt_tokens >= self.max_context:
       raise ValueError(f"max_prompt_tokens={self.max_prompt_tokens} leaves no room for an answer "
                        f"within max_context={self.max_context}.")
@@ -244,5 +254,7 @@ def write_results(directory, bench: bench_lib.Benchmark, metrics: dict[str, floa
       "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
   results = {"benchmark": bench.name, "type": bench.type, "step": step, "label": label,
              "num_examples": len(records), "metrics": metrics, **(extra or {})}
-  (out / "results.json").write_text(json.dumps(results, indent=2))
+  tmp = out / "results.json.tmp"  # renamed into place: a cut-short write never looks done
+  tmp.write_text(json.dumps(results, indent=2))
+  tmp.replace(out / "results.json")
   return out

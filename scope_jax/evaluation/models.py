@@ -43,6 +43,15 @@ class Model:
   params: Any
   tokenizer: Any
 
+  def __post_init__(self):
+    """A tokenizer with ids past the model's vocabulary would index embeddings that do not exist
+    (silently, on accelerators): refused before anything is evaluated."""
+    n = len(self.tokenizer)
+    if n > self.config.vocab_size:
+      raise ValueError(f"The tokenizer of {self.label} has {n} tokens but the model's vocabulary "
+                       f"is {self.config.vocab_size}: pass the model's own tokenizer "
+                       "(--tokenizer).")
+
 
 def local_tokenizer_dir(directory: str) -> str:
   """`directory` itself when local; else its tokenizer files copied to a temporary directory."""
