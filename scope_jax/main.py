@@ -38,7 +38,13 @@ def main(argv):
   logging.info("JAX %s: %d processes, devices %s", jax.__version__, jax.process_count(),
                jax.devices())
   logging.info("Config:\n%s", config)
-  runner.run(config, _WORKDIR.value)
+  try:  # what only loading shows (a tokenizer larger than the model's vocabulary): one line
+    runner.run(config, _WORKDIR.value)
+  except ValueError as e:
+    if not cli_errors.raised_here(e):  # a library's error keeps its traceback
+      raise
+    print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
+    sys.exit(2)
 
 
 def parse_flags(argv):

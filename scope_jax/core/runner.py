@@ -24,6 +24,7 @@ from scope_jax import metrics as metrics_lib
 from scope_jax import run_record
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
+from scope_jax.core import bounds
 from scope_jax.core import health as health_lib
 from scope_jax.core import smoke
 from scope_jax.core import warmup as warmup_lib
@@ -61,14 +62,7 @@ def validate(config: ml_collections.ConfigDict):
   module = load_method(config)
   if config.get("smoke", False):
     smoke.shrink(config, module.METHOD.smoke)
-  if config.total_steps < 0:
-    raise ValueError(f"total_steps={config.total_steps} must be at least 0.")
-  if config.checkpoint_every < 1:
-    raise ValueError(f"checkpoint_every={config.checkpoint_every} must be at least 1 (save every "
-                     "that many steps, and always at the end).")
-  if config.keep_checkpoints < 1:
-    raise ValueError(f"keep_checkpoints={config.keep_checkpoints} would keep no checkpoint (and "
-                     "delete the ones there); keep at least 1.")
+  bounds.check(config)  # every number in its range: sizes ≥ 1, rates finite, groups ≥ 2, …
   if not config.model.tokenizer:
     raise ValueError("model.tokenizer is empty: set --config.model.tokenizer to the checkpoint's "
                      "directory (models are never downloaded at run time), 'demo' or 'gguf:<file>'.")

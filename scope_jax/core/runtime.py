@@ -98,7 +98,11 @@ class Runtime:
                                                      self.train_rules)
     if self.model_config.vocab_size < len(self.tokenizer):
       raise ValueError(f"The tokenizer has {len(self.tokenizer)} ids but the model's "
-                       f"vocabulary is {self.model_config.vocab_size}.")
+                       f"vocabulary is {self.model_config.vocab_size}: set model.tokenizer to "
+                       "the model's own.")
+    if config.rollout.max_context > self.model_config.max_position_embeddings:
+      raise ValueError(f"rollout.max_context={config.rollout.max_context} is beyond the model's "
+                       f"{self.model_config.max_position_embeddings} positions; lower it.")
     self.eos_ids = tok_lib.eos_ids(self.tokenizer) or self.model_config.eos_ids
     self.dtype = jnp.dtype(config.model.dtype)
     self.pad_id = pad_id(self.tokenizer)

@@ -207,6 +207,7 @@ class Engine:
   # ------------------------------------------------------------------------ requests
   def add(self, request: Request) -> None:
     """Queues a request; a key that is live already is refused."""
+    stops_lib.check(request.stop)
     if any(s.request is not None and s.owner == request.key for s in self.slots):
       raise ValueError(f"Request key {request.key!r} is still generating; wait for its "
                        "completion before continuing it.")

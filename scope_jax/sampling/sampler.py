@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Callable, Sequence
 
 import flax.struct
@@ -345,6 +346,10 @@ def prepare(player, prompts, max_new_tokens: int, num_samples: int, stop, *, tem
   _validate(prompts, player.config.vocab_size, max_new_tokens, num_samples)
   if stop and player.decode_text is None:
     raise ValueError("Stop strings need a tokenizer (or decode function) to read the text.")
+  stops_lib.check(stop)
+  if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1 and top_k >= 0):
+    raise ValueError(f"Sampling needs temperature >= 0 (0 is greedy), 0 < top_p <= 1 and "
+                     f"top_k >= 0; got temperature={temperature}, top_p={top_p}, top_k={top_k}.")
   eos = tuple(player.eos_ids if eos_ids is None else eos_ids)
   return prompts, SamplingSpec(temperature=float(temperature), top_k=int(top_k),
                                top_p=float(top_p), eos_ids=eos)

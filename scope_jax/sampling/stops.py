@@ -20,6 +20,13 @@ class StopMatch:
   stop: str  # which stop string matched
 
 
+def check(stops: Sequence[str]) -> None:
+  """Stop strings a row can meet: an empty one is in every text, and would end every row after
+  its first token."""
+  if isinstance(stops, str) or any(not isinstance(s, str) or not s for s in stops):
+    raise ValueError(f"Stop strings must be a list of non-empty strings; got {stops!r}.")
+
+
 def find_stop(tokens: Sequence[int], stops: Sequence[str], decode: Decode, start: int = 0,
               window: int = 32) -> StopMatch | None:
   """Earliest stop string completed at or after token `start` (tokens before it were checked)."""

@@ -13,6 +13,7 @@ from scope_jax.models.transformer import forward_jit
 from scope_jax.sampling import (Sampler, SamplingSpec, compile_counts, generate, length_bucket,
                                 select_tokens, truncate_logits)
 from scope_jax.sampling import sampler as sampler_lib
+from scope_jax.sampling.engine import Engine
 from scope_jax.sampling.stops import find_stop
 
 PROMPTS = [[3, 17, 42, 9, 100, 7, 8, 11, 250], [5], [60, 61, 62, 63]]
@@ -168,6 +169,19 @@ def test_stop_string_spanning_tokens_truncates_exactly(model):
   assert n <= k + 1 and decode(toks[:n]).find(stop) >= 0 and decode(toks[:n - 1]).find(stop) < 0
   chex.assert_trees_all_equal((stopped.tokens, stopped.logprobs),
                               (free.tokens[:n], free.logprobs[:n]))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(stop=[""]), "non-empty strings"), (dict(stop="</search>"), "non-empty strings"),
+    (dict(temperature=float("nan")), "temperature=nan"), (dict(temperature=-1.0), "temperature=-1"),
+    (dict(top_p=0.0, temperature=1.0), "top_p=0.0"), (dict(top_k=-1), "top_k=-1")])
+def test_what_would_silently_sample_wrong_is_refused(model, kwargs, match):
+  """An empty stop string once ended every row after one token; a NaN temperature ran greedy."""
+  cfg, params = model
+  for player in (Sampler(cfg, params, decode=_char_decoder(cfg.vocab_size)),
+                 Engine(cfg, params, num_slots=2, decode=_char_decoder(cfg.vocab_size))):
+    with pytest.raises(ValueError, match=match):
+      player.generate([PROMPTS[0]], max_new_tokens=4, **kwargs)
 
 
 def test_find_stop_unit():

@@ -66,6 +66,11 @@ class Spell(Method):
   def check(cls, c) -> None:
     if not c.data.num_clusters and c.data.cluster_size < 1:
       raise ValueError("Set data.num_clusters or a positive data.cluster_size.")
+    lo, hi = c.spell.verifier_agreement
+    if not 0 < lo < hi < 1:
+      raise ValueError(f"spell.verifier_agreement={tuple(c.spell.verifier_agreement)} must be "
+                       "(low, high) with 0 < low < high < 1: a question is kept when the "
+                       "verifiers' agreement falls between them, e.g. (0.51, 0.99).")
 
   def __init__(self, rt: Runtime):
     super().__init__(rt)

@@ -1,0 +1,138 @@
+"""The valid range of every numeric setting, declared as data and checked before anything loads.
+
+A size of 0 hangs the engine (`rollout.slots`, `rollout.prefill_chunk`), a negative learning
+rate or a NaN temperature trains nonsense, a group of one has no advantage: each is refused here
+in one line that names the field. Every numeric field of every preset has a rule (a test sweeps
+them all with values out of range), matched by its dotted path with `*` wildcards, first match
+wins; relations between fields (min ≤ max, a band's ends) stay with the method's `validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+from typing import Any, Iterator
+
+import ml_collections
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+  """low ≤ x ≤ high (`open_low`: low < x); `integer` asks for a whole number; `why` ends the
+  message (what the value means, or what to use)."""
+  low: float = -math.inf
+  high: float = math.inf
+  open_low: bool = False
+  integer: bool = False
+  why: str = ""
+
+  def problem(self, x) -> str | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+      return "is not a number"
+    if not math.isfinite(x):
+      return "is not finite"
+    if self.integer and x != int(x):
+      return "is not a whole number"
+    if x < self.low or (self.open_low and x == self.low):
+      return f"must be {'above' if self.open_low else 'at least'} {_fmt(self.low)}"
+    if x > self.high:
+      return f"must be at most {_fmt(self.high)}"
+    return None
+
+
+def _fmt(x: float) -> str:
+  return str(int(x)) if float(x).is_integer() else str(x)
+
+
+SIZE = Bound(1, integer=True, why="a size or count: at least 1")
+COUNT = Bound(0, integer=True, why="a count; 0 turns it off (or means 'all')")
+GROUP = Bound(2, integer=True, why="a group of one has no advantage (its mean is itself)")
+SHARE = Bound(0, 1, why="a share or probability")
+POSITIVE = Bound(0, open_low=True, why="a positive number")
+NONNEGATIVE = Bound(0, why="0 turns it off")
+CLIP = Bound(0, 1, why="a PPO clip range in [0, 1]")
+ANY = Bound(why="any finite number")
+
+RULES: tuple[tuple[str, Bound], ...] = (
+    # The run and its schedule.
+    ("seed", Bound(0, integer=True, why="a non-negative seed")),
+    ("total_steps", COUNT), ("checkpoint_every", SIZE), ("keep_checkpoints", SIZE),
+    ("mesh.shape", Bound(-1, integer=True, why="-1 takes the remaining devices")),
+    # Optimiser and loss.
+    ("optim.lr", POSITIVE), ("optim.weight_decay", NONNEGATIVE), ("optim.grad_clip", NONNEGATIVE),
+    ("optim.warmup_steps", COUNT), ("optim.total_steps", SIZE),
+    ("*loss.temperature", Bound(0, open_low=True, why="log-probs divide by it")),
+    ("*loss.eps_low", CLIP), ("*loss.eps_high", CLIP),
+    ("*loss.dual_clip", NONNEGATIVE), ("*loss.kl_beta", NONNEGATIVE),
+    ("*loss.router_aux_coef", NONNEGATIVE), ("*loss.chunk", SIZE),
+    ("*loss.micro_batch_rows", SIZE), ("*loss.norm_length", COUNT),
+    ("*loss.distill_topk", COUNT),
+    # The model (a random-init preset) and the warm-up.
+    ("model.tiny.rope_theta", POSITIVE), ("model.tiny.*", SIZE),
+    ("warmup.lr", POSITIVE), ("warmup.steps", COUNT), ("warmup.*", SIZE),
+    # Rollouts: the engine hangs or loops on a size of 0.
+    ("rollout.*", SIZE),
+    ("*.roles.*.temperature", Bound(0, why="0 is greedy")),
+    ("*.roles.*.top_p", Bound(0, 1, open_low=True, why="1 keeps every token")),
+    ("*.roles.*.top_k", Bound(0, 1_000_000, integer=True, why="0 keeps every token")),
+    ("*.roles.*.max_turns", COUNT), ("*.roles.*.max_prompt_tokens", COUNT),
+    ("*.roles.*.max_context", COUNT), ("*.roles.*.*", SIZE),
+    # Retrieval and corpora.
+    ("retrieval.topk", SIZE), ("retrieval.max_documents", COUNT),
+    ("data.max_cluster_size", COUNT), ("data.max_passages", COUNT), ("data.num_clusters", COUNT),
+    ("data.*", SIZE), ("*.max_doc_chars", COUNT), ("*.data.size", COUNT),
+    ("*.task_set.size", COUNT),
+    # Rewards and advantages, shared names.
+    ("*.group_size", GROUP), ("*.adv_eps", POSITIVE),
+    ("*.verifier_agreement", Bound(0, 1, why="a share of verifier votes")),
+    ("*.solve_rate_band", SHARE), ("*.task_set.window", SHARE),
+    ("*.questioner_negative_ratio", NONNEGATIVE), ("*.history_size", COUNT),
+    ("*.teacher_weights.*", NONNEGATIVE), ("*.student_format_weight", NONNEGATIVE),
+    ("*.length_baseline", POSITIVE), ("*.length_cap", POSITIVE),
+    ("*.lambdas", NONNEGATIVE), ("*.tau", POSITIVE), ("*.hop_ratio", NONNEGATIVE),
+    ("*.search_ratio", NONNEGATIVE), ("*.search_choices", COUNT),
+    ("asl.slope_ema", Bound(0, 1, why="an EMA weight in [0, 1]")),
+    ("asl.slope_threshold", NONNEGATIVE), ("asl.validity_threshold", SHARE),
+    ("asl.verification_share", SHARE), ("asl.verification_from_iteration", COUNT),
+    ("asl.slope_window", GROUP),
+    # Everything else a method counts: batches, steps, samples, store sizes, rounds.
+    ("spell.*", SIZE), ("scope.*", SIZE), ("opensir.*", SIZE), ("asl.*", SIZE),
+    ("piplay.*", SIZE),
+)
+
+
+def numeric_fields(config: ml_collections.ConfigDict, prefix: str = ""
+                   ) -> Iterator[tuple[str, Any]]:
+  """(dotted path, value) of every number and tuple of numbers in `config`."""
+  for key, value in config.items():
+    path = f"{prefix}{key}"
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from numeric_fields(value, path + ".")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+      yield path, value
+    elif isinstance(value, (tuple, list)) and value and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+      yield path, tuple(value)
+
+
+def rule(path: str) -> Bound | None:
+  """The bound of the field at `path`, or None when no rule names it."""
+  return next((b for pattern, b in RULES if fnmatch.fnmatchcase(path, pattern)), None)
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """A one-line ValueError for the first numeric field outside its range (or without a rule).
+  The method's own section goes first: run-level fields such as `optim.total_steps` are often
+  derived from it (π-Play's from its iterations and steps), and the cause is what to name."""
+  fields = sorted(numeric_fields(config),
+                  key=lambda f: not f[0].startswith(f"{config.get('method', '')}."))
+  for path, value in fields:
+    bound = rule(path)
+    if bound is None:
+      raise ValueError(f"{path}={value!r} has no declared range; add one to "
+                       "scope_jax/core/bounds.py RULES.")
+    for x in value if isinstance(value, tuple) else (value,):
+      problem = bound.problem(x)
+      if problem:
+        raise ValueError(f"{path}={value!r}: {x!r} {problem} ({bound.why}).")

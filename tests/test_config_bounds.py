@@ -1,0 +1,100 @@
+"""Every numeric field of every preset, swept with values out of its range: validation refuses
+each in one line that names the field (a size of 0 once hung the engine, a NaN temperature ran
+greedy, a group of one trained on zero advantages)."""
+
+import importlib.util
+import math
+import os
+
+import pytest
+
+from scope_jax.core import bounds, runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ("spell", "scope", "opensir", "asl", "piplay")
+
+
+def _module(method):
+  spec = importlib.util.spec_from_file_location(f"configs_{method}",
+                                                os.path.join(ROOT, "configs", f"{method}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+PRESETS = [(m, p) for m in METHODS for p in _module(m).PRESETS]
+
+
+def _set(config, path, value):
+  *parents, last = path.split(".")
+  section = config
+  for part in parents:
+    section = section[part]
+  section[last] = value
+
+
+def invalid_values(bound: bounds.Bound, value):
+  """Values just outside `bound`, and NaN for a float field (an int field refuses NaN and
+  fractions itself: the config is type-safe)."""
+  whole = isinstance(value[0] if isinstance(value, tuple) else value, int)
+  out = [] if whole else [math.nan]
+  if math.isfinite(bound.low):
+    out.append(bound.low if bound.open_low else bound.low - 1)
+  if math.isfinite(bound.high):
+    out.append(bound.high + 1)
+  return [int(x) for x in out] if whole else [float(x) for x in out]
+
+
+@pytest.mark.parametrize("method,preset", PRESETS)
+def test_every_numeric_field_is_checked(method, preset):
+  module = _module(method)
+  fields = list(bounds.numeric_fields(module.get_config(preset)))
+  assert len(fields) > 40
+  swept = 0
+  for path, value in fields:
+    bound = bounds.rule(path)
+    assert bound is not None, f"{method}:{preset} {path} has no range in bounds.RULES"
+    assert bound.problem(value if not isinstance(value, tuple) else value[0]) is None, path
+    for bad in invalid_values(bound, value):
+      config = module.get_config(preset)
+      _set(config, path, (bad,) + value[1:] if isinstance(value, tuple) else bad)
+      with pytest.raises(ValueError) as e:
+        runner.validate(config)
+      message = str(e.value)
+      assert path in message and "\n" not in message, (path, bad, message)
+      swept += 1
+  assert swept >= len(fields)  # at least one bad value per field
+
+
+@pytest.mark.parametrize("path,value,match", [
+    ("rollout.slots", 0, "rollout.slots=0: 0 must be at least 1"),
+    ("rollout.prefill_chunk", 0, "rollout.prefill_chunk=0"),
+    ("rollout.chunk", 0, "rollout.chunk=0"),
+    ("loss.micro_batch_rows", 0, "loss.micro_batch_rows=0"),
+    ("optim.lr", -1.0, "optim.lr=-1.0: -1.0 must be above 0"),
+    ("optim.lr", math.nan, "optim.lr=nan: nan is not finite"),
+    ("optim.warmup_steps", -1, "optim.warmup_steps=-1"),
+    ("loss.temperature", 0.0, "loss.temperature=0.0: 0.0 must be above 0"),
+    ("spell.roles.responder.max_new_tokens", 0, "spell.roles.responder.max_new_tokens=0"),
+    ("spell.roles.responder.temperature", -1.0, "spell.roles.responder.temperature=-1.0"),
+    ("spell.roles.responder.temperature", math.nan, "temperature=nan: nan is not finite"),
+    ("spell.roles.responder.top_p", 0.0, "spell.roles.responder.top_p=0.0"),
+    ("spell.roles.responder.top_k", 10**7, "top_k=10000000: 10000000 must be at most 1000000"),
+    ("spell.group_size", 1, "spell.group_size=1: 1 must be at least 2"),
+    ("spell.group_size", 0, "spell.group_size=0"),
+    ("spell.verifier_agreement", (0.9, 0.1), r"spell.verifier_agreement=\(0.9, 0.1\) must be"),
+    ("model.source", "nonsense", "Unknown model.source 'nonsense'"),
+])
+def test_the_values_a_careless_user_types(path, value, match):
+  config = _module("spell").get_config("demo")
+  _set(config, path, value)
+  with pytest.raises(ValueError, match=match):
+    runner.validate(config)
+
+
+def test_a_smoke_run_is_checked_after_it_shrinks():
+  config = _module("asl").get_config("paper")
+  config.smoke = True
+  config.asl.roles.pg.temperature = -1.0
+  with pytest.raises(ValueError, match="asl.roles.pg.temperature=-1.0"):
+    runner.validate(config)
