@@ -6,13 +6,17 @@
 Each process gets a loopback coordinator on a free port, gloo CPU collectives and its id through
 the environment that `scope_jax.distributed` reads (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
 JAX_PROCESS_ID). Their output is streamed line by line with a `[p<i>]` prefix. When one process
-fails the others are stopped and the launcher exits with its status; SIGTERM and SIGINT are
-passed on to every process. `--dry-run` prints each process's environment and command instead.
+fails the others are stopped and the launcher exits with its status; when one exits cleanly the
+others get `--exit_grace` seconds to follow (a process stuck in a collective would wait forever),
+then are stopped. SIGTERM and SIGINT are passed on to every process, and the processes die with
+the launcher even when it is killed outright (Linux: PR_SET_PDEATHSIG). `--dry-run` prints each
+process's environment and command instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shlex
 import signal
@@ -24,6 +28,8 @@ import time
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 GRACE_SECONDS = 10.0  # after SIGTERM, before SIGKILL
+EXIT_GRACE_SECONDS = 300.0  # after one process exits 0, for the others to finish
+_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -75,12 +81,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
   parser.add_argument("--num_processes", type=int, default=2, help="processes to start")
   parser.add_argument("--devices_per_process", type=int, default=4, help="CPU devices each")
   parser.add_argument("--port", type=int, default=0, help="coordinator port (0: a free one)")
+  parser.add_argument("--exit_grace", type=float, default=EXIT_GRACE_SECONDS,
+                      help="seconds the others get after one process exits 0")
   parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                       help="print each process's environment and command, start nothing")
   args = parser.parse_args(argv[:split])
   command = argv[split + 1:]
   if not command:
     parser.error("no command after '--'.")
+  if not args.exit_grace >= 0:
+    parser.error(f"--exit_grace={args.exit_grace} must be a number of seconds, at least 0.")
   if args.num_processes < 1 or args.devices_per_process < 1:
     parser.error(f"--num_processes={args.num_processes} and --devices_per_process="
                  f"{args.devices_per_process} must both be at least 1.")
@@ -93,17 +103,32 @@ def _stream(proc: subprocess.Popen, prefix: str, out) -> None:
     out.flush()
 
 
+def _die_with(parent: int):
+  """The child's pre-exec hook: SIGKILL when the launcher dies, however it dies (Linux)."""
+  def hook():
+    try:
+      ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux glibc: SIGTERM/SIGINT forwarding still holds
+      return
+    if os.getppid() != parent:  # the launcher died before the hook ran
+      os._exit(1)
+  return hook
+
+
 class Group:
   """The started processes: streamed, watched, stopped together."""
 
-  def __init__(self, commands: list[tuple[dict, list[str]]]):
-    self.procs: list[subprocess.Popen] = []
+  def __init__(self, commands: list[tuple[dict, list[str]]], exit_grace: float = EXIT_GRACE_SECONDS):
+    self.exit_grace = exit_grace
+    # Every process starts before any streaming thread: the pre-exec hook runs single-threaded.
+    self.procs: list[subprocess.Popen] = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         preexec_fn=_die_with(os.getpid()))
+        for env, command in commands]
     self.threads: list[threading.Thread] = []
-    for i, (env, command) in enumerate(commands):
-      proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for i, proc in enumerate(self.procs):
       thread = threading.Thread(target=_stream, args=(proc, f"[p{i}] ", sys.stdout), daemon=True)
       thread.start()
-      self.procs.append(proc)
       self.threads.append(thread)
 
   def signal(self, signum: int) -> None:
@@ -120,7 +145,10 @@ class Group:
     self.signal(signal.SIGKILL)
 
   def wait(self) -> int:
-    """0 when every process exits 0; else the first failure's status, after stopping the rest."""
+    """0 when every process exits 0; else the first failure's status, after stopping the rest.
+    Once one process has exited 0 the others have `exit_grace` seconds; then they are stopped
+    and the launcher fails (status 124, as `timeout` does)."""
+    clean_since = None
     while True:
       codes = [p.poll() for p in self.procs]
       failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
@@ -133,6 +161,15 @@ class Group:
         return code if code > 0 else 128 - code  # killed by signal n: 128 + n, as a shell does
       if all(c == 0 for c in codes):
         return 0
+      if clean_since is None and 0 in codes:
+        clean_since = time.time()
+      if clean_since is not None and time.time() - clean_since > self.exit_grace:
+        running = [i for i, c in enumerate(codes) if c is None]
+        print(f"[launch] processes {running} still run {self.exit_grace:.0f} s after process "
+              f"{codes.index(0)} exited cleanly (stuck in a collective?); stopping them.",
+              file=sys.stderr, flush=True)
+        self.stop()
+        return 124
       time.sleep(0.1)
 
   def join_output(self) -> None:
@@ -152,7 +189,7 @@ def main(argv: list[str]) -> int:
     for i, (env, cmd) in enumerate(commands):
       print(f"[p{i}] {describe(env, cmd)}")
     return 0
-  group = Group(commands)
+  group = Group(commands, exit_grace=args.exit_grace)
   forward = lambda signum, frame: group.signal(signum)  # noqa: E731
   signal.signal(signal.SIGTERM, forward)
   signal.signal(signal.SIGINT, forward)

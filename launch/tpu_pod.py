@@ -22,6 +22,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 
 from scope_jax import accelerators
@@ -88,7 +89,10 @@ def ssh(a, command: str, worker: str = "all") -> list[str]:
 
 def setup_cmds(a) -> list[list[str]]:
   """The project's files packed here, copied to every worker and installed in a venv there."""
-  local = os.path.join("/tmp", TARBALL)
+  # A fresh private directory per run: concurrent launches never share the archive, and no
+  # symlink planted at a fixed /tmp path can redirect the write.
+  folder = "<private temporary directory>" if a.dry_run else tempfile.mkdtemp(prefix="scope_jax-src-")
+  local = os.path.join(folder, TARBALL)
   pack = ["tar", "-czf", local, "-C", a.source, "--exclude=.venv", "--exclude=.git",
           "--exclude=runs", "--exclude=__pycache__", "."]
   install = (f"set -e; rm -rf {REMOTE_DIR} && mkdir -p {REMOTE_DIR} && "

@@ -95,6 +95,46 @@ def test_local_forwards_sigterm_to_every_process():
   assert "[p0] got SIGTERM" in rest and "[p1] got SIGTERM" in rest
 
 
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped) is not running
+    return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_local_children_die_with_a_killed_launcher():
+  """SIGKILL cannot be forwarded: the children must not outlive the launcher as orphans."""
+  code = "import os, time; print('pid', os.getpid(), flush=True); time.sleep(120)"
+  proc = subprocess.Popen([sys.executable, os.path.join(LAUNCH, "local.py"), "--num_processes=2",
+                           "--devices_per_process=1", "--", sys.executable, "-c", code],
+                          stdout=subprocess.PIPE, text=True, cwd=ROOT)
+  pids = []
+  while len(pids) < 2:
+    line = proc.stdout.readline()
+    if " pid " in line:
+      pids.append(int(line.split()[-1]))
+  proc.kill()
+  proc.wait(timeout=10)
+  deadline = time.time() + 10
+  while any(_alive(p) for p in pids) and time.time() < deadline:
+    time.sleep(0.1)
+  assert not any(_alive(p) for p in pids), pids
+
+
+def test_local_a_clean_exit_starts_a_bounded_wait_for_the_others():
+  """Process 0 finishes; process 1 hangs (as in a collective): the launcher stops it and fails."""
+  code = ("import os, time\n"
+          "if os.environ['JAX_PROCESS_ID'] == '1': time.sleep(120)\n")
+  start = time.time()
+  out = _script("local.py", "--num_processes=2", "--devices_per_process=1", "--exit_grace=2",
+                "--", sys.executable, "-c", code, timeout=60)
+  assert out.returncode == 124, out.stderr
+  assert time.time() - start < 30
+  assert "processes [1] still run 2 s after process 0 exited cleanly" in out.stderr
+
+
 # ---------------------------------------------------------------------------------- tpu_pod.py
 
 def _remote_command(dry_run_stdout: str) -> str:
@@ -197,6 +237,30 @@ def test_gke_refuses_a_local_workdir_on_several_hosts():
   assert out.returncode == 2 and "16 hosts" in out.stderr
 
 
+@pytest.mark.parametrize("flag,value,match", [
+    ("--image", "registry/x:1\n              securityContext: {privileged: true}", "--image="),
+    ("--image", "registry/x:1 extra", "--image="),
+    ("--workdir_in_image", "/app\n  hostNetwork: true", "--workdir_in_image="),
+    ("--name", "Spell_7B", "must be a DNS label"), ("--name", "a\nb", "must be a DNS label")])
+def test_gke_refuses_values_that_would_change_the_manifest(flag, value, match):
+  """A newline in --image once added `securityContext: {privileged: true}` to the pod."""
+  args = {"--name": "n", "--image": "i", "--workdir_in_image": "/app", flag: value}
+  out = _script(os.path.join("gke", "render.py"), "--accelerator=v5p-8", "--dry-run",
+                *[f"{k}={v}" for k, v in args.items()], "--", "--workdir=gs://b/r")
+  assert out.returncode == 2 and match in out.stderr and "privileged" not in out.stdout
+
+
+def test_gke_quotes_what_it_copies_into_the_manifest():
+  from launch.gke import render  # pylint: disable=g-import-not-at-top
+  manifest = yaml.safe_load(render.render("n", "v5p-8", "registry/x:1#not-a-comment",
+                                          ["--workdir=gs://b/r"], workdir_in_image="/app: x"
+                                          .replace(" ", "")))
+  container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+      "containers"][0]
+  assert container["image"] == "registry/x:1#not-a-comment"
+  assert container["workingDir"] == "/app:x"
+
+
 # ---------------------------------------------------------------------------------------- Slurm
 
 def _fake_slurm(tmp_path):
@@ -242,6 +306,36 @@ def test_slurm_dry_run_and_run_set_what_the_code_reads(tmp_path):
   assert [t[1] for t in tasks] == [{"coordinator_address": "gpu-node-3:12355", "num_processes": 2,
                                     "process_id": i} for i in range(2)]
   assert all(t[0] == ROOT and t[2] == ["-m", "scope_jax.main", *MAIN_ARGS] for t in tasks)
+
+
+def test_slurm_dry_run_anywhere_never_starts_the_job(tmp_path):
+  """`--dry-run` after the main flags was once passed on to srun: the job really started."""
+  env = _fake_slurm(tmp_path)
+  out = subprocess.run(["bash", os.path.join(LAUNCH, "slurm.sbatch"), *MAIN_ARGS, "--dry-run"],
+                       capture_output=True, text=True, env=env, timeout=60)
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  assert lines[0].startswith("JAX_COORDINATOR_ADDRESS=") and len(lines) == 3
+  assert "--dry-run" not in lines[2] and shlex.split(lines[2])[-len(MAIN_ARGS):] == MAIN_ARGS
+
+
+def test_tpu_pod_packs_into_a_private_directory_per_run():
+  from launch import tpu_pod  # pylint: disable=g-import-not-at-top
+  args = tpu_pod.argparse.Namespace(dry_run=False, source=ROOT, jax_spec="jax[tpu]", name="n",
+                                    zone="z", project=None)
+  firsts = []
+  for _ in range(2):
+    try:
+      pack = tpu_pod.setup_cmds(args)[0]
+    except AttributeError as e:  # the namespace lacks a field tpu() reads: name it here
+      raise AssertionError(e) from None
+    local = pack[2]
+    assert not local.startswith("/tmp/scope_jax-src.tgz")
+    assert os.path.isdir(os.path.dirname(local)) and not os.listdir(os.path.dirname(local))
+    assert stat.S_IMODE(os.stat(os.path.dirname(local)).st_mode) == 0o700
+    firsts.append(local)
+    os.rmdir(os.path.dirname(local))
+  assert firsts[0] != firsts[1]
 
 
 def test_slurm_outside_an_allocation_says_how_to_submit():

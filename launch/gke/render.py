@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import string
 import subprocess
 import sys
@@ -24,16 +25,30 @@ from scope_jax import accelerators
 
 TEMPLATE = os.path.join(HERE, "jobset.yaml")
 SPOT = "              cloud.google.com/gke-spot: \"true\"\n"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")  # leaves room for JobSet's suffixes
+
+
+def check_fields(name: str, image: str, workdir_in_image: str) -> None:
+  """What the manifest takes from the command line, checked: a name that is a DNS label, and an
+  image and directory of printable characters (they are quoted into the YAML as well)."""
+  if not DNS_LABEL.match(name):
+    raise ValueError(f"--name={name!r} must be a DNS label: lower-case letters, digits and '-', "
+                     "at most 40 characters, starting and ending with a letter or digit.")
+  for flag, value in (("--image", image), ("--workdir_in_image", workdir_in_image)):
+    if not value or any(not c.isprintable() or c.isspace() for c in value):
+      raise ValueError(f"--{flag.lstrip('-')}={value!r} must be non-empty, without spaces, "
+                       "newlines or control characters.")
 
 
 def render(name: str, accelerator: str, image: str, main_args: list[str], *, port: int = 12355,
            max_restarts: int = 3, spot: bool = False, workdir_in_image: str = "/app") -> str:
   """The JobSet manifest: one pod per host of the slice, each running scope_jax.main."""
+  check_fields(name, image, workdir_in_image)
   s = accelerators.get(accelerator)
   command = ["python", "-m", "scope_jax.main", *main_args]
   fields = dict(name=name, hosts=s.hosts, gke_accelerator=s.gke_accelerator, topology=s.topology,
-                chips_per_host=s.chips_per_host, image=image, port=port,
-                max_restarts=max_restarts, workdir_in_image=workdir_in_image,
+                chips_per_host=s.chips_per_host, image=json.dumps(image), port=port,
+                max_restarts=max_restarts, workdir_in_image=json.dumps(workdir_in_image),
                 command=json.dumps(command),  # a JSON list is a YAML flow sequence
                 spot_selector=SPOT if spot else "")
   with open(TEMPLATE) as f:
@@ -56,6 +71,7 @@ def main(argv: list[str]) -> int:
                  help="print the manifest and the kubectl command, apply nothing")
   a = p.parse_args(argv)
   try:
+    check_fields(a.name, a.image, a.workdir_in_image)
     s = accelerators.get(a.accelerator)
     if not main_args:
       raise ValueError("no scope_jax.main flags after '--' (at least --config and --workdir).")

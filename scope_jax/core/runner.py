@@ -116,6 +116,7 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, warm_start: bool =
     info = warmup_lib.warm_start(rt, method)
     if info:
       logging.info("Warm-up: %s", info)
+    rt.release_base()  # after the warm-up, which rebases on the warmed weights
   return rt, method
 
 

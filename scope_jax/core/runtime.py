@@ -142,7 +142,7 @@ class Runtime:
 
   def add_policy(self, name: str, params=None, loss_overrides=None) -> learner_lib.Policy:
     """A trained policy initialised from a copy of `params` (default: the base model)."""
-    params = jax.tree.map(jnp.copy, self.base_params if params is None else params)
+    params = jax.tree.map(jnp.copy, self._base() if params is None else params)
     policy = self.learner.init_policy(name, params, loss_config(self.config, loss_overrides),
                                       sampler=self.sampler(params))
     self.policies[name] = policy
@@ -152,14 +152,14 @@ class Runtime:
     """Frozen params (default: the base model itself, never updated)."""
     if params is None:
       self._base_frozen.add(name)
-    self.frozen[name] = self.base_params if params is None else params
+    self.frozen[name] = self._base() if params is None else params
     return self.frozen[name]
 
   def add_tracked(self, name: str, params=None):
     """Params the method updates itself (an EMA teacher: `set_frozen` after each change), saved in
     every checkpoint next to the policies; a copy of `params` (default: the base model)."""
     self.tracked.append(name)
-    self.frozen[name] = jax.tree.map(jnp.copy, self.base_params if params is None else params)
+    self.frozen[name] = jax.tree.map(jnp.copy, self._base() if params is None else params)
     return self.frozen[name]
 
   def set_frozen(self, name: str, params) -> None:
@@ -180,6 +180,24 @@ class Runtime:
       self.set_frozen(name, params)
     for name in self.tracked:  # tracked params start again from a copy of the new base
       self.set_frozen(name, jax.tree.map(jnp.copy, params))
+
+  def release_base(self) -> bool:
+    """Drops the base params when nothing reads them again (no frozen role plays them, no
+    policy's loss has a KL term, the warm-up is over): one copy of the weights less for the whole
+    run (2.5 GB for a 0.6B model in float32). True when released."""
+    if (self._base_frozen or self.base_params is None
+        or any(p.loss.kl_beta > 0 for p in self.policies.values())):
+      return False
+    self.base_params = None
+    logging.info("The base params are released: no frozen role or KL reference reads them.")
+    return True
+
+  def _base(self):
+    if self.base_params is None:
+      raise RuntimeError("The base params were released after the method was built (nothing "
+                         "read them); add policies, frozen params and KL references in the "
+                         "method's __init__.")
+    return self.base_params
 
   def reference(self):
     """The KL reference π_ref: the base model M0 (frozen; the warmed model after the demo's

@@ -5,7 +5,8 @@ It keeps everything that defines the preset (prompts, search syntax, parsers, re
 stores, losses, the shape of the schedule) and shrinks only sizes: the method's group and batch
 sizes to 2 and each phase or stage to one step (the method's `Method.smoke` declaration), at most
 128 new tokens per turn, documents cut to about 1,000 characters, contexts to 4K, one device's
-mesh. Where the preset names no real model (a `preset:` random init, or no tokenizer) it runs the
+mesh, 4 engine slots on one 1K cache window (each compiled program costs tens of seconds on a
+CPU). The base params are released when nothing reads them (`Runtime.release_base`). Where the preset names no real model (a `preset:` random init, or no tokenizer) it runs the
 real Qwen2.5-Coder-0.5B-Instruct (the GGUF asset) in float32; where it names no retrieval
 encoder or index, the bundled corpus with its MiniLM index. Shrinking twice changes nothing.
 """
@@ -22,7 +23,8 @@ DOC_CHARS = 1000
 MAX_CONTEXT = 4096
 MAX_PROMPT = 3072
 MICRO_BATCH_ROWS = 2
-SLOTS = 16
+SLOTS = 4  # a group of 2 for 2 prompts at once: few row buckets, so few programs to compile
+MIN_WINDOW = 1024  # most smoke contexts fit one cache window: one program per shape, not three
 DOC_FIELDS = ("max_doc_chars",)  # method fields that cut documents (0 = whole documents)
 
 
@@ -76,3 +78,5 @@ def _rollout(config: ml_collections.ConfigDict) -> None:
   r.max_context = min(r.max_context, MAX_CONTEXT)
   r.max_prompt_tokens = min(r.max_prompt_tokens, MAX_PROMPT)
   r.slots = min(r.slots, SLOTS)
+  r.prefill_rows = min(r.prefill_rows, SLOTS)
+  r.min_window = min(max(r.min_window, MIN_WINDOW), r.max_context)
