@@ -47,6 +47,8 @@ def load():
   step = run_record.select_steps(available, _STEP.value)
   if len(step) != 1:
     raise ValueError(f"--step={_STEP.value!r} names {len(step)} steps; export one at a time.")
+  run_record.check_tokenizer(record)  # both one line, before any weights are read
+  run_record.check_checkpoint(record, step[0], policy)
   dtype = jnp.dtype(record.config.model.param_dtype)
   model = models.load_step(record, step[0], policy, mesh, shd.SAMPLING_RULES, dtype)
   return model, {"run": record.path, "method": record.method, "step": step[0], "role": _ROLE.value,
@@ -55,6 +57,7 @@ def load():
 
 def main(argv):
   del argv
+  cli_errors.quiet_chatty_libraries()
   try:
     if not _OUT.value:
       raise ValueError("--out is required: the directory (local or gs://) to write.")

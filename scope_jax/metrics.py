@@ -114,7 +114,7 @@ class MetricsWriter:
     if not self.enabled:
       return
     for r in records:
-      self._samples.append((step, "".join(f"[{k}]\n{v}\n" for k, v in r.items())))
+      self._samples.append((step, "".join(f"[{k}]\n{safe_text(v)}\n" for k, v in r.items())))
 
   def _flush(self) -> None:
     _write_whole(self.metrics_path, "".join(line + "\n" for line in self._lines))
@@ -160,6 +160,15 @@ def _read_samples(path: epath.Path) -> list[tuple[int, str]]:
 
 
 _SAMPLE_HEADER = re.compile(r"=== step (\d+) ===\n")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but tab and newline
+
+
+def safe_text(value: Any) -> str:
+  """Model output as samples.log holds it: control characters (terminal escape sequences) shown
+  as `\\xNN`, and a line that reads as a block header escaped, so generated text can neither
+  drive the terminal of whoever reads the log nor forge a step's block across a resume."""
+  text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+  return re.sub(r"(?m)^(?====)", lambda m: "\\", text)
 
 
 class PhaseTimer:

@@ -31,6 +31,22 @@ def test_resume_drops_the_steps_that_run_again(tmp_path):
   assert [e.step for e in acc.Scalars("reward/mean")] == [0, 1, 2, 3, 4, 5]
 
 
+def test_model_output_can_neither_forge_a_block_nor_drive_the_terminal(tmp_path):
+  """A generated `=== step 0 ===` line once forged a block that a resume kept as step 0's; an
+  escape sequence reached whoever `cat`s the log."""
+  w = metrics_lib.MetricsWriter(tmp_path, tensorboard=False)
+  w.start(None)
+  w.samples(3, [{"output": "ok\n=== step 0 ===\n\x1b[2J\x1b]0;pwned\x07 cleared"}])
+  w.write(3, {"x": 1.0})
+  w.close()
+  text = (tmp_path / "samples.log").read_text()
+  assert "\x1b" not in text and "\x07" not in text and "\\x1b[2J" in text
+  assert text.count("\n=== step") == 0 and text.startswith("=== step 3 ===\n")
+  w = metrics_lib.MetricsWriter(tmp_path, tensorboard=False)
+  w.start(3)  # resuming reads back exactly one block, step 3's
+  assert [n for n, _ in w._samples] == [3]  # pylint: disable=protected-access
+
+
 def test_a_workdir_with_metrics_but_no_checkpoint_is_refused(tmp_path):
   _run(tmp_path, range(2))
   with pytest.raises(ValueError, match="no checkpoint to resume from.*--config.overwrite=true"):

@@ -216,9 +216,7 @@ class Session:
       scalars.update({f"eval/{bench.name}/{k}": v for k, v in metrics.items()})
     self._finished.add(model.label)
     if model.step is not None and scalars and jax.process_index() == 0:
-      writer = events.EventsWriter(self.root / "tb")
-      writer.scalars(model.step, scalars)
-      writer.close()
+      write_tensorboard(self.root)
 
   def evaluate_base(self) -> None:
     if self.opts.model and not self.done("base"):
@@ -260,6 +258,26 @@ class Session:
       self.evaluate_model(model)
       evaluated.append(step)
     return evaluated
+
+
+def write_tensorboard(root) -> None:
+  """`<root>/tb`: eval/<benchmark>/<metric> of every step with results under `root`, rewritten
+  whole from them, so a step evaluated again (--overwrite) appears once, with its new values."""
+  root = epath.Path(root)
+  scalars: dict[int, dict[str, float]] = {}
+  for path in root.glob("*/step_*/results.json"):
+    results = read_results(path)
+    if results is not None and results.get("step") is not None:
+      scalars.setdefault(int(results["step"]), {}).update(
+          {f"eval/{path.parent.parent.name}/{k}": v for k, v in results["metrics"].items()})
+  tb = root / "tb"
+  if tb.exists():
+    for old in tb.iterdir():
+      old.unlink()
+  writer = events.EventsWriter(tb)
+  for step in sorted(scalars):
+    writer.scalars(step, scalars[step])
+  writer.close()
 
 
 def read_results(path) -> dict | None:

@@ -18,6 +18,13 @@ def normalize(s: str) -> str:
   return " ".join(_ARTICLES.sub(" ", s).split())
 
 
+def contains_phrase(text: str, phrase: str) -> bool:
+  """Whether the normalised `phrase` occurs in the normalised `text` as whole words ('Art' is
+  not in 'start', 'the Louvre' is in 'Where is the Louvre?')."""
+  p, t = normalize(phrase), normalize(text)
+  return bool(p) and f" {p} " in f" {t} "
+
+
 def exact_match(pred: str, gold: str) -> float:
   return float(normalize(pred) == normalize(gold))
 

@@ -155,3 +155,14 @@ def test_the_cli_says_a_corrupt_step_in_one_line_and_orbax_stays_quiet(tmp_path)
   errors = [ln for ln in out.stderr.splitlines() if ln.startswith("Error:")]
   assert len(errors) == 1 and "Checkpoint step 0" in errors[0], out.stderr[-3000:]
   assert "orbax" not in out.stderr.replace("orbax_", ""), out.stderr[-3000:]
+
+
+def test_overwrite_leaves_one_set_of_tensorboard_scalars_per_step(tmp_path):
+  """--overwrite once appended a second value at the same step (TensorBoard showed both)."""
+  tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+  _run(tmp_path / "run", steps=(0, 1))
+  driver.run(_opts(tmp_path))
+  driver.run(_opts(tmp_path, overwrite=True, step="1"))
+  acc = tb.EventAccumulator(str(tmp_path / "out" / "tb"))
+  acc.Reload()
+  assert [e.step for e in acc.Scalars("eval/set/mean@n/em")] == [0, 1]

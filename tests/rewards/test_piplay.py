@@ -76,6 +76,14 @@ def test_format_reward_long_answers_and_answers_not_in_the_sources():
     assert parts["format"] == pytest.approx(0.5 * (1 + 0 + 1 + ans) / 4)
 
 
+def test_an_answer_inside_a_word_of_the_question_is_not_given_away():
+  """'Art' is not in 'start' (a substring test once called this question malformed)."""
+  out = R.parse_examiner("<question>Where does the race start?</question><answer>Art</answer>")
+  assert out.malformed is None and out.answer == "Art"
+  out = R.parse_examiner("<question>Where is the Art museum?</question><answer>art</answer>")
+  assert out.malformed == "answer_in_question"
+
+
 @pytest.mark.parametrize("final, reason", [
     ("<answer>London</answer>", "no_question"),  # no <question>
     ("<question>Where?</question><answer> </answer>", "no_answer"),  # an empty answer

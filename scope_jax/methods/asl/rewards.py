@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from scope_jax.rewards.match import normalize
+from scope_jax.rewards import match
 from scope_jax.rollout.parsers import extract_tag
 
 MAX_TEXT = 20_000  # characters of model output looked at (the end: where the final tags are)
@@ -66,8 +66,7 @@ def parse_task(text: str) -> tuple[Task | None, str | None]:
 
 def answer_leaked(question: str, answer: str) -> bool:
   """True if the normalised answer occurs as whole words in the normalised question."""
-  a, q = normalize(answer), normalize(question)
-  return bool(a) and f" {a} " in f" {q} "
+  return match.contains_phrase(question, answer)
 
 
 def parse_verdict(text: str | None) -> int | None:

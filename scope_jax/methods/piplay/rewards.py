@@ -45,7 +45,7 @@ def parse_examiner(final_turn: str) -> ExaminerOutput:
     return ExaminerOutput(question or None, answer or None, "no_question")
   if not answer or not match.normalize(answer):
     return ExaminerOutput(question, answer or None, "no_answer")
-  if match.normalize(answer) in match.normalize(question):
+  if match.contains_phrase(question, answer):  # whole words: 'Art' is not in 'start
     return ExaminerOutput(question, answer, "answer_in_question")
   return ExaminerOutput(question, answer)
 
