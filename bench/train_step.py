@@ -2,6 +2,7 @@
 PyTorch (transformers) doing forward + backward + AdamW on the same tokens, in one process.
 
     python -m bench.train_step --configs tiny,100m --batch 4 --seq 256
+    python -m bench.train_step --configs 100m --padding_rows 9 --seq 256   # padding skipped
 
 Tokens/s counts every position of the [batch, seq] block per step. With --flops it also prints
 model FLOPs utilisation against a peak given in TFLOP/s (6·N·tokens + attention).
@@ -75,6 +76,35 @@ def time_torch(model, batch, steps):
   return (time.perf_counter() - start) / steps
 
 
+def padding_skip(cfg, params, rows: int, seq: int, steps: int, micro_rows: int = 2) -> None:
+  """`rows` real rows padded to the learner's micro-batch bucket: the step as it runs (padding
+  micro-batches skipped) against the same step made to compute every micro-batch (one token of
+  each padding row unmasked; its loss mask stays 0, so the update is the same)."""
+  from scope_jax.rl import learner as learner_lib  # pylint: disable=g-import-not-at-top
+  host = jax.tree.map(np.asarray, make_batch(cfg, rows, seq))
+  micro = learner_lib.micro_batch_count(rows, micro_rows)
+  host = learner_lib.fill_micro_batches(learner_lib.pad_rows(host, micro * micro_rows), rows, micro)
+  forced = host.replace(mask=np.where(host.mask.sum(1, keepdims=True) > 0, host.mask,
+                                      np.eye(1, seq, 0, dtype=host.mask.dtype)))
+  opt = make_optimizer(1e-5)
+  step = make_train_step(cfg, LossConfig(chunk=128), opt, micro_batches=micro)
+  times = {}
+  for name, batch in (("every micro-batch", forced), ("padding skipped", host)):
+    state = init_train_state(jax.tree.map(jnp.copy, params), opt)
+    state, m = step(state, jax.tree.map(jnp.asarray, batch))
+    jax.block_until_ready(m["loss"])
+    start = time.perf_counter()
+    for _ in range(steps):
+      state, m = step(state, jax.tree.map(jnp.asarray, batch))
+    jax.block_until_ready(m["loss"])
+    times[name] = (time.perf_counter() - start) / steps
+  base = times["every micro-batch"]
+  print(f"{rows} rows × {seq} in {micro} micro-batches of {micro_rows} "
+        f"({-(-rows // micro_rows)} hold real rows):")
+  for name, t in times.items():
+    print(f"  {name:18s} {t * 1e3:9.1f} ms/step  {base / t:5.2f}x")
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--configs", default="tiny,100m")
@@ -84,8 +114,14 @@ def main():
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--remat", default="none")
   ap.add_argument("--peak_tflops", type=float, default=0.0, help="for MFU (e.g. 989 on H100 bf16)")
+  ap.add_argument("--padding_rows", type=int, default=0,
+                  help="instead: time skipping the padding micro-batches of this many rows")
   args = ap.parse_args()
   host_memory.reuse_freed_memory()  # as the entrypoint does, before JAX's first call
+  if args.padding_rows:
+    for name in args.configs.split(","):
+      padding_skip(*load(name), args.padding_rows, args.seq, args.steps)
+    return
   from tests.hf_reference import hf_model
   print(f"backend: {jax.default_backend()}; batch {args.batch} × seq {args.seq}")
   print(f"{'config':10s} {'params':>8s} {'ours tok/s':>11s} {'torch tok/s':>12s} {'ratio':>6s} "

@@ -50,6 +50,20 @@ def pad_rows(batch: batch_lib.TrainBatch, rows: int) -> batch_lib.TrainBatch:
   return jax.tree.map(pad, batch)
 
 
+def fill_micro_batches(batch: batch_lib.TrainBatch, real: int, micro: int
+                       ) -> batch_lib.TrainBatch:
+  """Rows reordered so that the `real` rows fill whole micro-batches first and the padding rows
+  make up the last ones, which the step then skips. Micro-batch j holds rows j, j + M, j + 2M, …
+  (`train_step._split`), so real row r goes to position (r mod R)·M + r div R."""
+  b = batch.num_rows
+  per = b // micro
+  order = np.full(b, -1)
+  for r in range(real):
+    order[(r % per) * micro + r // per] = r
+  order[order < 0] = np.arange(real, b)
+  return jax.tree.map(lambda x: None if x is None else x[order], batch)
+
+
 class Learner:
   """Updates trained policies; one instance per run, shared by every policy of the method."""
 
@@ -94,7 +108,8 @@ class Learner:
     micro = micro_batch_count(len(trajectories), rows)
     if host.num_rows < micro * rows:
       host = pad_rows(host, micro * rows)
-    return host, host.num_rows // rows
+    micro = host.num_rows // rows
+    return fill_micro_batches(host, len(trajectories), micro), micro
 
   def train(self, policy: Policy, trajectories: Sequence[Trajectory], advantages: Sequence, *,
             ref_params=None, teacher_params=None, teacher_prompts=None,

@@ -189,17 +189,24 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
     counts["micro"] = jnp.float32(micro_batches)
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
 
-    def accumulate(carry, mb):
+    mbs = _split(batch, micro_batches)
+    first = jax.tree.map(lambda x: x[0], mbs)
+    _, aux_shapes = jax.eval_shape(loss, state.params, first, ref_params, teacher_params, counts)
+    no_aux = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aux_shapes)
+
+    def compute(carry, mb):
       grads, router = carry
       (_, (total_B, parts_B, sums_B, gap_max_B, r)), gr = grad_fn(
           state.params, mb, ref_params, teacher_params, counts)
       grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, gr)
       return (grads, jax.tree.map(jnp.add, router, r)), (total_B, parts_B, sums_B, gap_max_B)
 
-    mbs = _split(batch, micro_batches)
-    first = jax.tree.map(lambda x: x[0], mbs)
-    _, (*_, r0) = jax.eval_shape(loss, state.params, first, ref_params, teacher_params, counts)
-    init = (zeros, jax.tree.map(jnp.zeros_like, r0))
+    def accumulate(carry, mb):
+      # A micro-batch of padding rows only (the learner puts the padding last) adds nothing:
+      # it is skipped, not computed, so a batch padded to a micro-batch bucket costs its rows.
+      return jax.lax.cond(mb.mask.any(), compute, lambda c, _: (c, no_aux[:4]), carry, mb)
+
+    init = (zeros, no_aux[4])
     (grads, router), (total_MB, parts_MB, sums_MB, gap_max_MB) = jax.lax.scan(accumulate, init, mbs)
     parts = {k: v.sum() for k, v in parts_MB.items()}
     sums = {k: v.sum() for k, v in sums_MB.items()}

@@ -9,6 +9,7 @@ import pytest
 
 from scope_jax import sharding as shd
 from scope_jax.models import init_params, tiny_config, transformer
+from scope_jax.rl import learner as learner_lib
 from scope_jax.rl.batch import make_batch
 from scope_jax.rl.train_step import (LossConfig, compute_logprobs, init_train_state,
                                      make_train_step, place_batch)
@@ -77,6 +78,28 @@ def test_micro_batches_give_same_gradients(mode):
     chex.assert_trees_all_close(a, b, rtol=0, atol=1e-6 * np.abs(a).max())
   chex.assert_trees_all_close(m1["loss"], m4["loss"], rtol=1e-6, atol=0)
   assert float(m1["kl_loss"]) > 0 and float(m1["distill_loss"]) > 0
+
+
+def test_padding_micro_batches_are_skipped_and_change_nothing():
+  """5 rows in 4 micro-batches of 2: the learner puts the 3 padding rows last, so the 4th
+  micro-batch is padding only and is skipped (NaN advantages planted in it would poison the update
+  if it were computed); gradients equal one micro-batch of the 5 real rows."""
+  params = init_params(CFG, jax.random.key(0))
+  lc = LossConfig(agg_mode="seq-mean-token-mean", chunk=8)
+  real = _batch(5)
+  padded = learner_lib.fill_micro_batches(learner_lib.pad_rows(real, 8), 5, 4)
+  order = [int(np.flatnonzero((padded.tokens == t).all(1))[0]) for t in real.tokens]
+  assert sorted(p % 4 for p in order) == [0, 0, 1, 1, 2]  # micro-batches 0-2 hold the real rows
+  last = (np.arange(8) % 4 == 3)[:, None]  # the rows of micro-batch 3 (rows j, j + 4, …)
+  assert not padded.mask[last[:, 0]].any()
+  poisoned = padded.replace(advantages=np.where(last, np.nan, padded.advantages
+                                                ).astype(np.float32))
+  one, m1 = _grads(lc, 1, real, params)
+  four, m4 = _grads(lc, 4, poisoned, params)
+  assert bool(m4["finite"])
+  for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four)):
+    chex.assert_trees_all_close(a, b, rtol=0, atol=1e-6 * np.abs(a).max())
+  chex.assert_trees_all_close(m1["loss"], m4["loss"], rtol=1e-6, atol=0)
 
 
 def test_sharded_step_equals_single_device():
