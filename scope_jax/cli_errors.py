@@ -54,10 +54,13 @@ def quiet_chatty_libraries() -> None:
       lambda r: r.levelno >= std_logging.WARNING or not any(q in r.pathname for q in CHATTY))
 
 
-def raised_here(exc: BaseException) -> bool:
+def raised_here(exc: BaseException, within: str | None = None) -> bool:
   """Whether the project's own code raised `exc` (its message is meant for the user), not a
-  library deep in a call (whose traceback is the useful part)."""
-  tb = exc.__traceback__
+  library deep in a call (whose traceback is the useful part); with `within`, only when a
+  function of that name was on the way (e.g. 'build': setting up, not a step's bug)."""
+  tb, names = exc.__traceback__, set()
   while tb is not None and tb.tb_next is not None:
+    names.add(tb.tb_frame.f_code.co_name)
     tb = tb.tb_next
-  return tb is not None and "/scope_jax/" in tb.tb_frame.f_code.co_filename
+  return (tb is not None and "/scope_jax/" in tb.tb_frame.f_code.co_filename
+          and (within is None or within in names))

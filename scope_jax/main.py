@@ -41,7 +41,7 @@ def main(argv):
   try:  # what only loading shows (a tokenizer larger than the model's vocabulary): one line
     runner.run(config, _WORKDIR.value)
   except ValueError as e:
-    if not cli_errors.raised_here(e):  # a library's error keeps its traceback
+    if not cli_errors.raised_here(e, within="build"):  # a step's error keeps its traceback
       raise
     print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
     sys.exit(2)

@@ -146,7 +146,8 @@ def _read_samples(path: epath.Path) -> list[tuple[int, str]]:
   if not path.exists():
     return []
   blocks, step, lines = [], None, []
-  for line in path.read_text().splitlines(keepends=True):
+  pieces = path.read_text().split("\n")  # only newlines end lines (not U+2028, \x85, …)
+  for line in (p + "\n" for p in (pieces[:-1] if pieces[-1] == "" else pieces)):
     m = _SAMPLE_HEADER.match(line)
     if m:
       if step is not None:
@@ -160,7 +161,7 @@ def _read_samples(path: epath.Path) -> list[tuple[int, str]]:
 
 
 _SAMPLE_HEADER = re.compile(r"=== step (\d+) ===\n")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but tab and newline
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # but tab and newline
 
 
 def safe_text(value: Any) -> str:

@@ -161,19 +161,34 @@ def check_tokenizer(record: RunRecord) -> None:
                      "with --model=initial.")
 
 
+def _check_json_metadata(path: epath.Path) -> None:
+  """The checkpoint's JSON metadata files parse (`_METADATA` must exist): a truncated copy fails
+  here, in one line."""
+  files = [path / "_METADATA", path / "_sharding"]
+  if (path / "array_metadatas").exists():
+    files += sorted((path / "array_metadatas").iterdir())
+  for f in files:
+    if f.name == "_METADATA" or f.exists():
+      json.loads(f.read_text())
+
+
 def check_checkpoint(record: RunRecord, step: int, policy: str) -> None:
   """Reads only the metadata of `policy`'s params at `step` and compares every shape with what
   run.json's model has: UnreadableCheckpoint when the files cannot be read, ValueError (one line,
   the first difference) when they hold another model."""
   path = epath.Path(record.checkpoints) / str(step) / "state"
+  reader = ocp.PyTreeCheckpointer()
   try:
-    saved = ocp.PyTreeCheckpointer().metadata(path).item_metadata[policy]["params"]
+    _check_json_metadata(path)  # before orbax, whose threads print tracebacks on broken files
+    saved = reader.metadata(path).item_metadata[policy]["params"]
     saved = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
              jax.tree_util.tree_flatten_with_path(saved)[0]}
   except Exception as e:  # noqa: BLE001 — any failure to read is a corrupt step
+    detail = str(e).splitlines()[0][:200] if str(e) else ""
     raise UnreadableCheckpoint(f"Checkpoint step {step} of {record.path} cannot be read "
-                               f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
-                               ) from None
+                               f"({type(e).__name__}: {detail})") from None
+  finally:
+    reader.close()  # its background thread must not outlive the error (a traceback at exit)
   want = {jax.tree_util.keystr(k): tuple(v) for k, v in jax.tree_util.tree_flatten_with_path(
       transformer.param_shapes(record.model_config), is_leaf=lambda x: isinstance(x, tuple))[0]}
   for key in sorted(set(want) | set(saved)):

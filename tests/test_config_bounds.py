@@ -6,6 +6,7 @@ import importlib.util
 import math
 import os
 
+import ml_collections
 import pytest
 
 from scope_jax.core import bounds, runner
@@ -67,20 +68,20 @@ def test_every_numeric_field_is_checked(method, preset):
 
 
 @pytest.mark.parametrize("path,value,match", [
-    ("rollout.slots", 0, "rollout.slots=0: 0 must be at least 1"),
+    ("rollout.slots", 0, "rollout.slots=0 must be at least 1"),
     ("rollout.prefill_chunk", 0, "rollout.prefill_chunk=0"),
     ("rollout.chunk", 0, "rollout.chunk=0"),
     ("loss.micro_batch_rows", 0, "loss.micro_batch_rows=0"),
-    ("optim.lr", -1.0, "optim.lr=-1.0: -1.0 must be above 0"),
-    ("optim.lr", math.nan, "optim.lr=nan: nan is not finite"),
+    ("optim.lr", -1.0, "optim.lr=-1.0 must be above 0"),
+    ("optim.lr", math.nan, "optim.lr=nan is not finite"),
     ("optim.warmup_steps", -1, "optim.warmup_steps=-1"),
-    ("loss.temperature", 0.0, "loss.temperature=0.0: 0.0 must be above 0"),
+    ("loss.temperature", 0.0, "loss.temperature=0.0 must be above 0"),
     ("spell.roles.responder.max_new_tokens", 0, "spell.roles.responder.max_new_tokens=0"),
     ("spell.roles.responder.temperature", -1.0, "spell.roles.responder.temperature=-1.0"),
-    ("spell.roles.responder.temperature", math.nan, "temperature=nan: nan is not finite"),
+    ("spell.roles.responder.temperature", math.nan, "temperature=nan is not finite"),
     ("spell.roles.responder.top_p", 0.0, "spell.roles.responder.top_p=0.0"),
-    ("spell.roles.responder.top_k", 10**7, "top_k=10000000: 10000000 must be at most 1000000"),
-    ("spell.group_size", 1, "spell.group_size=1: 1 must be at least 2"),
+    ("spell.roles.responder.top_k", 10**7, "top_k=10000000 must be at most 1000000"),
+    ("spell.group_size", 1, "spell.group_size=1 must be at least 2"),
     ("spell.group_size", 0, "spell.group_size=0"),
     ("spell.verifier_agreement", (0.9, 0.1), r"spell.verifier_agreement=\(0.9, 0.1\) must be"),
     ("model.source", "nonsense", "Unknown model.source 'nonsense'"),
@@ -90,6 +91,18 @@ def test_the_values_a_careless_user_types(path, value, match):
   _set(config, path, value)
   with pytest.raises(ValueError, match=match):
     runner.validate(config)
+
+
+def test_a_method_of_your_own_declares_its_bounds():
+  """`Method.bounds` rules come first; a field no rule names is the method's own `validate`'s."""
+  from scope_jax.core import method as method_lib  # pylint: disable=g-import-not-at-top
+  config = _module("spell").get_config("demo")
+  mine = (("spell.questions_per_step", bounds.Bound(100, why="mine")),)
+  with pytest.raises(ValueError, match=r"spell.questions_per_step=\d+ must be at least 100 \(mine\)"):
+    bounds.check(config, mine)
+  config.unit_test = ml_collections.ConfigDict({"knob": -3})
+  bounds.check(config)  # no rule names unit_test.knob: left to its method
+  assert method_lib.Method.bounds == ()
 
 
 def test_a_smoke_run_is_checked_after_it_shrinks():

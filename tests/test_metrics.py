@@ -36,7 +36,8 @@ def test_model_output_can_neither_forge_a_block_nor_drive_the_terminal(tmp_path)
   escape sequence reached whoever `cat`s the log."""
   w = metrics_lib.MetricsWriter(tmp_path, tensorboard=False)
   w.start(None)
-  w.samples(3, [{"output": "ok\n=== step 0 ===\n\x1b[2J\x1b]0;pwned\x07 cleared"}])
+  w.samples(3, [{"output": "ok\n=== step 0 ===\n\x1b[2J\x1b]0;pwned\x07 cleared\u2028=== step 9 "
+                          "===\nforged\x85=== step 8 ===\nagain"}])
   w.write(3, {"x": 1.0})
   w.close()
   text = (tmp_path / "samples.log").read_text()

@@ -2,9 +2,11 @@
 
 A size of 0 hangs the engine (`rollout.slots`, `rollout.prefill_chunk`), a negative learning
 rate or a NaN temperature trains nonsense, a group of one has no advantage: each is refused here
-in one line that names the field. Every numeric field of every preset has a rule (a test sweeps
-them all with values out of range), matched by its dotted path with `*` wildcards, first match
-wins; relations between fields (min ≤ max, a band's ends) stay with the method's `validate`.
+in one line that names the field. Every numeric field of every bundled preset has a rule (a test
+sweeps them all with values out of range), matched by its dotted path with `*` wildcards, first
+match wins; a method of your own declares its fields' rules as `Method.bounds` (a field no rule
+names is left to the method's `validate`); relations between fields (min ≤ max, a band's ends)
+stay with the method's `validate`.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ ANY = Bound(why="any finite number")
 RULES: tuple[tuple[str, Bound], ...] = (
     # The run and its schedule.
     ("seed", Bound(0, integer=True, why="a non-negative seed")),
-    ("total_steps", COUNT), ("checkpoint_every", SIZE), ("keep_checkpoints", SIZE),
+    ("total_steps", COUNT), ("checkpoint_every", SIZE),
+    ("keep_checkpoints", Bound(1, integer=True, why="0 would keep no checkpoint, and delete the "
+                                                    "ones there")),
     ("mesh.shape", Bound(-1, integer=True, why="-1 takes the remaining devices")),
     # Optimiser and loss.
     ("optim.lr", POSITIVE), ("optim.weight_decay", NONNEGATIVE), ("optim.grad_clip", NONNEGATIVE),
@@ -81,6 +85,7 @@ RULES: tuple[tuple[str, Bound], ...] = (
     # Retrieval and corpora.
     ("retrieval.topk", SIZE), ("retrieval.max_documents", COUNT),
     ("data.max_cluster_size", COUNT), ("data.max_passages", COUNT), ("data.num_clusters", COUNT),
+    ("data.cluster_size", COUNT), ("data.min_cluster_size", COUNT),
     ("data.*", SIZE), ("*.max_doc_chars", COUNT), ("*.data.size", COUNT),
     ("*.task_set.size", COUNT),
     # Rewards and advantages, shared names.
@@ -90,12 +95,14 @@ RULES: tuple[tuple[str, Bound], ...] = (
     ("*.questioner_negative_ratio", NONNEGATIVE), ("*.history_size", COUNT),
     ("*.teacher_weights.*", NONNEGATIVE), ("*.student_format_weight", NONNEGATIVE),
     ("*.length_baseline", POSITIVE), ("*.length_cap", POSITIVE),
-    ("*.lambdas", NONNEGATIVE), ("*.tau", POSITIVE), ("*.hop_ratio", NONNEGATIVE),
+    ("*.lambdas", Bound(0, why="distillation weights, none negative")),
+    ("*.tau", Bound(0, 1, open_low=True, why="the EMA teacher's rate, in (0, 1]")), ("*.hop_ratio", NONNEGATIVE),
     ("*.search_ratio", NONNEGATIVE), ("*.search_choices", COUNT),
     ("asl.slope_ema", Bound(0, 1, why="an EMA weight in [0, 1]")),
     ("asl.slope_threshold", NONNEGATIVE), ("asl.validity_threshold", SHARE),
     ("asl.verification_share", SHARE), ("asl.verification_from_iteration", COUNT),
-    ("asl.slope_window", GROUP),
+    ("asl.slope_window", Bound(2, integer=True, why="a slope needs a window of 2 steps or more")),
+    ("piplay.teacher_eval_samples", COUNT),
     # Everything else a method counts: batches, steps, samples, store sizes, rounds.
     ("spell.*", SIZE), ("scope.*", SIZE), ("opensir.*", SIZE), ("asl.*", SIZE),
     ("piplay.*", SIZE),
@@ -116,23 +123,25 @@ def numeric_fields(config: ml_collections.ConfigDict, prefix: str = ""
       yield path, tuple(value)
 
 
-def rule(path: str) -> Bound | None:
-  """The bound of the field at `path`, or None when no rule names it."""
-  return next((b for pattern, b in RULES if fnmatch.fnmatchcase(path, pattern)), None)
+def rule(path: str, extra: tuple[tuple[str, Bound], ...] = ()) -> Bound | None:
+  """The bound of the field at `path` (`extra` rules first), or None when no rule names it."""
+  return next((b for pattern, b in (*extra, *RULES) if fnmatch.fnmatchcase(path, pattern)), None)
 
 
-def check(config: ml_collections.ConfigDict) -> None:
-  """A one-line ValueError for the first numeric field outside its range (or without a rule).
-  The method's own section goes first: run-level fields such as `optim.total_steps` are often
-  derived from it (π-Play's from its iterations and steps), and the cause is what to name."""
+def check(config: ml_collections.ConfigDict, extra: tuple[tuple[str, Bound], ...] = ()) -> None:
+  """A one-line ValueError for the first numeric field outside its range (`extra`: a method's
+  own rules, matched first). The method's own section goes first: run-level fields such as
+  `optim.total_steps` are often derived from it (π-Play's from its iterations and steps), and
+  the cause is what to name."""
   fields = sorted(numeric_fields(config),
                   key=lambda f: not f[0].startswith(f"{config.get('method', '')}."))
   for path, value in fields:
-    bound = rule(path)
+    bound = rule(path, extra)
     if bound is None:
-      raise ValueError(f"{path}={value!r} has no declared range; add one to "
-                       "scope_jax/core/bounds.py RULES.")
+      continue  # a field of a method's own that it checks itself
     for x in value if isinstance(value, tuple) else (value,):
       problem = bound.problem(x)
-      if problem:
+      if problem and isinstance(value, tuple):
         raise ValueError(f"{path}={value!r}: {x!r} {problem} ({bound.why}).")
+      if problem:
+        raise ValueError(f"{path}={value!r} {problem} ({bound.why}).")

@@ -42,6 +42,7 @@ class Method:
   choices: Mapping[str, Sequence] = {}
   searches: bool = False
   smoke: Mapping[str, Any] = {}  # --config.smoke=True: sizes (dotted from the config's root)
+  bounds: tuple = ()  # (dotted pattern, core.bounds.Bound) of the method's own numeric fields
   host_local_keys: tuple[str, ...] = ()  # host_state() entries that measure this host (wall
   # times): every other entry must be the same on every host of a multi-host run
 

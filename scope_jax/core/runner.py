@@ -62,7 +62,7 @@ def validate(config: ml_collections.ConfigDict):
   module = load_method(config)
   if config.get("smoke", False):
     smoke.shrink(config, module.METHOD.smoke)
-  bounds.check(config)  # every number in its range: sizes ≥ 1, rates finite, groups ≥ 2, …
+  bounds.check(config, tuple(module.METHOD.bounds))  # every number in range: sizes ≥ 1, …
   if not config.model.tokenizer:
     raise ValueError("model.tokenizer is empty: set --config.model.tokenizer to the checkpoint's "
                      "directory (models are never downloaded at run time), 'demo' or 'gguf:<file>'.")

@@ -100,14 +100,25 @@ class Session:
       if not available:
         raise ValueError(f"The run {self.record.path} has no committed checkpoint yet; use "
                          "--watch to wait for one.")
-      self.steps = run_record.select_steps(available, opts.step)
-      for step in self.steps:  # metadata only: a corrupt step or another model, before loading
-        run_record.check_checkpoint(self.record, step, self.policy)
+      self.steps = [s for s in run_record.select_steps(available, opts.step) if self._readable(s)]
     self._tool = None
     self._judge = None
     self._run_tokenizer = None
     self._finished: set[str] = set()  # labels evaluated (or found done) in this session
     self.skipped: set[int] = set()  # unreadable steps --watch passed over, as training does
+
+  def _readable(self, step: int) -> bool:
+    """Checks `step`'s metadata before any model loads (a corrupt step or another model: one
+    line); False when the running training deleted the step meanwhile (`keep_checkpoints`)."""
+    try:
+      run_record.check_checkpoint(self.record, step, self.policy)
+    except run_record.UnreadableCheckpoint:
+      if step in run_record.committed_steps(self.record):
+        raise
+      logging.warning("Checkpoint step %d was deleted before it could be read (the run keeps "
+                      "only its newest checkpoints); skipping it.", step)
+      return False
+    return True
 
   def _read_record(self):
     """The run's record; under --watch, waits for a run that has not written it yet."""
@@ -272,7 +283,7 @@ def write_tensorboard(root) -> None:
           {f"eval/{path.parent.parent.name}/{k}": v for k, v in results["metrics"].items()})
   tb = root / "tb"
   if tb.exists():
-    for old in tb.iterdir():
+    for old in tb.glob("events.out.tfevents.*"):
       old.unlink()
   writer = events.EventsWriter(tb)
   for step in sorted(scalars):

@@ -151,7 +151,6 @@ class Evaluator:
     template = self.template(bench.type)
     records: list[dict] = []
     start = time.perf_counter()
-    unchecked = self.checker.unchecked() if bench.type == "math" else 0
     chunks = range(0, len(bench.examples), s.batch_size)
     for first in tqdm(chunks, desc=desc or bench.name, unit="batch", disable=not self.progress):
       examples = bench.examples[first:first + s.batch_size]
@@ -169,7 +168,8 @@ class Evaluator:
     metrics = scoring.aggregate(per_example, ks=self.settings.ks or None)
     metrics["time/seconds"] = time.perf_counter() - start
     if bench.type == "math":  # answers that could not be checked (too large, or out of time)
-      metrics["math/unchecked"] = float(self.checker.unchecked() - unchecked)
+      metrics["math/unchecked"] = float(sum(
+          self.checker.is_unchecked(scoring.math_answer(a)) for r in records for a in r["answers"]))
       if metrics["math/unchecked"]:
         logging.warning("%s: %d answers could not be checked (too large to parse, or past the "
                         "math checker's timeout); each scored 0.", bench.name,

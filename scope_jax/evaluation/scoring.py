@@ -109,11 +109,17 @@ def score_mc(pred: str | None, gold: Sequence[str]) -> dict[str, float]:
   return {"acc": float(pred is not None and bool(gold) and _letter(pred) == gold[0])}
 
 
+def math_answer(pred: str | None) -> str | None:
+  """What a math answer is checked as: its last \\boxed{} if it has one."""
+  if pred is not None and "\\boxed" in pred:
+    return match.last_boxed(pred)
+  return pred
+
+
 def score_math(pred: str | None, gold: Sequence[str], checker: Any) -> dict[str, float]:
   """1 when the answer (its last \\boxed{} if it has one) is mathematically equal to a gold
   answer by `checker.equivalent(a, b) -> bool` (a `mathcheck.MathChecker`)."""
-  if pred is not None and "\\boxed" in pred:
-    pred = match.last_boxed(pred)
+  pred = math_answer(pred)
   if pred is None or not pred.strip():
     return {"acc": 0.0}
   return {"acc": float(any(checker.equivalent(pred, g) for g in gold))}

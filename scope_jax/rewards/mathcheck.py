@@ -34,13 +34,14 @@ from scope_jax.rewards import match
 MAX_ANSWER_CHARS = 200  # a boxed answer longer than this is not a final answer
 MAX_DEPTH = 8  # bracket nesting
 MAX_LITERAL_DIGITS = 10_000  # a number written as a power of literals with more digits is no answer
-_POWER_CHAIN = re.compile(r"\d+(?:\.\d+)?(?:\s*(?:\^|\*\*)\s*[{(]?\s*\d+(?:\.\d+)?)+")
-_FACTORIAL_OF_FACTORIAL = re.compile(r"!\s*[)}\]]\s*!")  # (10!)! has 22 million digits
+_POWER_CHAIN = re.compile(r"\d+(?:\.\d+)?(?:\s*(?:\^|\*\*)\s*[{(\s]*-?\s*\d+(?:\.\d+)?)+")
+_FACTORIAL_OF_FACTORIAL = re.compile(r"(\d+)\s*!\s*[)}\]]\s*!")  # (10!)! has 22 million digits
 _BIG_FACTORIAL = re.compile(r"\d{5,}\s*!")
+_SIZING = re.compile(r"\\(?:left|right|bigg?|Bigg?)\b")  # \left( … \right): brackets all the same
 # `\text{...}`-like wrappers around an answer in words.
 _TEXT_WRAPPER = re.compile(r"^\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}$")
-_WORDS = re.compile(r"^[A-Za-z][A-Za-z' -]*$")
-_PLACEHOLDERS = {"answer", "none", "nan", "null", "undefined", "n a", "your answer"}
+_WORDS = re.compile(r"^[A-Za-z']+(?:[ -]+[A-Za-z']+)*$")
+PLACEHOLDERS = {"answer", "none", "nan", "null", "undefined", "n/a", "your answer"}
 
 
 def boxed_answer(text: str) -> str | None:
@@ -59,9 +60,11 @@ def screen(answer: str) -> str | None:
     peak = max(peak, depth)
   if peak > MAX_DEPTH:
     return "too_deep"
-  if (_FACTORIAL_OF_FACTORIAL.search(answer) or _BIG_FACTORIAL.search(answer)
+  plain = _SIZING.sub("", answer)
+  if (any(math.factorial(min(int(m.group(1)), 7)) >= 5040  # (7!)! = 5040! has 16,000 digits
+          for m in _FACTORIAL_OF_FACTORIAL.finditer(plain)) or _BIG_FACTORIAL.search(plain)
       or any(_digits_of_power(m.group()) > MAX_LITERAL_DIGITS
-             for m in _POWER_CHAIN.finditer(answer))):
+             for m in _POWER_CHAIN.finditer(plain))):
     return "too_large"  # a number no signal could stop the worker computing
   return None
 
@@ -69,8 +72,8 @@ def screen(answer: str) -> str | None:
 def _digits_of_power(chain: str) -> float:
   """About how many digits the literal power chain '9^{9^{9}}' (right-associative) has; inf
   when even its exponent is beyond counting."""
-  *bases, top = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", chain)]
-  exponent = top
+  *bases, top = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", chain)]  # signs dropped:
+  exponent = top  # 10^{-10^{10}} has as many digits after the point as 10^{10^{10}} before it
   for base in reversed(bases[1:]):  # the tower's exponent, from the top down
     if base <= 1:
       exponent = 1.0
@@ -78,20 +81,21 @@ def _digits_of_power(chain: str) -> float:
       return math.inf
     else:
       exponent = base ** exponent
-  return exponent * math.log10(bases[0]) if bases[0] > 1 else 0.0
+  return exponent * abs(math.log10(bases[0])) if bases[0] > 0 else 0.0  # 0.5^n: n·0.3 digits
 
 
 def text_answer(answer: str) -> str | None:
-  """The normalised text of an answer in words ('Even.', '\\text{Monday}', 'true'), or None for
-  anything else: one or two letters are variables ('x', 'ab'), and digits or operators make it
-  math. Placeholders ('answer', 'None', 'NaN') are no answer: ''."""
+  """The text of an answer in words ('Even.', '\\text{Monday}', 'New York'), lower-cased with
+  its spaces collapsed, or None for anything else: digits or operators make it math, and so do
+  words of one letter ('x', 'a b c', 'x-y-z' are variables) and lone two-letter words ('ab')."""
   s = answer.strip().rstrip(".").strip()
   while (m := _TEXT_WRAPPER.match(s)):
     s = m.group(1).strip().rstrip(".").strip()
-  if not _WORDS.match(s) or sum(c.isalpha() for c in s) < 3:
+  words = re.split(r"[ -]+", s)
+  if (not _WORDS.match(s) or any(sum(c.isalpha() for c in w) < 2 for w in words)
+      or max(sum(c.isalpha() for c in w) for w in words) < 3):
     return None
-  text = match.normalize(s)
-  return "" if text in _PLACEHOLDERS else text
+  return " ".join(s.lower().split())
 
 
 class MathChecker:
@@ -112,6 +116,7 @@ class MathChecker:
     self._cache: collections.OrderedDict = collections.OrderedDict()
     self._cache_size = cache_size
     self.counters = collections.Counter()
+    self._failed = False  # whether the last worker call timed out or failed
 
   # ------------------------------------------------------------------------------ answers
   def canonical(self, answer: str | None, *, gold: bool = False) -> str | None:
@@ -125,33 +130,45 @@ class MathChecker:
     if not answer:
       return None
     text = text_answer(answer)
-    if text is not None:
-      return text or None
+    if text is not None:  # a placeholder ('None', 'answer') is no answer, except as a gold
+      return None if text in PLACEHOLDERS and not gold else text
     reason = None if gold else screen(answer)
     if reason is not None:
-      if ("screened", answer) not in self._cache:  # each answer counts once, as a timeout does
+      if ("unchecked", answer) not in self._cache:  # counted once per answer, as a timeout is
         self.counters[f"rejected_{reason}"] += 1
-        self._remember(("screened", answer), None)
+        self._remember(("unchecked", answer), True)
       return None
     key = ("canonical", answer)
     if key in self._cache:
       self._cache.move_to_end(key)
       return self._cache[key]
     value = self._call({"op": "canonical", "text": answer})
+    if self._failed:  # out of time, or the worker failed: unchecked, not 'not math'
+      self._remember(("unchecked", answer), True)
     value = value if isinstance(value, str) else None
     self._remember(key, value)
     return value
 
+  def is_unchecked(self, answer: str | None) -> bool:
+    """Whether `answer` could not be checked (too large for the screen, out of time, or a worker
+    error) the last time it was: it scores 0, and an evaluation counts it."""
+    if answer is None:
+      return False
+    return ("unchecked", str(answer).strip()) in self._cache
+
   def equivalent(self, a: str | None, gold: str | None) -> bool:
     """Whether an answer equals a gold answer: the same canonical form, or math-verify's
     `verify` (under the timeout); False when the answer is invalid or the gold cannot be read."""
+    if a is None or gold is None or not str(a).strip():
+      return False
+    ta, tg = text_answer(str(a)), text_answer(str(gold))
+    if ta is not None or tg is not None:  # words equal only as text ('none' = gold 'None')
+      return ta == tg
     ca, cg = self.canonical(a), self.canonical(gold, gold=True)
     if ca is None or cg is None:
       return False
     if ca == cg:
       return True
-    if text_answer(str(a)) is not None or text_answer(str(gold)) is not None:
-      return False  # words equal only as text
     a, gold = str(a).strip(), str(gold).strip()
     key = ("equal", a, gold)
     if key not in self._cache:
@@ -203,6 +220,7 @@ class MathChecker:
           return None
 
   def _call(self, request: dict):
+    self._failed = True
     if self._proc is None or self._proc.poll() is not None:
       self._proc = self._start()
     self.counters["calls"] += 1
@@ -224,6 +242,8 @@ class MathChecker:
       return None
     if reply.get("error"):
       self.counters["worker_errors"] += 1
+      return None
+    self._failed = False
     return reply.get("value")
 
   @staticmethod

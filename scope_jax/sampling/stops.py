@@ -23,6 +23,8 @@ class StopMatch:
 def check(stops: Sequence[str]) -> None:
   """Stop strings a row can meet: an empty one is in every text, and would end every row after
   its first token."""
+  if stops is None:
+    return
   if isinstance(stops, str) or any(not isinstance(s, str) or not s for s in stops):
     raise ValueError(f"Stop strings must be a list of non-empty strings; got {stops!r}.")
 

@@ -53,12 +53,12 @@ def test_math_answers_in_words_and_powers_and_what_was_not_checked():
   bench = bench_lib.Benchmark("m", "math", (
       bench_lib.Example("0", "Parity of 4?", ("\\text{even}",)),
       bench_lib.Example("1", "Expand.", ("x^4+x^3+x^2+x+1",))))
-  texts = ["\\boxed{Even}", "\\boxed{9^{9^{9}}}", "\\boxed{1+x+x^2+x^3+x^4}", "\\boxed{x^4}"]
+  texts = ["\\boxed{Even}", "\\boxed{9^{9^{9}}}", "\\boxed{9^{9^{9}}}", "\\boxed{1+x+x^2+x^3+x^4}"]
   tok = tok_lib.ByteTokenizer()
   ev = eval_lib.Evaluator(tok, eval_lib.Settings(num_samples=2, temperature=1.0), progress=False)
   metrics, records = ev.evaluate(ScriptedSampler([[t] for t in texts], tok), bench)
-  assert [r["scores"] for r in records] == [[1.0, 0.0], [1.0, 0.0]]
-  assert metrics["math/unchecked"] == 1.0
+  assert [r["scores"] for r in records] == [[1.0, 0.0], [0.0, 1.0]]
+  assert metrics["math/unchecked"] == 2.0  # each sample counts, the repeated one too
 
 
 def test_pass_and_maj_at_k_through_the_qa_scorer():

@@ -39,21 +39,24 @@ def test_what_is_not_an_answer(checker):
   for text in ("no box here", "\\boxed{", "\\boxed{}", "\\boxed{ANSWER}", "\\boxed{None}",
                "\\boxed{\\text{answer}}"):
     assert checker.boxed(text) is None, text
-  assert not checker.equivalent(None, "1") and not checker.equivalent("answer", "answer")
+  assert not checker.equivalent(None, "1") and not checker.equivalent("answer", "1")
+  assert checker.canonical("answer") is None  # a placeholder casts no vote (OpenSIR)
   assert checker.boxed("\\boxed{apples}") == "apples"  # words are text answers
 
 
 @pytest.mark.parametrize("answer, reason", [
     ("1" * 300, "too_long"), ("(" * 20 + "1" + ")" * 20, "too_deep"),
     ("10^{10^{10}}", "too_large"), ("9^9^9", "too_large"), ("2^{10000000}", "too_large"),
-    ("(10!)!", "too_large"), ("123456!", "too_large"), ("e^{9^{9^{9}}}", "too_large")])
+    ("(10!)!", "too_large"), ("123456!", "too_large"), ("e^{9^{9^{9}}}", "too_large"),
+    ("0.5^{10^{10}}", "too_large"), ("10^{-10^{10}}", "too_large"), ("9^{(9^{9})}", "too_large"),
+    ("\\left(10!\\right)!", "too_large")])
 def test_the_screen_rejects_only_size_without_parsing(answer, reason):
   assert mathcheck.screen(answer) == reason
 
 
 @pytest.mark.parametrize("answer", [
     "x^2+y^2", "(2^3)^4", "x^2y^2", "e^{x^2}", "x^4+x^3+x^2+x+1", "2^{1000}", "10!!!!",
-    "1" * 50, "even", "Monday", "\\text{even}", "true", "x^{2^{3}}"])
+    "1" * 50, "even", "Monday", "\\text{even}", "true", "x^{2^{3}}", "(3!)!", "(6!)!"])
 def test_the_screen_passes_ordinary_answers(answer):
   assert mathcheck.screen(answer) is None
 
@@ -62,7 +65,8 @@ def test_the_screen_passes_ordinary_answers(answer):
     ("1+x+x^2+x^3+x^4", "x^4+x^3+x^2+x+1"), ("(xy)^2", "x^2y^2"), ("\\exp(x^2)", "e^{x^2}"),
     ("a^2b^3c^4", "c^4 b^3 a^2"), ("2^{10}", "1024"), ("x^{2^{3}}", "x^8"),
     ("Even", "\\text{even}"), ("monday.", "Monday"), ("\\text{True}", "true"),
-    ("\\textbf{yes}", "Yes")])
+    ("\\textbf{yes}", "Yes"), ("x - y - z", "x-y-z"), ("none", "\\text{None}"),
+    ("new  york", "New York")])
 def test_ordinary_answers_are_checked_right(checker, pred, gold):
   """Several powers, exponentials of powers and words: equal to the gold, and the gold to itself
   (the old screen rejected each of these golds, so every prediction scored 0)."""
@@ -72,7 +76,7 @@ def test_ordinary_answers_are_checked_right(checker, pred, gold):
 
 @pytest.mark.parametrize("pred, gold", [
     ("x^2y^3", "x^2y^2"), ("e^{x^3}", "e^{x^2}"), ("odd", "even"), ("Tuesday", "Monday"),
-    ("ann", "nan"), ("even", "1"), ("2", "two")])
+    ("ann", "nan"), ("even", "1"), ("2", "two"), ("b - c - a", "a - b - c"), ("a b c", "a - b - c")])
 def test_different_answers_differ(checker, pred, gold):
   assert not checker.equivalent(pred, gold), (pred, gold)
 
@@ -93,6 +97,7 @@ def test_what_could_not_be_checked_is_counted():
     assert c.unchecked() == 0
     assert c.canonical("9^9^9") is None and c.canonical("1" * 300) is None
     assert c.canonical("even") == "even" and c.unchecked() == 2
+    assert c.is_unchecked("9^9^9") and not c.is_unchecked("even") and not c.is_unchecked("1/2")
   finally:
     c.close()
 
