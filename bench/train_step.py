@@ -21,6 +21,7 @@ import numpy as np
 from bench.sampler import load
 from scope_jax import host_memory
 from scope_jax.models import save_hf
+from scope_jax.rl import learner as learner_lib
 from scope_jax.rl.batch import TrainBatch
 from scope_jax.rl.optim import make_optimizer
 from scope_jax.rl.train_step import LossConfig, init_train_state, make_train_step
@@ -80,7 +81,6 @@ def padding_skip(cfg, params, rows: int, seq: int, steps: int, micro_rows: int =
   """`rows` real rows padded to the learner's micro-batch bucket: the step as it runs (padding
   micro-batches skipped) against the same step made to compute every micro-batch (one token of
   each padding row unmasked; its loss mask stays 0, so the update is the same)."""
-  from scope_jax.rl import learner as learner_lib  # pylint: disable=g-import-not-at-top
   host = jax.tree.map(np.asarray, make_batch(cfg, rows, seq))
   micro = learner_lib.micro_batch_count(rows, micro_rows)
   host = learner_lib.fill_micro_batches(learner_lib.pad_rows(host, micro * micro_rows), rows, micro)

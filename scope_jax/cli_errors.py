@@ -3,8 +3,11 @@ an unknown preset, a bad value) instead of a library traceback."""
 
 from __future__ import annotations
 
+import logging as std_logging
 import re
 from typing import Sequence
+
+from absl import logging
 
 _DID_YOU_MEAN = re.compile(r"""Did you mean \\?["'](\w+)\\?["'] instead of \\?["'](\w+)\\?["']""")
 _NO_FILE = re.compile(r"No such file or directory: '([^']+)'")
@@ -48,8 +51,6 @@ CHATTY = ("/orbax/", "xla_bridge.py", "faiss/loader.py")  # libraries whose INFO
 
 def quiet_chatty_libraries() -> None:
   """Only warnings and errors from `CHATTY` libraries reach the absl log (the entrypoints')."""
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  import logging as std_logging  # pylint: disable=g-import-not-at-top
   logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= std_logging.WARNING or not any(q in r.pathname for q in CHATTY))
 

@@ -10,6 +10,7 @@ import ml_collections
 import pytest
 
 from scope_jax.core import bounds, runner
+from scope_jax.core import method as method_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("spell", "scope", "opensir", "asl", "piplay")
@@ -95,7 +96,6 @@ def test_the_values_a_careless_user_types(path, value, match):
 
 def test_a_method_of_your_own_declares_its_bounds():
   """`Method.bounds` rules come first; a field no rule names is the method's own `validate`'s."""
-  from scope_jax.core import method as method_lib  # pylint: disable=g-import-not-at-top
   config = _module("spell").get_config("demo")
   mine = (("spell.questions_per_step", bounds.Bound(100, why="mine")),)
   with pytest.raises(ValueError, match=r"spell.questions_per_step=\d+ must be at least 100 \(mine\)"):

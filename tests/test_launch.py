@@ -14,6 +14,8 @@ import time
 import pytest
 import yaml
 
+from launch import tpu_pod
+from launch.gke import render
 from scope_jax import distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -251,7 +253,6 @@ def test_gke_refuses_values_that_would_change_the_manifest(flag, value, match):
 
 
 def test_gke_quotes_what_it_copies_into_the_manifest():
-  from launch.gke import render  # pylint: disable=g-import-not-at-top
   manifest = yaml.safe_load(render.render("n", "v5p-8", "registry/x:1#not-a-comment",
                                           ["--workdir=gs://b/r"], workdir_in_image="/app: x"
                                           .replace(" ", "")))
@@ -320,7 +321,6 @@ def test_slurm_dry_run_anywhere_never_starts_the_job(tmp_path):
 
 
 def test_tpu_pod_packs_into_a_private_directory_per_run():
-  from launch import tpu_pod  # pylint: disable=g-import-not-at-top
   args = tpu_pod.argparse.Namespace(dry_run=False, source=ROOT, jax_spec="jax[tpu]", name="n",
                                     zone="z", project=None)
   firsts = []
