@@ -99,12 +99,14 @@ def role_rows(result: dict) -> list[list[str]]:
                        if (mean(f"{role}/rollout/finish_{r}") or 0) > 0)
     lines.append([result["spec"], role, str(int(rows)),
                   fmt(mean(f"{role}/rollout/searches/mean")), finish,
-                  fmt(mean(reward) if reward else None), fmt(mean(parsed) if parsed else None)])
+                  fmt(mean(reward) if reward else None),
+                  f"{parsed.split('/', 1)[1]} {fmt(mean(parsed))}" if parsed else "—"])
   return lines
 
 
 def table(results) -> str:
-  head = ["preset", "role", "rows", "searches/rollout", "finish", "reward", "parse/format"]
+  head = ["preset", "role", "rows", "searches/rollout", "finish", "reward",
+          "parse/format metric"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in results:
     for line in role_rows(r):
