@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging as std_logging
 import re
-from typing import Sequence
+import sys
+from typing import NoReturn, Sequence
 
 from absl import logging
 
@@ -65,3 +66,9 @@ def raised_here(exc: BaseException, within: str | None = None) -> bool:
     tb = tb.tb_next
   return (tb is not None and "/scope_jax/" in tb.tb_frame.f_code.co_filename
           and (within is None or within in names))
+
+
+def fail(exc: BaseException) -> NoReturn:
+  """Prints `exc` as one `Error:` line on stderr and exits with status 2 (a usage error)."""
+  print(f"Error: {one_line(exc, sys.argv)}", file=sys.stderr)
+  sys.exit(2)

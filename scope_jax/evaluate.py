@@ -12,8 +12,6 @@ qa_search, math, mc or judge. Results go to `<run>/eval/<benchmark>/step_<N>/` (
 with several trained policies adds the policy: `<run>/eval/<policy>/<benchmark>/…`).
 """
 
-import sys
-
 from absl import app, flags
 
 from scope_jax import cli_errors, run_record
@@ -92,18 +90,15 @@ def main(argv):
   try:  # bad flags, paths, runs, roles or benchmark files: one line, before any model loads
     session = driver.Session(options())
   except (OSError, ValueError, KeyError) as e:
-    print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
-    sys.exit(2)
+    cli_errors.fail(e)
   try:  # what only loading shows (a corrupt step, a tokenizer too large): one line too
     driver.run(session)
   except (run_record.UnreadableCheckpoint, FileNotFoundError) as e:
-    print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
-    sys.exit(2)
+    cli_errors.fail(e)
   except ValueError as e:
     if not cli_errors.raised_here(e):  # a library's error keeps its traceback
       raise
-    print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
-    sys.exit(2)
+    cli_errors.fail(e)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ The result loads with `transformers.AutoModelForCausalLM.from_pretrained(out)` a
 `AutoTokenizer.from_pretrained(out)`.
 """
 
-import sys
 
 import jax.numpy as jnp
 from absl import app, flags, logging
@@ -65,8 +64,7 @@ def main(argv):
     out = export_lib.export(model, _OUT.value, dtype=_DTYPE.value and jnp.dtype(_DTYPE.value),
                             info=info)
   except (OSError, ValueError, KeyError) as e:  # bad flags, paths, roles; an unwritable --out
-    print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
-    sys.exit(2)
+    cli_errors.fail(e)
   logging.info("Exported %s to %s", info, out)
   print(f"Exported {info} to {out}")
 

@@ -33,8 +33,7 @@ def main(argv):
     runner.validate(config)
     runner.check_writable(checkpoint.absolute(_WORKDIR.value))
   except (OSError, ValueError, KeyError) as e:
-    print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
-    sys.exit(2)
+    cli_errors.fail(e)
   logging.info("JAX %s: %d processes, devices %s", jax.__version__, jax.process_count(),
                jax.devices())
   logging.info("Config:\n%s", config)
@@ -43,8 +42,7 @@ def main(argv):
   except ValueError as e:
     if not cli_errors.raised_here(e, within="build"):  # a step's error keeps its traceback
       raise
-    print(f"Error: {cli_errors.one_line(e, sys.argv)}", file=sys.stderr)
-    sys.exit(2)
+    cli_errors.fail(e)
 
 
 def parse_flags(argv):
