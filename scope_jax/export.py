@@ -8,7 +8,6 @@ The result loads with `transformers.AutoModelForCausalLM.from_pretrained(out)` a
 `AutoTokenizer.from_pretrained(out)`.
 """
 
-
 import jax.numpy as jnp
 from absl import app, flags, logging
 
