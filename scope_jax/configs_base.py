@@ -37,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.source = "tiny"  # 'tiny' | 'preset:<name>' | 'hf:<dir or gs://>' | 'gguf:<file or asset>'
   c.model.tiny = ml_collections.ConfigDict(DEMO_TINY_MODEL)  # architecture when source == 'tiny'
+  c.model.tie_embeddings = "auto"  # 'yes': one input/output matrix where the source stores two
   c.model.tokenizer = "demo"  # 'demo' | 'byte' | HF tokenizer dir | 'gguf:<file or asset>'
   c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
   c.model.param_dtype = "float32"  # master weight dtype

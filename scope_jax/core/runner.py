@@ -87,7 +87,7 @@ def validate(config: ml_collections.ConfigDict):
       raise ValueError(f"{config.method}.roles.{name}.max_prompt_tokens={limit} leaves no room for "
                        f"a response within the role's context of {context} tokens "
                        "(rollout.max_context, or the role's own max_context).")
-  load_lib.check_source(config.model.source)
+  load_lib.check_source(config.model.source, config.model.tie_embeddings)
   warmup_lib.validate(config)
   module.METHOD.validate(config)
   return module

@@ -6,9 +6,11 @@ stores, losses, the shape of the schedule) and shrinks only sizes: the method's 
 sizes to 2 and each phase or stage to one step (the method's `Method.smoke` declaration), at most
 128 new tokens per turn, documents cut to about 1,000 characters, contexts to 4K, one device's
 mesh, 4 engine slots on one 1K cache window (each compiled program costs tens of seconds on a
-CPU). The base params are released when nothing reads them (`Runtime.release_base`). Where the preset names no real model (a `preset:` random init, or no tokenizer) it runs the
-real Qwen2.5-Coder-0.5B-Instruct (the GGUF asset) in float32; where it names no retrieval
-encoder or index, the bundled corpus with its MiniLM index. Shrinking twice changes nothing.
+CPU). The base params are released when nothing reads them (`Runtime.release_base`). Where the
+preset names no real model (a `preset:` random init, or no tokenizer) it runs the real
+Qwen2.5-Coder-0.5B-Instruct (the GGUF asset) in float32, its embeddings tied as in the released
+model (the GGUF stores the matrix twice; the more precise copy serves both); where it names no
+retrieval encoder or index, the bundled corpus with its MiniLM index. Shrinking twice changes nothing.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def _model(config: ml_collections.ConfigDict) -> None:
   if m.source.startswith("preset:") or not m.tokenizer:
     m.source = m.tokenizer = MODEL
     m.dtype = m.param_dtype = "float32"
+    m.tie_embeddings = "yes"  # as the real model is: 494M parameters, not 630M
   config.mesh.shape = (1, -1) + (1,) * (len(tuple(config.mesh.shape)) - 2)
   config.loss.micro_batch_rows = min(config.loss.micro_batch_rows, MICRO_BATCH_ROWS)
 

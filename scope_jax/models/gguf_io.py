@@ -130,14 +130,24 @@ def config_from_gguf(reader) -> ModelConfig:
       pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"), **family)
 
 
-def read_gguf(path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-  """Returns (config, HF-named float32 tensors) dequantised from a GGUF file."""
+def read_gguf(path, tie: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+  """Returns (config, HF-named float32 tensors) dequantised from a GGUF file.
+
+  With `tie`, one matrix serves as input embedding and output projection: where the file stores
+  both (llama.cpp writes a tied model's matrix twice, at two precisions), the more precise one.
+  """
   import gguf  # optional dependency (the `test` extra), used only here
 
   reader = gguf.GGUFReader(str(path))
   config = config_from_gguf(reader)
+  if tie:
+    config = config.replace(tie_embeddings=True)
+  bits = {}  # bits per weight of the embedding and the output matrix, to keep the better one
   tensors: dict[str, np.ndarray] = {}
   for t in reader.tensors:
+    if t.name in ("token_embd.weight", "output.weight"):
+      block, size = gguf.GGML_QUANT_SIZES[t.tensor_type]
+      bits[t.name] = 8 * size / block
     shape = tuple(int(x) for x in reversed(list(t.shape)))
     arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
     if t.name == "rope_freqs.weight":
@@ -161,6 +171,10 @@ def read_gguf(path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     elif config.model_type == "llama" and parts[2] == "attn_k.weight":
       arr = _unpermute(arr, config.num_kv_heads)
     tensors[f"model.layers.{parts[1]}.{names[parts[2]]}"] = arr
+  if tie and "lm_head.weight" in tensors:
+    output = tensors.pop("lm_head.weight")
+    if bits["output.weight"] > bits["token_embd.weight"]:
+      tensors["model.embed_tokens.weight"] = output
   return config, tensors
 
 
@@ -173,9 +187,9 @@ def _check_rope_freqs(config: ModelConfig, factors: np.ndarray) -> None:
                      f"{config.rope_scaling.factor}; cannot import this rope variant.")
 
 
-def load_gguf(path, mesh=None, dtype=None, rules=None):
+def load_gguf(path, mesh=None, dtype=None, rules=None, tie: bool = False):
   """Loads a GGUF file into (config, params) through the Hugging Face tensor mapping."""
-  config, tensors = read_gguf(path)
+  config, tensors = read_gguf(path, tie)
   params = hf_io.params_from_source(config, hf_io.DictSource(tensors), mesh,
                                     rules or shd.TRAIN_RULES, dtype or jnp.float32)
   return config, params

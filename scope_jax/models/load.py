@@ -29,23 +29,40 @@ def model_config(cfg) -> ModelConfig | None:
   return None
 
 
-def check_source(source: str) -> None:
+TIE_CHOICES = ("auto", "yes")
+
+
+def check_source(source: str, tie: str = "auto") -> None:
   """Fails at once, in one line, on a `model.source` no loader takes."""
   if source != "tiny" and not source.startswith(("preset:", "hf:", "gguf:")):
     raise ValueError(f"Unknown model.source {source!r}; use {SOURCES}.")
+  if tie not in TIE_CHOICES:
+    raise ValueError(f"model.tie_embeddings={tie!r}; use 'auto' (as the source stores them) or "
+                     "'yes' (one matrix for input and output).")
 
 
 def load_model(cfg, mesh, seed: int, rules: shd.Rules = shd.TRAIN_RULES):
-  """(ModelConfig, params) from `cfg.source`, placed on `mesh` under `rules`."""
-  check_source(cfg.source)
+  """(ModelConfig, params) from `cfg.source`, placed on `mesh` under `rules`.
+
+  `cfg.tie_embeddings='yes'` ties the input and output embeddings of a source that stores them
+  apart: a GGUF of a tied model (llama.cpp writes the matrix twice) or a random architecture.
+  """
+  tie = cfg.get("tie_embeddings", "auto")
+  check_source(cfg.source, tie)
   dtype = jnp.dtype(cfg.param_dtype)
   source = cfg.source
   if source.startswith("hf:"):
-    return hf_io.load_hf(source[len("hf:"):], mesh=mesh, dtype=dtype, rules=rules)
+    config, params = hf_io.load_hf(source[len("hf:"):], mesh=mesh, dtype=dtype, rules=rules)
+    if tie == "yes" and not config.tie_embeddings:
+      raise ValueError(f"model.tie_embeddings='yes' but {source} has its own lm_head (config.json "
+                       "tie_word_embeddings=false); leave it 'auto' for Hugging Face checkpoints.")
+    return config, params
   if source.startswith("gguf:"):
     target = source[len("gguf:"):]
     path = pathlib.Path(target) if pathlib.Path(target).exists() else assets.fetch(target)
-    return gguf_io.load_gguf(path, mesh=mesh, dtype=dtype, rules=rules)
+    return gguf_io.load_gguf(path, mesh=mesh, dtype=dtype, rules=rules, tie=tie == "yes")
   config = model_config(cfg)
+  if tie == "yes":
+    config = config.replace(tie_embeddings=True)
   params = transformer.init_sharded_params(config, jax.random.key(seed), mesh, rules, dtype)
   return config, params

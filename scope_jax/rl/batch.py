@@ -28,6 +28,7 @@ class TrainBatch:
   ref_logp: jax.Array | None = None  # [B, T] optional precomputed reference log-probs
   teacher_tokens: jax.Array | None = None  # [B, T] teacher context + the same response
   teacher_mask: jax.Array | None = None  # [B, T]
+  prompt_cols: int = flax.struct.field(pytree_node=False, default=0)  # P: responses start here
 
   @property
   def num_rows(self) -> int:
@@ -74,4 +75,4 @@ def make_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] |
       t_tokens[i, p_cols - len(tp):p_cols], t_tokens[i, p_cols:end] = tp, resp
       t_mask[i, p_cols - len(tp):end] = 1
   return TrainBatch(tokens=tokens, mask=mask, loss_mask=loss_mask, advantages=adv, old_logp=old,
-                    teacher_tokens=t_tokens, teacher_mask=t_mask)
+                    teacher_tokens=t_tokens, teacher_mask=t_mask, prompt_cols=p_cols)

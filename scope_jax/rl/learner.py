@@ -10,7 +10,6 @@ optionally recomputing π_old with the trainer's own forward, and the token coun
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Any, Sequence
 
@@ -117,25 +116,21 @@ class Learner:
     """One update of `policy` (with `loss`, default the policy's own); returns its metrics.
 
     With `recompute_old_logp`, π_old is the trainer's log-prob of the batch (ratio 1 at the first
-    update) instead of the sampler's; the sampler-vs-trainer gap is still reported.
+    update), taken from the step's own forward, instead of the sampler's; the sampler-vs-trainer
+    gap is reported either way (`logprob_gap_mean`).
     """
     if not trajectories:
       return {}
     loss = loss or policy.loss
+    if self.recompute_old_logp:
+      loss = dataclasses.replace(loss, old_logp_from_trainer=True)
     advantages, dropped = finite_advantages(trajectories, advantages, policy.name)
     host, micro = self.make_batch(trajectories, advantages, teacher_prompts)
     step_fn = self.compiled_step(loss, micro)
     start = time.perf_counter()
     batch = train_step.place_batch(host, self.mesh, self.rules)
-    out: dict[str, float] = {}
-    if self.recompute_old_logp:
-      logp = _logprobs_fn(self.model_config, loss.temperature, loss.chunk, self.dtype)(
-          policy.state.params, batch)
-      gap = jnp.abs(logp - batch.old_logp) * batch.loss_mask
-      out["recomputed_gap"] = float(gap.sum() / jnp.maximum(batch.loss_mask.sum(), 1.0))
-      batch = batch.replace(old_logp=logp * batch.loss_mask)
     policy.state, metrics = step_fn(policy.state, batch, ref_params, teacher_params)
-    out.update({k: float(v) for k, v in jax.device_get(metrics).items()})
+    out = {k: float(v) for k, v in jax.device_get(metrics).items()}
     seconds = time.perf_counter() - start
     tokens = int(np.asarray(host.mask).sum())
     self.counters["train_tokens"] += tokens
@@ -171,9 +166,3 @@ def finite_advantages(trajectories: Sequence[Trajectory], advantages: Sequence, 
                     traj.response_text()[-300:])
     out.append(np.zeros_like(a))
   return out, dropped
-
-
-@functools.lru_cache(maxsize=8)
-def _logprobs_fn(model_config, temperature, chunk, dtype):
-  return jax.jit(lambda params, batch: train_step.compute_logprobs(
-      model_config, params, batch, temperature=temperature, chunk=chunk, dtype=dtype))

@@ -40,6 +40,7 @@ class LossConfig:
   chunk: int = 256  # sequence chunk for log-probs / distillation
   norm_length: int | None = None  # Dr.GRPO's constant length (None: the batch's width, tests only)
   router_aux_coef: float = 0.0  # HF's MoE load-balancing loss coefficient (0: off; HF uses 1e-3)
+  old_logp_from_trainer: bool = False  # π_old = this step's own log-probs (ratio 1), not the sampler's
 
   def __post_init__(self):
     for mode in (self.agg_mode, self.distill_agg_mode):
@@ -72,19 +73,15 @@ def init_train_state(params, optimizer) -> TrainState:
                       if isinstance(x.sharding, jax.sharding.SingleDeviceSharding) else x, state)
 
 
-def _targets(tokens_BT):
-  """Token t is predicted from hidden t − 1: targets are tokens shifted left by one."""
-  return jnp.concatenate([tokens_BT[:, 1:], jnp.zeros_like(tokens_BT[:, :1])], axis=1)
-
-
-def _shift_right(x_BT):
-  """Aligns per-position statistics (about token t + 1) back to the token's own column."""
-  return jnp.concatenate([jnp.zeros_like(x_BT[:, :1]), x_BT[:, :-1]], axis=1)
-
-
 def sequence_stats(config: ModelConfig, params, tokens, mask, *, lc: LossConfig, dtype,
-                   remat: str = "none", teacher=None):
-  """Per-token log-probs / entropy / distillation, aligned so column t describes token t."""
+                   remat: str = "none", teacher=None, from_col: int = 1):
+  """Per-token log-probs / entropy / distillation, aligned so column t describes token t.
+
+  Only tokens at columns ≥ `from_col` get statistics (the others are 0): the unembedding, a
+  large share of a small model's FLOPs, runs over the response columns alone when the caller
+  knows where every response starts. Token 0 is never predicted.
+  """
+  start = max(from_col, 1)
   router = None
   if config.num_experts:
     hidden, _, router = transformer.forward(config, params, tokens, attention_mask=mask,
@@ -98,13 +95,14 @@ def sequence_stats(config: ModelConfig, params, tokens, mask, *, lc: LossConfig,
     t_params, t_tokens, t_mask = teacher
     t_hidden, _ = transformer.forward(config, t_params, t_tokens, attention_mask=t_mask,
                                       return_hidden=True, dtype=dtype)
-    kwargs = dict(teacher_hidden_BTD=jax.lax.stop_gradient(t_hidden),
+    kwargs = dict(teacher_hidden_BTD=jax.lax.stop_gradient(t_hidden[:, start - 1:-1]),
                   teacher_unembed_VD=jax.lax.stop_gradient(transformer.unembedding(config, t_params)),
                   distill_topk=lc.distill_topk, distill_tail=lc.distill_tail)
-  stats = losses.token_stats(hidden, transformer.unembedding(config, params), _targets(tokens),
-                             temperature=lc.temperature, chunk=lc.chunk,
+  # Hidden t − 1 predicts token t: statistics about tokens start … T − 1, then left-padded.
+  stats = losses.token_stats(hidden[:, start - 1:-1], transformer.unembedding(config, params),
+                             tokens[:, start:], temperature=lc.temperature, chunk=lc.chunk,
                              softcap=config.final_softcap, **kwargs)
-  out = {k: _shift_right(v) for k, v in stats.items()}
+  out = {k: jnp.pad(v, ((0, 0), (start, 0))) for k, v in stats.items()}
   if router is not None:
     out["router"] = router  # per-layer expert loads and router mass (not per token)
   return out
@@ -114,7 +112,8 @@ def compute_logprobs(config: ModelConfig, params, batch: TrainBatch, *, temperat
                      chunk: int = 256, dtype=jnp.float32):
   """Per-token log-probs of a batch under `params` (e.g. a frozen reference), [B, T]."""
   lc = LossConfig(temperature=temperature, chunk=chunk)
-  return sequence_stats(config, params, batch.tokens, batch.mask, lc=lc, dtype=dtype)["logp"]
+  return sequence_stats(config, params, batch.tokens, batch.mask, lc=lc, dtype=dtype,
+                        from_col=batch.prompt_cols)["logp"]
 
 
 def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, config, lc, dtype,
@@ -130,9 +129,12 @@ def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, c
   if lc.distill_coef > 0:
     teacher = (teacher_params, mb.teacher_tokens, mb.teacher_mask)
   stats = sequence_stats(config, params, mb.tokens, mb.mask, lc=lc, dtype=dtype, remat=remat,
-                         teacher=teacher)
+                         teacher=teacher, from_col=mb.prompt_cols)
   logp, m = stats["logp"], mb.loss_mask
-  pg, clipped = losses.policy_loss(logp, mb.old_logp, mb.advantages, eps_low=lc.eps_low,
+  # π_old from the trainer (verl, TRL): this forward's own log-probs, as the update is one
+  # optimizer step on unchanged params; the ratio is exactly 1 and only its gradient remains.
+  old_logp = jax.lax.stop_gradient(logp) if lc.old_logp_from_trainer else mb.old_logp
+  pg, clipped = losses.policy_loss(logp, old_logp, mb.advantages, eps_low=lc.eps_low,
                                    eps_high=lc.eps_high, dual_clip=lc.dual_clip)
   rows = lambda per_token, mode: losses.aggregate_rows(per_token, m, mode, lc.norm_length)[0]
   parts_B = {"pg_loss": rows(pg, lc.agg_mode) / counts["agg"]}
@@ -140,14 +142,15 @@ def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, c
     if mb.ref_logp is not None:
       ref_logp = mb.ref_logp
     else:
-      ref_logp = sequence_stats(config, ref_params, mb.tokens, mb.mask, lc=lc, dtype=dtype)["logp"]
+      ref_logp = sequence_stats(config, ref_params, mb.tokens, mb.mask, lc=lc, dtype=dtype,
+                                from_col=mb.prompt_cols)["logp"]
     kl = losses.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), lc.kl_kind)
     parts_B["kl_loss"] = rows(kl, lc.agg_mode) / counts["agg"]
   sums_B = {}
   if lc.distill_coef > 0:
     parts_B["distill_loss"] = rows(stats["distill"], lc.distill_agg_mode) / counts["distill"]
     sums_B["teacher_gap"] = ((stats["teacher_logp"] - logp) * m).sum(-1)  # on sampled tokens
-  gap_BT = jnp.abs(logp - mb.old_logp)
+  gap_BT = jnp.abs(logp - mb.old_logp)  # trainer vs sampler, whichever π_old the ratio uses
   sums_B |= {"entropy": (stats["entropy"] * m).sum(-1), "clip_frac": (clipped * m).sum(-1),
              "logp": (logp * m).sum(-1), "logprob_gap": (gap_BT * m).sum(-1)}
   total_B = (parts_B["pg_loss"] + lc.kl_beta * parts_B.get("kl_loss", 0.0)

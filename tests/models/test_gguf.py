@@ -17,7 +17,7 @@ def _permute(w, n_head):  # llama.cpp convert_hf_to_gguf.py's permutation (refer
           .reshape(w.shape))
 
 
-def _write_gguf(path, cfg, hf_tensors, quantize_ffn=False):
+def _write_gguf(path, cfg, hf_tensors, quantize_ffn=False, quantized=()):
   """A GGUF as llama.cpp's converter writes it: llama Q/K rows permuted, Gemma norms as 1 + w."""
   import gguf
   arch = {"qwen2": "qwen2", "gemma2": "gemma2", "olmo2": "olmo2", "olmo3": "olmo3",
@@ -68,7 +68,7 @@ def _write_gguf(path, cfg, hf_tensors, quantize_ffn=False):
       gname = top[name]
     if arch == "gemma2" and gname.endswith("norm.weight"):
       arr = arr + 1.0
-    if quantize_ffn and "ffn_up" in gname:
+    if (quantize_ffn and "ffn_up" in gname) or gname in quantized:
       q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0)
       w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     else:
@@ -107,6 +107,23 @@ def test_gguf_quantized_tensor_dequantises(tmp_path):
     chex.assert_trees_all_equal(up, ref)
   # Q8_0: ~1/127 of each block's max
   chex.assert_trees_all_close(up, ref, rtol=0, atol=np.abs(ref).max() / 100)
+
+
+@pytest.mark.parametrize("quantized", ["output.weight", "token_embd.weight"])
+def test_a_tied_load_keeps_the_more_precise_of_the_two_stored_matrices(quantized, tmp_path):
+  """llama.cpp writes a tied model's matrix twice (Q5_0 and Q8_0 in the Qwen2.5-Coder GGUF);
+  `tie=True` loads one matrix for both uses: the unquantised copy here, whichever it is."""
+  cfg = tiny_config("qwen2", intermediate_size=64, tie_embeddings=False)
+  tensors = hf_io.to_hf_tensors(cfg, init_params(cfg, jax.random.key(2)))
+  tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+  _write_gguf(tmp_path / "t.gguf", cfg, dict(tensors), quantized=(quantized,))
+  untied_cfg, untied = gguf_io.read_gguf(tmp_path / "t.gguf")
+  assert not untied_cfg.tie_embeddings and "lm_head.weight" in untied
+  got_cfg, got = gguf_io.read_gguf(tmp_path / "t.gguf", tie=True)
+  assert got_cfg.tie_embeddings and "lm_head.weight" not in got
+  chex.assert_trees_all_equal(got["model.embed_tokens.weight"], tensors["model.embed_tokens.weight"])
+  config, params = gguf_io.load_gguf(tmp_path / "t.gguf", tie=True)
+  assert config.tie_embeddings and "lm_head" not in params
 
 
 def test_unsupported_architecture(tmp_path):

@@ -12,7 +12,7 @@ from scope_jax.models import init_params, tiny_config, transformer
 from scope_jax.rl import learner as learner_lib
 from scope_jax.rl.batch import make_batch
 from scope_jax.rl.train_step import (LossConfig, compute_logprobs, init_train_state,
-                                     make_train_step, place_batch)
+                                     make_train_step, place_batch, sequence_stats)
 from scope_jax.rollout.types import Span, Trajectory
 
 CFG = tiny_config("qwen2", num_heads=8, num_kv_heads=4, head_dim=8)
@@ -153,3 +153,37 @@ def test_bfloat16_compute_with_float32_master_weights():
   f32, _ = _grads(LossConfig(chunk=8), 1, _batch(), params)
   assert float(metrics["grad_norm"]) == pytest.approx(
       float(optax.global_norm(jax.tree.map(jnp.asarray, f32))), rel=0.1)
+
+
+def test_statistics_of_the_response_columns_alone_equal_the_full_ones():
+  """The unembedding runs over columns ≥ P only (batch.prompt_cols): the log-probs, entropy and
+  distillation there are the full computation's, and every prompt column is 0."""
+  batch = place_batch(_batch(teacher=True), None)
+  p = batch.prompt_cols
+  assert 0 < p < batch.tokens.shape[1]
+  params = init_params(CFG, jax.random.key(0))
+  teacher = init_params(CFG, jax.random.key(1))
+  lc = LossConfig(chunk=8, distill_coef=1.0, distill_topk=5)
+  stats = lambda col: sequence_stats(CFG, params, batch.tokens, batch.mask, lc=lc,
+                                     dtype=jnp.float32, from_col=col,
+                                     teacher=(teacher, batch.teacher_tokens, batch.teacher_mask))
+  full, cut = stats(0), stats(p)
+  assert set(full) == set(cut) == {"logp", "entropy", "distill", "teacher_logp"}
+  for k in full:
+    chex.assert_trees_all_close(cut[k][:, p:], full[k][:, p:], rtol=1e-6, atol=1e-6)
+    chex.assert_trees_all_equal(cut[k][:, :p], jnp.zeros_like(cut[k][:, :p]))
+  assert float(jnp.abs(full["logp"][:, 1:p]).max()) > 0  # the full one does fill the prompt
+
+
+def test_old_logp_from_the_step_equals_a_separate_trainer_forward():
+  """π_old = the step's own log-probs (stop-gradient) gives the gradient of π_old recomputed by a
+  separate trainer forward, while the metrics still report the gap to the sampler's log-probs."""
+  params = init_params(CFG, jax.random.key(0))
+  batch = place_batch(_batch(), None)
+  recomputed = batch.replace(old_logp=compute_logprobs(CFG, params, batch) * batch.loss_mask)
+  g_sep, m_sep = _grads(LossConfig(chunk=8), 2, recomputed, params)
+  g_in, m_in = _grads(LossConfig(chunk=8, old_logp_from_trainer=True), 2, batch, params)
+  chex.assert_trees_all_close(g_in, g_sep, rtol=1e-5, atol=1e-7)
+  chex.assert_trees_all_close(m_in["pg_loss"], m_sep["pg_loss"], rtol=1e-6)
+  assert float(m_sep["logprob_gap_mean"]) < 1e-5 and float(m_in["clip_frac"]) == 0.0
+  assert float(m_in["logprob_gap_mean"]) > 0.1  # the sampler's made-up log-probs (N(−5.5, 0.3))
