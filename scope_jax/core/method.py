@@ -4,6 +4,7 @@ in `__init__`, and then runs one self-play step at a time."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
 import ml_collections
@@ -23,6 +24,24 @@ def field(section: ml_collections.ConfigDict, dotted: str) -> Any:
   for part in dotted.split("."):
     section = section[part]
   return section
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyPlan:
+  """A trained policy as `scope_jax.plan` compiles it: the rows of its largest update, its loss
+  overrides (as given to `Runtime.add_policy`), and whether its step distils from a teacher."""
+  rows: int
+  loss: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  teacher: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Players:
+  """What a method holds on device: trained policies, frozen copies of the base model (judges),
+  and tracked params it moves itself (an EMA teacher). The KL reference is the runtime's."""
+  policies: Mapping[str, PolicyPlan]
+  frozen: tuple[str, ...] = ()
+  tracked: tuple[str, ...] = ()
 
 
 class Method:
@@ -51,8 +70,9 @@ class Method:
 
   # ------------------------------------------------------------------------ declarations
   @classmethod
-  def validate(cls, config: ml_collections.ConfigDict) -> None:
-    """The declared checks, then `check`: fails fast, before anything loads."""
+  def validate(cls, config: ml_collections.ConfigDict, data: bool = True) -> None:
+    """The declared checks, then `check`: fails fast, before anything loads. `data=False`
+    (planning) skips the check that the retrieval index and encoder are set."""
     section = config[cls.name]
     for role in cls.roles:
       if role not in section.get("roles", {}):
@@ -68,8 +88,9 @@ class Method:
         raise ValueError(f"{cls.name}.{name} is empty; choose from: {', '.join(map(str, valid))}.")
       for v in values:
         check_choice(f"{cls.name}.{name}", v, valid)
-    if cls.searches:
+    if cls.searches and data:
       search.validate(config.retrieval)
+    if cls.searches:
       check_choice(f"{cls.name}.syntax", section.syntax, SYNTAXES)
     for role, settings in section.get("roles", {}).items():
       own = settings.get("syntax")
@@ -78,6 +99,12 @@ class Method:
                          f"{cls.name}.syntax={section.get('syntax', 'xml')!r}, the syntax its "
                          "prompts ask for; drop the role's own syntax.")
     cls.check(config)
+
+  @classmethod
+  def players(cls, config: ml_collections.ConfigDict) -> Players:
+    """The policies, frozen and tracked params `__init__` adds under `config` (a wiring test
+    holds the two equal), with each update's rows: what `scope_jax.plan` compiles."""
+    raise NotImplementedError(f"{cls.__name__} does not declare its players.")
 
   @classmethod
   def check(cls, config: ml_collections.ConfigDict) -> None:

@@ -56,17 +56,20 @@ def load_method(config: ml_collections.ConfigDict):
                      "the config's `method`, the section it reads).")
   return module
 
-def validate(config: ml_collections.ConfigDict):
+def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True):
   """Fails fast (before loading anything) on settings that are typed right but invalid. With
-  `smoke`, first shrinks the config (in place, idempotent) to the run it will be."""
+  `smoke`, first shrinks the config (in place, idempotent) to the run it will be. The mesh is
+  checked against `devices` (default: this run's); `data=False` (planning, which reads no
+  weights, tokenizer or corpus) skips the checks that those paths are set."""
   module = load_method(config)
   if config.get("smoke", False):
     smoke.shrink(config, module.METHOD.smoke)
   bounds.check(config, tuple(module.METHOD.bounds))  # every number in range: sizes ≥ 1, …
-  if not config.model.tokenizer:
+  if data and not config.model.tokenizer:
     raise ValueError("model.tokenizer is empty: set --config.model.tokenizer to the checkpoint's "
                      "directory (models are never downloaded at run time), 'demo' or 'gguf:<file>'.")
-  tok_lib.check_spec(config.model.tokenizer)
+  if data:
+    tok_lib.check_spec(config.model.tokenizer)
   check_choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
   check_choice("model.remat", config.model.remat, tuple(transformer.REMAT_POLICIES))
   check_choice("model.dtype", config.model.dtype, ("float32", "bfloat16"))
@@ -74,7 +77,7 @@ def validate(config: ml_collections.ConfigDict):
     raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} needs 3 entries (data, fsdp, tensor) "
                      "or 4 (and expert).")
   shd.config_rules(config)  # every rule names axes the mesh has
-  check_mesh(config)
+  check_mesh(config, devices)
   if config.rollout.max_prompt_tokens >= config.rollout.max_context:
     raise ValueError(f"rollout.max_prompt_tokens={config.rollout.max_prompt_tokens} leaves no room "
                      f"for a response within rollout.max_context={config.rollout.max_context}.")
@@ -89,15 +92,15 @@ def validate(config: ml_collections.ConfigDict):
                        "(rollout.max_context, or the role's own max_context).")
   load_lib.check_source(config.model.source, config.model.tie_embeddings)
   warmup_lib.validate(config)
-  module.METHOD.validate(config)
+  module.METHOD.validate(config, data=data)
   return module
 
 
-def check_mesh(config: ml_collections.ConfigDict) -> None:
+def check_mesh(config: ml_collections.ConfigDict, devices=None) -> None:
   """The mesh fits this run's devices, counted over every process (a multi-host run's mesh spans
   all hosts); fails before anything loads, naming the device count."""
   try:
-    shd.make_mesh(tuple(config.mesh.shape))
+    shd.make_mesh(tuple(config.mesh.shape), devices)
   except ValueError as e:
     raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} does not fit: {e}") from None
 

@@ -126,6 +126,20 @@ _TOP_MAP = {"word_emb": "embeddings.word_embeddings.weight",
             "emb_ln_scale": "embeddings.LayerNorm.weight", "emb_ln_bias": "embeddings.LayerNorm.bias"}
 
 
+def param_shapes(config: EncoderConfig) -> dict:
+  """The shape of every encoder parameter, in `params_from_hf`'s layout (for compiling without
+  weights)."""
+  d, f, n, h, l = (config.hidden_size, config.intermediate_size, config.num_heads,
+                   config.head_dim, config.num_layers)
+  top = {"word_emb": (config.vocab_size, d), "pos_emb": (config.max_position_embeddings, d),
+         "type_emb": (config.type_vocab_size, d), "emb_ln_scale": (d,), "emb_ln_bias": (d,)}
+  per_layer = {"q": (d, n, h), "q_bias": (n, h), "k": (d, n, h), "k_bias": (n, h),
+               "v": (d, n, h), "v_bias": (n, h), "o": (n, h, d), "o_bias": (d,),
+               "attn_ln_scale": (d,), "attn_ln_bias": (d,), "ffn_in": (d, f), "ffn_in_bias": (f,),
+               "ffn_out": (f, d), "ffn_out_bias": (d,), "ffn_ln_scale": (d,), "ffn_ln_bias": (d,)}
+  return top | {"layers": {k: (l,) + v for k, v in per_layer.items()}}
+
+
 def params_from_hf(config: EncoderConfig, tensors: dict[str, np.ndarray], dtype=jnp.float32):
   """HF BertModel tensors (optionally prefixed 'bert.') → encoder params."""
   tensors = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in tensors.items()}

@@ -103,12 +103,18 @@ class Learner:
     """Host batch padded to whole micro-batches on every device, and the micro-batch count."""
     host = batch_lib.make_batch(trajectories, advantages, teacher_prompts=teacher_prompts,
                                 pad_id=self.pad_id, row_multiple=self._row_multiple())
-    rows = self.micro_batch_rows
-    micro = micro_batch_count(len(trajectories), rows)
-    if host.num_rows < micro * rows:
-      host = pad_rows(host, micro * rows)
-    micro = host.num_rows // rows
+    rows, micro = self.batch_layout(len(trajectories))
+    if host.num_rows < rows:
+      host = pad_rows(host, rows)
     return fill_micro_batches(host, len(trajectories), micro), micro
+
+  def batch_layout(self, trajectories: int) -> tuple[int, int]:
+    """(rows, micro-batches) of an update of `trajectories` rows once padded: whole
+    micro-batches on every device, the micro-batch count in few buckets."""
+    multiple = self._row_multiple()
+    rows = -(-trajectories // multiple) * multiple
+    rows = max(rows, micro_batch_count(trajectories, self.micro_batch_rows) * self.micro_batch_rows)
+    return rows, rows // self.micro_batch_rows
 
   def train(self, policy: Policy, trajectories: Sequence[Trajectory], advantages: Sequence, *,
             ref_params=None, teacher_params=None, teacher_prompts=None,

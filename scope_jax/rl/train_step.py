@@ -190,8 +190,6 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
               "distill": losses.aggregate(m, m, lc.distill_agg_mode, lc.norm_length)[1]}
     counts = jax.tree.map(lambda c: jnp.maximum(c, 1.0), counts)
     counts["micro"] = jnp.float32(micro_batches)
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-
     mbs = _split(batch, micro_batches)
     first = jax.tree.map(lambda x: x[0], mbs)
     _, aux_shapes = jax.eval_shape(loss, state.params, first, ref_params, teacher_params, counts)
@@ -209,8 +207,14 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
       # it is skipped, not computed, so a batch padded to a micro-batch bucket costs its rows.
       return jax.lax.cond(mb.mask.any(), compute, lambda c, _: (c, no_aux[:4]), carry, mb)
 
-    init = (zeros, no_aux[4])
-    (grads, router), (total_MB, parts_MB, sums_MB, gap_max_MB) = jax.lax.scan(accumulate, init, mbs)
+    if micro_batches == 1:  # no float32 accumulator: one copy of the gradients fewer
+      (_, (*aux, router)), grads = grad_fn(state.params, first, ref_params, teacher_params, counts)
+      grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+      total_MB, parts_MB, sums_MB, gap_max_MB = jax.tree.map(lambda x: x[None], tuple(aux))
+    else:
+      init = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params), no_aux[4])
+      (grads, router), (total_MB, parts_MB, sums_MB, gap_max_MB) = jax.lax.scan(accumulate, init,
+                                                                                mbs)
     parts = {k: v.sum() for k, v in parts_MB.items()}
     sums = {k: v.sum() for k, v in sums_MB.items()}
     total = total_MB.sum() + lc.router_aux_coef * router.get("router_aux", 0.0)
@@ -220,11 +224,16 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
     sums |= {k: v for k, v in router.items() if k != "router_aux"}
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
-    updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-    new_state = TrainState(params=keep(new_params, state.params),
-                           opt_state=keep(new_opt, state.opt_state),
+
+    def apply(params, opt_state):
+      updates, new_opt = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), new_opt
+
+    # A non-finite update is not applied: a branch, not a select between the new and the old
+    # state (which holds both at once: a copy of the params and moments more at the peak).
+    new_params, new_opt = jax.lax.cond(finite, apply, lambda p, o: (p, o), state.params,
+                                       state.opt_state)
+    new_state = TrainState(params=new_params, opt_state=new_opt,
                            step=state.step + finite.astype(jnp.int32),
                            skipped=state.skipped + (~finite).astype(jnp.int32))
     tokens = jnp.maximum(m.sum(), 1.0)

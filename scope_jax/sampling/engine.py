@@ -103,6 +103,23 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
   return int(diff[0]) if diff.size else n
 
 
+def cache_shardings(config: ModelConfig, mesh, rules: shd.Rules, capacity: int):
+  """(KV cache, [slots, 1] rows) shardings of an engine's cache on `mesh`: slots split over the
+  batch axes, KV heads over the mesh axis the rules give them where it divides them."""
+  m = shd.batch_shards(mesh, rules)  # slots are always a multiple of m
+  spec = lambda axes, shape: jax.sharding.NamedSharding(
+      mesh, shd.logical_to_spec(axes, shape, mesh, rules))
+  # KV heads that a mesh axis can't divide stay whole
+  bk = ("batch", "kv_heads"), (m, config.num_kv_heads)
+  k = spec(bk[0] + ("head_dim", "cache"), bk[1] + (config.head_dim, capacity))
+  v = spec(bk[0] + ("cache", "head_dim"), bk[1] + (capacity, config.head_dim))
+  row, row_col = spec(("batch",), (m,)), spec(("batch", None), (m, 1))
+  layers = range(config.num_layers)
+  cache = kvc.KVCache(k=tuple(k for _ in layers), v=tuple(v for _ in layers), valid=row_col,
+                      end=row, next_pos=row, pos=row_col)
+  return cache, row_col
+
+
 # ------------------------------------------------------------------------------- host side
 
 class Engine:
@@ -185,18 +202,7 @@ class Engine:
   def _make_shardings(self):
     if self.mesh is None:
       return None
-    c, m = self.config, self._batch_multiple()  # slots are always a multiple of m
-    spec = lambda axes, shape: jax.sharding.NamedSharding(
-        self.mesh, shd.logical_to_spec(axes, shape, self.mesh, self.rules))
-    # KV heads that a mesh axis can't divide stay whole
-    bk = ("batch", "kv_heads"), (m, c.num_kv_heads)
-    k = spec(bk[0] + ("head_dim", "cache"), bk[1] + (c.head_dim, self.capacity))
-    v = spec(bk[0] + ("cache", "head_dim"), bk[1] + (self.capacity, c.head_dim))
-    row, row_col = spec(("batch",), (m,)), spec(("batch", None), (m, 1))
-    layers = range(c.num_layers)
-    cache = kvc.KVCache(k=tuple(k for _ in layers), v=tuple(v for _ in layers), valid=row_col,
-                        end=row, next_pos=row, pos=row_col)
-    return cache, row_col
+    return cache_shardings(self.config, self.mesh, self.rules, self.capacity)
 
   def _put(self, x):
     x = np.asarray(x)

@@ -15,6 +15,7 @@ import pathlib
 import pytest
 
 from bench.paper_smoke import merged
+from scope_jax.core import runner
 from tests.methods import wiring
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -56,6 +57,10 @@ def test_every_preset_is_wired(method, preset, overrides, tmp_path):
   rewards = {k: v for k, v in m.items() if k.endswith("reward/mean")}
   assert rewards and all(math.isfinite(x) for v in rewards.values() for x in v), rewards
   assert any(x != 0 for v in rewards.values() for x in v), rewards
+  # What the method declares for `scope_jax.plan` is what it holds.
+  players = runner.load_method(config).METHOD.players(config)
+  assert result["held"] == {"policies": sorted(players.policies), "tracked": sorted(players.tracked),
+                            "frozen": sorted(players.frozen)}, result["held"]
   # Every phase ran and an update was applied.
   if method in PHASES:
     key, phases = PHASES[method]

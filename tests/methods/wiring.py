@@ -61,9 +61,12 @@ def run_scripted(config, workdir: pathlib.Path, **player) -> dict:
   module.make_method = make
   runner.run(config, str(workdir))
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-  roles = made["method"].rt.roles
+  rt = made["method"].rt
+  roles = rt.roles
+  held = {"policies": sorted(rt.policies), "tracked": sorted(rt.tracked),
+          "frozen": sorted(set(rt.frozen) - set(rt.tracked) - {"reference"})}
   return {"syntax": {n: r.syntax for n, r in roles.items()},
-          "tool": {n: r.tool is not None for n, r in roles.items()}, "rows": rows}
+          "tool": {n: r.tool is not None for n, r in roles.items()}, "rows": rows, "held": held}
 
 
 def run_in_subprocess(spec: dict, timeout: float = 900) -> dict:

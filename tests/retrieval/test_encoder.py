@@ -1,6 +1,7 @@
 """The JAX BERT encoder vs transformers BertModel: tiny random config and the real MiniLM."""
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -36,6 +37,9 @@ def test_tiny_random_bert_matches_transformers():
   refm = torch.tensor(mask)[..., None].float()
   ref_pooled = torch.nn.functional.normalize((ref * refm).sum(1) / refm.sum(1), dim=-1)
   chex.assert_trees_all_close(pooled, ref_pooled.numpy(), atol=1e-5, rtol=1e-7)
+  # The shapes the planner compiles with are the loaded checkpoint's.
+  shapes = jax.tree.map(lambda x: x.shape, params)
+  assert shapes == enc.param_shapes(cfg), shapes
 
 
 def test_not_bert_is_rejected():

@@ -28,7 +28,7 @@ from absl import logging
 
 from scope_jax import metrics as metrics_lib
 from scope_jax.core.guard import ParseGuard
-from scope_jax.core.method import Method
+from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime
 from scope_jax.methods.asl import demos as asl_demos
 from scope_jax.methods.asl import prompts as P
@@ -84,6 +84,15 @@ class Asl(Method):
            "asl.pm_target_first": 1, "asl.pm_target": 1, "asl.phases.pg.max_steps": 1,
            "asl.phases.grm.min_steps": 1, "asl.phases.grm.max_steps": 1,
            "asl.phases.pm.min_steps": 1, "asl.phases.pm.max_steps": 1}
+
+  @classmethod
+  def players(cls, c) -> Players:
+    """One policy plays PG, GRM and PM (a phase's update: its batch × G); the frozen-GRM ablation
+    judges with the base model."""
+    a = c.asl
+    rows = max(a.pg_batch, a.grm_batch, a.pm_batch) * a.group_size
+    return Players({"policy": PolicyPlan(rows)},
+                   frozen=("grm",) if a.grm_mode == "frozen" else ())
 
   @classmethod
   def check(cls, c) -> None:

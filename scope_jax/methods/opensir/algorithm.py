@@ -24,7 +24,7 @@ from absl import logging
 from scope_jax import metrics as metrics_lib
 from scope_jax import prompts
 from scope_jax.core.guard import ParseGuard
-from scope_jax.core.method import Method
+from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime
 from scope_jax.methods.opensir import demos as opensir_demos
 from scope_jax.methods.opensir import rewards as R
@@ -104,6 +104,12 @@ class OpenSir(Method):
                   "math_timeout", "diversity_top_k")
   smoke = {"total_steps": 1, "opensir.units_per_step": 2, "opensir.groups_per_unit": 2,
            "opensir.group_size": 2, "opensir.num_solutions": 2}
+
+  @classmethod
+  def players(cls, c) -> Players:
+    """One policy as teacher and student: per unit, a problem group and a solution group."""
+    o = c.opensir
+    return Players({"policy": PolicyPlan(o.units_per_step * (o.group_size + o.num_solutions))})
 
   @classmethod
   def check(cls, c) -> None:

@@ -34,7 +34,7 @@ from etils import epath
 
 from scope_jax import metrics as metrics_lib
 from scope_jax.core.guard import ParseGuard
-from scope_jax.core.method import Method
+from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime
 from scope_jax.core.schedule import Schedule, StageClock, corpus_window
 from scope_jax.methods.piplay import demos as piplay_demos
@@ -85,6 +85,17 @@ class PiPlay(Method):
            "piplay.examiner_batch": 2, "piplay.student_batch": 2, "piplay.group_size": 2,
            "piplay.attempts": 2, "piplay.data.candidates_per_round": 2, "piplay.data.max_rounds": 1}
   host_local_keys = ("stage_seconds",)  # this host's wall times, not a decision
+
+  @classmethod
+  def players(cls, c) -> Players:
+    """Examiner and student are two policies; the teacher, the student's EMA, is tracked and
+    distils into the student's step when λ > 0."""
+    s = c.piplay
+    distils = s.teacher != "none" and max(tuple(s.lambdas)) > 0
+    return Players({"examiner": PolicyPlan(s.examiner_batch, dict(s.examiner_loss)),
+                    "student": PolicyPlan(s.student_batch * s.group_size, dict(s.student_loss),
+                                          teacher=distils)},
+                   tracked=("teacher",))
 
   @classmethod
   def check(cls, c) -> None:

@@ -28,7 +28,7 @@ from etils import epath
 
 from scope_jax import metrics as metrics_lib
 from scope_jax.core.guard import ParseGuard
-from scope_jax.core.method import Method
+from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime
 from scope_jax.core.schedule import Schedule, StageClock, corpus_window
 from scope_jax.methods.scope import demos as scope_demos
@@ -90,6 +90,15 @@ class Scope(Method):
            "scope.solver_rollouts_train": 2, "scope.task_set.solver_rollouts": 2,
            "scope.task_set.candidates_per_round": 2, "scope.task_set.max_rounds": 1}
   host_local_keys = ("stage_seconds",)  # this host's wall times, not a decision
+
+  @classmethod
+  def players(cls, c) -> Players:
+    """Challenger and Solver are two policies; the Judge is the frozen base model."""
+    s = c.scope
+    return Players({"challenger": PolicyPlan(s.challenger_batch * s.group_size,
+                                             dict(s.challenger_loss)),
+                    "solver": PolicyPlan(s.solver_batch * s.group_size, dict(s.solver_loss))},
+                   frozen=("judge",))
 
   @classmethod
   def check(cls, c) -> None:

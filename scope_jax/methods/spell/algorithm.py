@@ -19,7 +19,7 @@ from absl import logging
 from scope_jax import metrics as metrics_lib
 from scope_jax import prompts
 from scope_jax.core.guard import ParseGuard
-from scope_jax.core.method import Method
+from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime
 from scope_jax.methods.spell import clusters as clusters_lib
 from scope_jax.methods.spell import demos as spell_demos
@@ -61,6 +61,14 @@ class Spell(Method):
   smoke = {"total_steps": 1, "spell.questions_per_step": 2, "spell.group_size": 4,
            "spell.max_generation_rounds": 1, "spell.docs_per_question": 2,
            "data.max_cluster_size": 3}
+
+  @classmethod
+  def players(cls, c) -> Players:
+    """One policy plays every role; an update holds at most N questions, N·G responses and the
+    G judgments of each response."""
+    s = c.spell
+    return Players({"policy": PolicyPlan(s.questions_per_step * (1 + s.group_size
+                                                                 + s.group_size ** 2))})
 
   @classmethod
   def check(cls, c) -> None:
