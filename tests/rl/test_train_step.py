@@ -113,6 +113,20 @@ def test_sharded_step_equals_single_device():
   chex.assert_trees_all_close(ms["grad_norm"], mm["grad_norm"], rtol=1e-5, atol=0)
 
 
+def test_adam_moments_are_sharded_like_their_params():
+  """Each moment leaf has its param's sharding (left to the compiler a zeroed moment was
+  replicated: every chip of an FSDP mesh held both moments whole); counts are replicated."""
+  mesh = shd.make_mesh((1, -1, 1))
+  params = transformer.shard_params(init_params(CFG, jax.random.key(0)), CFG, mesh)
+  state = init_train_state(params, optax.adamw(1e-3))
+  adam = state.opt_state[0]
+  for moments in (adam.mu, adam.nu):
+    for m, p in zip(jax.tree.leaves(moments), jax.tree.leaves(params)):
+      assert m.sharding == p.sharding, (m.shape, m.sharding, p.sharding)
+  assert any(not p.sharding.is_fully_replicated for p in jax.tree.leaves(params))
+  assert adam.count.sharding.is_fully_replicated and state.step.sharding.is_fully_replicated
+
+
 def test_non_finite_step_is_skipped_and_counted():
   params = init_params(CFG, jax.random.key(0))
   batch = _batch()

@@ -1,0 +1,97 @@
+"""Will a run fit a TPU slice, and how fast could it be? Compiles the run's programs for the slice
+ahead of time, on this machine, with no TPU and no weights (libtpu: pip install -e '.[tpu]'):
+
+    python -m scope_jax.plan --config=configs/spell.py:paper --topology=v5p-8
+    python -m scope_jax.plan --config=configs/scope.py:paper --topology=v5litepod-16 --search_mesh
+    python -m scope_jax.plan --config=configs/asl.py:paper --topology=v6e-64 \
+        --config.mesh.shape='(1,16,4)' --json=plan.json
+
+It prints, per program, the per-chip bytes the compiler reports, what stays resident, each
+phase's peak against the chip's HBM (fits or not, by how much), and estimates from the compiled
+code: decode bytes against the minimum, train FLOPs against the model's, MFU at the roofline,
+and the collectives. Times are roofline estimates, never measurements.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host compiles; libtpu only describes the slice
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from scope_jax import cli_errors  # noqa: E402
+from scope_jax.core import runner  # noqa: E402
+from scope_jax.plan import report, topology  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Method config file (configs/*.py[:preset]).",
+                                          lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice: v4-8, v5p-8, v5litepod-16, v6e-64, "
+                                "or 2xv5p-8 for two slices.")
+_SEARCH = flags.DEFINE_bool("search_mesh", False, "Try the mesh shapes that divide the slice and list "
+                            "those that fit, best first.")
+_PROGRAMS = flags.DEFINE_string("programs", "all", "Comma-separated program prefixes to compile "
+                                "(train_step, engine, sampler, retrieval), or 'all'.")
+_JSON = flags.DEFINE_string("json", None, "Also write the plan (or every searched mesh) as JSON here.")
+
+
+def _plan(config, s):
+  runner.validate(config, devices=topology.devices(s), data=False)
+  return report.build(config, s, _PROGRAMS.value)
+
+
+def search(config, s) -> list[dict]:
+  """Every candidate mesh: its peak and estimated update time; those that fit first, fastest first."""
+  rows = []
+  expert = len(tuple(config.mesh.shape)) == 4
+  for shape in report.mesh_candidates(s.total_chips, expert):
+    trial = config.copy_and_resolve_references()
+    with trial.unlocked():
+      trial.mesh.shape = shape
+    plan = _plan(trial, s)
+    seconds = sum(r["seconds"] for r in report.train_rows(plan, trial))
+    rows.append({"mesh": shape, "fits": plan.fits, "peak": plan.peak, "update_s": seconds,
+                 "plan": report.to_json(plan, trial)})
+    print(f"mesh {shape}: peak {plan.peak / topology.GIB:.2f} GiB per chip "
+          f"({'fits' if plan.fits else 'does not fit'}), update ≈ {seconds:.1f} s (roofline)",
+          flush=True)
+  rows.sort(key=lambda r: (not r["fits"], r["update_s"], r["peak"]))
+  return rows
+
+
+def main(argv):
+  del argv
+  cli_errors.quiet_chatty_libraries()
+  try:
+    config = _CONFIG.value
+    s = topology.parse(_TOPOLOGY.value)
+    if _SEARCH.value:
+      rows = search(config, s)
+      print("\n| mesh | fits | peak (GiB per chip) | update (s, roofline) |\n|---|---|---|---|")
+      for r in rows:
+        print(f"| {r['mesh']} | {'yes' if r['fits'] else 'no'} | {r['peak'] / topology.GIB:.2f} | "
+              f"{r['update_s']:.1f} |")
+      out = rows
+    else:
+      plan = _plan(config, s)
+      print(report.render(plan, config))
+      out = report.to_json(plan, config)
+  except (OSError, ValueError, KeyError, RuntimeError) as e:
+    cli_errors.fail(e)
+  if _JSON.value:
+    with open(_JSON.value, "w", encoding="utf-8") as f:
+      json.dump(out, f, indent=1, default=str)
+
+
+def parse_flags(argv):
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 — every command-line mistake ends the same way
+    print(f"Error: {cli_errors.one_line(e, argv)}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "topology"])
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,245 @@
+"""What a compiled program costs on its target, from the compiler: per-chip memory
+(`memory_analysis`), FLOPs and bytes (`cost_analysis`), and the collectives in its HLO.
+
+The compiler's cost analysis counts a loop body once (a scan over 28 layers costs one layer). The
+program's jaxpr knows its trip counts: its matmul FLOPs counted with and without them give the
+factor that turns the compiler's per-chip counts into per-call ones (`loop_factor`)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import re
+import time
+
+from jax.extend import core as jcore
+
+from scope_jax.plan.programs import Program
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
+                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "f8e4m3fn": 1,
+                "f8e5m2": 1, "s4": 1, "u4": 1}
+_ARRAY = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_OP = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.*?) ([a-z\-]+)\(")
+_CALLS = re.compile(r"(?:body|condition|calls|to_apply)=%?([\w.\-]+)|branch_computations=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+@dataclasses.dataclass
+class Collective:
+  count: int = 0  # per call of the program, loop trips included
+  bytes: int = 0
+  in_loop: int = 0  # of `count`, inside a while loop
+
+
+@dataclasses.dataclass
+class Compiled:
+  """One program compiled for one target: per-chip bytes and the compiler's cost counts."""
+  program: Program
+  seconds: float
+  argument: int
+  output: int
+  alias: int
+  temp: int
+  code: int
+  argument_logical: int  # the arguments' shard shapes, without the on-chip tile padding
+  argument_tiled: int  # the same padded to their tiles (what `argument` counts)
+  flops: float  # per chip and call, a loop body counted once (the compiler's convention)
+  bytes_accessed: float  # likewise
+  loop_factor: float  # per-call over loop-bodies-once matmul FLOPs (from the jaxpr)
+  model_matmul_flops: float  # the program's matmul FLOPs per call, all chips (from the jaxpr)
+  collectives: dict[str, Collective]
+  loop_gathers: list[tuple[str, int]]  # all-gathers inside a while loop: (shape, bytes)
+
+  @property
+  def call_flops(self) -> float:
+    """Per-chip FLOPs of one call, loop trips included (an estimate from the compiler's counts)."""
+    return self.flops * self.loop_factor
+
+  @property
+  def call_bytes(self) -> float:
+    return self.bytes_accessed * self.loop_factor
+
+  @property
+  def peak(self) -> int:
+    """Bytes live while it runs: its arguments, its outputs that do not reuse an argument's
+    buffer, and its temporaries."""
+    return self.argument + self.output - self.alias + self.temp
+
+
+def array_bytes(text: str) -> int:
+  """Bytes of an HLO result type (`bf16[8,128]{1,0}` or a tuple of them: the largest)."""
+  sizes = [_DTYPE_BYTES.get(d, 4) * _prod(dims) for d, dims in _ARRAY.findall(text)]
+  return max(sizes, default=0)
+
+
+def _prod(dims: str) -> int:
+  out = 1
+  for d in filter(None, dims.split(",")):
+    out *= int(d)
+  return out
+
+
+def _trip_count(line: str, computations: dict[str, list[str]]) -> int:
+  """A while loop's trip count: the compiler's known count, else the bound its condition
+  compares the counter with (a scan's `i < length`); 1 when neither is there."""
+  known = _TRIP.search(line)
+  if known:
+    return int(known.group(1))
+  cond = re.search(r"condition=%?([\w.\-]+)", line)
+  bounds = [int(n) for body in computations.get(cond.group(1) if cond else "", [])
+            for n in re.findall(r"s32\[\][^=]*constant\((\d+)\)", body)]
+  return max(bounds, default=1)
+
+
+def hlo_collectives(hlo: str) -> tuple[dict[str, Collective], list[tuple[str, int]]]:
+  """Collectives of an HLO module by kind (async `-start` ops count once, `-done` not at all),
+  each weighted by the trip counts of the while loops around it; and the all-gathers inside a
+  loop (a weight gathered there is gathered on every step)."""
+  computations: dict[str, list[str]] = {}
+  entry, current = None, None
+  for line in hlo.splitlines():
+    m = _COMPUTATION.match(line)
+    if m and "=" not in line.split("{")[0].split("(")[0]:
+      current = m.group(1)
+      computations[current] = []
+      if line.startswith("ENTRY"):
+        entry = current
+      continue
+    if current is not None:
+      computations[current].append(line)
+  weight: dict[str, int] = collections.defaultdict(int)
+  looped: set[str] = set()
+
+  def visit(name: str, mult: int, in_loop: bool, depth: int = 0) -> None:
+    if name not in computations or depth > 64:
+      return
+    weight[name] += mult
+    if in_loop:
+      looped.add(name)
+    for line in computations[name]:
+      callees = [c.strip().lstrip("%") for m in _CALLS.finditer(line)
+                 for c in (m.group(1) or m.group(2)).split(",")]
+      is_while = " while(" in line
+      trips = _trip_count(line, computations) if is_while else 1
+      for callee in callees:
+        visit(callee, mult * (trips if is_while else 1), in_loop or is_while, depth + 1)
+
+  visit(entry or next(iter(computations), ""), 1, False)
+  out = {k: Collective() for k in KINDS}
+  gathers = []
+  for name, lines in computations.items():
+    for line in lines:
+      m = _OP.match(line)
+      if not m or m.group(2).endswith("-done"):
+        continue
+      kind = m.group(2).removesuffix("-start")
+      if kind not in out:
+        continue
+      n, size = weight.get(name, 1), array_bytes(m.group(1))
+      c = out[kind]
+      c.count += n
+      c.bytes += n * size
+      if name in looped:
+        c.in_loop += n
+        if kind == "all-gather":
+          gathers.append((_ARRAY.search(m.group(1)).group(0), size))
+  return out, gathers
+
+
+def _sub_jaxprs(value):
+  if isinstance(value, jcore.ClosedJaxpr):
+    return [value.jaxpr]
+  if isinstance(value, jcore.Jaxpr):
+    return [value]
+  if isinstance(value, (tuple, list)):
+    return [j for v in value for j in _sub_jaxprs(v)]
+  return []
+
+
+def matmul_flops(jaxpr, trips: bool = True) -> float:
+  """FLOPs of every `dot_general` in a jaxpr (2 per multiply-add, global shapes), through every
+  nested jaxpr: a scan's body times its length (`trips`; else once, as the compiler counts), the
+  costlier branch of a cond, a while body once (its trip count is data)."""
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "dot_general":
+      (contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
+      continue
+    subs = [j for v in eqn.params.values() for j in _sub_jaxprs(v)]
+    if not subs:
+      continue
+    costs = [matmul_flops(j, trips) for j in subs]
+    if name == "cond":
+      total += max(costs)
+    elif name == "scan" and trips:
+      total += eqn.params["length"] * sum(costs)
+    else:
+      total += sum(costs)
+  return total
+
+
+def loop_factor(jaxpr) -> float:
+  """Per-call FLOPs over the compiler's loop-bodies-once FLOPs, from the program's matmuls."""
+  once = matmul_flops(jaxpr, trips=False)
+  return matmul_flops(jaxpr) / once if once else 1.0
+
+
+_PARAM = re.compile(r"= ([a-z0-9]+)\[([0-9,]*)\](?:\{([^}]*)\})? parameter\(")
+
+
+def parameter_bytes(hlo: str) -> tuple[int, int]:
+  """(logical, tiled) bytes of the entry computation's parameters: each shard's shape, and the
+  same padded to its on-chip tiles (`T(8,128)`: the two most minor dims rounded up to 8 and 128
+  elements; a scalar to its tile), which is what the device allocates."""
+  lines = hlo.splitlines()
+  start = next((i for i, l in enumerate(lines) if l.startswith("ENTRY")), len(lines))
+  logical = tiled = 0
+  for line in lines[start + 1:]:
+    if line.startswith("}"):
+      break
+    m = _PARAM.search(line)
+    if not m:
+      continue
+    size = _DTYPE_BYTES.get(m.group(1), 4)
+    dims = [int(d) for d in m.group(2).split(",") if d]
+    logical += size * math.prod(dims)
+    layout = m.group(3) or ""
+    order = [int(d) for d in layout.split(":")[0].split(",") if d]
+    tile = re.search(r"T\((\d+)(?:,(\d+))?\)", layout)
+    padded = list(dims) or [1]
+    if tile:
+      sizes = [int(t) for t in tile.groups() if t]  # major to minor
+      minor = order or [0]
+      for axis, t in zip(minor, reversed(sizes)):
+        padded[axis] = -(-padded[axis] // t) * t
+    tiled += size * math.prod(padded)
+  return logical, tiled
+
+
+def compile_program(program: Program) -> Compiled:
+  start = time.perf_counter()
+  traced = program.trace()
+  compiled = traced.lower().compile()
+  seconds = time.perf_counter() - start
+  jaxpr = traced.jaxpr.jaxpr
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
+  hlo = compiled.as_text()
+  collectives, gathers = hlo_collectives(hlo)
+  logical, tiled = parameter_bytes(hlo)
+  return Compiled(program, seconds, argument=mem.argument_size_in_bytes,
+                  output=mem.output_size_in_bytes, alias=mem.alias_size_in_bytes,
+                  temp=mem.temp_size_in_bytes, code=mem.generated_code_size_in_bytes,
+                  flops=float(cost.get("flops", 0.0)),
+                  bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+                  loop_factor=loop_factor(jaxpr), model_matmul_flops=matmul_flops(jaxpr),
+                  argument_logical=logical, argument_tiled=tiled,
+                  collectives=collectives, loop_gathers=gathers)

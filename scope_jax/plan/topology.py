@@ -1,0 +1,114 @@
+"""TPU slices as users name them (`v5p-8`, `v5litepod-16`, `v6e-64`), their chips' public specs,
+and compile-only devices for them from libtpu: nothing here needs a TPU.
+
+A name's number counts TensorCores on v4 and v5p (two per chip, one megacore device: `v5p-8` is
+4 chips) and chips on v5e and v6e. Chip figures are the public peak numbers (bfloat16 FLOP/s, HBM
+bytes and bandwidth); every time derived from them is a roofline estimate, never a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+
+GIB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  generation: str  # libtpu's name: v4 | v5p | v5e | v6e
+  hbm_bytes: int
+  hbm_bandwidth: float  # bytes/s
+  bf16_flops: float  # peak FLOP/s
+  cores_per_chip: int  # TensorCores a slice name counts per chip
+  dims: int  # torus dimensions (3 for v4/v5p, 2 for the lite chips)
+
+
+CHIPS = {
+    "v4": Chip("v4", 32 * GIB, 1.2e12, 275e12, 2, 3),
+    "v5p": Chip("v5p", 95 * GIB, 2.765e12, 459e12, 2, 3),
+    "v5e": Chip("v5e", 16 * GIB, 8.19e11, 197e12, 1, 2),
+    "v6e": Chip("v6e", 32 * GIB, 1.64e12, 918e12, 1, 2),
+}
+ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6litepod": "v6e", "v5": "v5p"}
+_NAME = re.compile(r"^(?:(\d+)x)?([a-z0-9]+)-(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+  name: str  # as the user wrote it
+  chip: Chip
+  chips: int  # per slice
+  slices: int = 1
+
+  @property
+  def total_chips(self) -> int:
+    return self.chips * self.slices
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return torus_shape(self.chips, self.chip.dims)
+
+  @property
+  def topology_name(self) -> str:
+    return f"{self.chip.generation}:" + "x".join(str(d) for d in self.shape)
+
+
+def torus_shape(chips: int, dims: int) -> tuple[int, ...]:
+  """The chip grid of a slice: 2x2(x1) for 4 chips, then the smallest axis doubles (the last
+  such axis first), as Cloud TPU lays slices out: 2x2x2, 2x2x4, 2x4x4, 4x4x4 …; 2x4, 4x4, 4x8 …"""
+  if chips == 1:
+    return (1,) * dims
+  if chips < 4 or chips & (chips - 1):
+    raise ValueError(f"A slice of {chips} chips is not a TPU slice shape; use 1, 4, 8, 16, … "
+                     "chips (a power of two from 4).")
+  shape = [2, 2] + [1] * (dims - 2)
+  while math.prod(shape) < chips:
+    i = max(j for j, d in enumerate(shape) if d == min(shape))
+    shape[i] *= 2
+  return tuple(shape)
+
+
+def parse(name: str) -> Slice:
+  """'v5p-8', 'v5litepod-16', 'v6e-64', or 'Nx<slice>' for N slices (multi-slice)."""
+  m = _NAME.match(name.strip().lower())
+  gen = m and ALIASES.get(m.group(2), m.group(2))
+  if not m or gen not in CHIPS:
+    raise ValueError(f"Unknown TPU topology {name!r}; write it as Cloud TPU names slices: "
+                     f"{', '.join(('v4-8', 'v5p-8', 'v5litepod-16', 'v5e-16', 'v6e-64'))}, "
+                     "or '2xv5p-8' for two slices.")
+  chip, count = CHIPS[gen], int(m.group(3))
+  if count % chip.cores_per_chip:
+    raise ValueError(f"{name}: {gen} slices count TensorCores ({chip.cores_per_chip} per chip); "
+                     f"use a multiple of {chip.cores_per_chip}.")
+  s = Slice(name, chip, count // chip.cores_per_chip, int(m.group(1) or 1))
+  s.shape  # noqa: B018  (validates the chip count)
+  return s
+
+
+def quiet_libtpu() -> None:
+  """libtpu, loaded for compilation only, looks for a TPU VM's metadata; say there is none."""
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_WORKER_ID", "0")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def devices(s: Slice):
+  """Compile-only devices of `s` (every chip of every slice), from libtpu."""
+  if importlib.util.find_spec("libtpu") is None:
+    raise RuntimeError("Compiling for TPUs needs libtpu: pip install -e '.[tpu]' (the version "
+                       "that matches the installed jax).")
+  quiet_libtpu()
+  from jax.experimental import topologies
+  kwargs = dict(chips_per_host_bounds=(1, 1, 1) if s.chips == 1 else (2, 2, 1))
+  if s.chip.cores_per_chip == 2:
+    kwargs["chip_config_name"] = "megacore"
+  if s.slices > 1:
+    kwargs["num_slices"] = s.slices
+  desc = topologies.get_topology_desc(platform="tpu", topology_name=s.topology_name, **kwargs)
+  return list(desc.devices)

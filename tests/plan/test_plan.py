@@ -1,0 +1,188 @@
+"""`scope_jax.plan`: programs compiled for TPU slices from this CPU host (libtpu's compile-only
+devices), their per-chip bytes against an independent count under the sharding rules, loop trip
+counts applied to the compiler's once-per-body costs, and collectives read from the HLO."""
+
+import importlib
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from scope_jax import sharding as shd
+from scope_jax.core import runner
+from scope_jax.models import transformer
+from scope_jax.plan import analysis, programs, report, topology
+
+GIB = 2 ** 30
+
+
+def _config(method="spell", preset="paper", **overrides):
+  config = importlib.import_module(f"configs.{method}").get_config(preset)
+  for dotted, value in overrides.items():
+    *path, last = dotted.split(".")
+    section = config
+    for part in path:
+      section = section[part]
+    section[last] = value
+  return config
+
+
+def _small_spell():
+  """SPELL's paper preset on Qwen2.5-0.5B's architecture, with a short context and few rows."""
+  return _config(**{"model.source": "preset:qwen2.5-0.5b", "spell.questions_per_step": 2,
+                    "spell.group_size": 2, "rollout.max_context": 2048,
+                    "rollout.max_prompt_tokens": 1024, "rollout.slots": 8})
+
+
+def analytic_param_bytes(model, mesh_shape, rules, itemsize=4) -> int:
+  """Bytes per chip of one params tree: each dimension divided by the mesh axes its logical
+  name maps to, where they divide it (counted here from the rules, not from any sharding)."""
+  total = 0
+  axes = jax.tree.leaves(transformer.param_logical_axes(model), is_leaf=lambda x: isinstance(x, tuple))
+  shapes = jax.tree.leaves(transformer.param_shapes(model), is_leaf=lambda x: isinstance(x, tuple))
+  for names, shape in zip(axes, shapes):
+    n = itemsize
+    for dim, name in zip(shape, names):
+      target = rules.get(name) if name else None
+      size = math.prod(mesh_shape[a] for a in ((target,) if isinstance(target, str) else target or ()))
+      n *= dim // size if dim % size == 0 else dim
+    total += n
+  return total
+
+
+def test_a_small_preset_compiled_for_a_v5e_4_holds_the_bytes_its_rules_give():
+  """The train step's per-chip arguments are the params and both Adam moments at the analytic
+  per-chip size (plus the batch and three counters): moments sharded like their params."""
+  config = _small_spell()
+  s = topology.parse("v5e-4")
+  runner.validate(config, devices=topology.devices(s), data=False)
+  plan = report.build(config, s, programs="train_step")
+  (step,) = plan.compiled
+  assert plan.mesh == {"data": 1, "fsdp": 4, "tensor": 1, "expert": 1}
+  params = analytic_param_bytes(plan.model, plan.mesh, shd.TRAIN_RULES)
+  assert 0.45 * GIB < params < 0.47 * GIB  # 0.49B float32 parameters over 4 chips
+  rows, cols = 16, 2048  # 2·(1 + 2 + 4) = 14 rows, padded to micro-batches of 4 on 4 chips
+  batch = rows * cols * 4 * 5 // 4  # tokens, mask, loss mask, advantages, old log-probs
+  counts = 4 * 4  # the schedule's and Adam's counts, the step, the skipped updates (int32)
+  assert step.argument_logical == 3 * params + batch + counts
+  assert plan.resident.items["policy: params + optimizer state"] == 3 * params + counts
+  # On chip every array is padded to (8, 128) tiles (a scalar to 128 elements): 1.3% more here.
+  assert step.argument == step.argument_tiled
+  assert step.argument_logical < step.argument < 1.02 * step.argument_logical
+  assert step.alias >= 3 * params  # the new state takes the old one's buffers
+  assert plan.update_peak == plan.resident.total + step.peak - step.program.resident_inputs
+  assert plan.fits and plan.peak < 16 * GIB
+
+
+def _scan_program(mesh, layers=8):
+  """x ← tanh(x · W_l) over `layers` weights sharded on their input dim and gathered whole."""
+  w = jax.ShapeDtypeStruct((layers, 512, 512), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P(None, "fsdp", None)))
+  x = jax.ShapeDtypeStruct((64, 512), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+  whole = NamedSharding(mesh, P())
+
+  def f(w, x):
+    body = lambda x, wl: (jnp.tanh(x @ jax.lax.with_sharding_constraint(wl, whole)), None)
+    return jax.lax.scan(body, x, w)[0]
+  return programs.Program("scan", "decode", lambda: jax.jit(f).trace(w, x))
+
+
+def test_the_compiler_counts_a_loop_body_once_and_the_plan_every_trip():
+  mesh = shd.make_mesh((1, -1, 1), topology.devices(topology.parse("v5e-4")))
+  c = analysis.compile_program(_scan_program(mesh))
+  body = 2 * 64 * 512 * 512  # one layer's matmul, replicated on every chip
+  assert body <= c.flops < 1.1 * body  # the compiler: one trip
+  assert c.loop_factor == 8 and c.model_matmul_flops == 8 * body
+  chex.assert_trees_all_close(c.call_flops, 8 * c.flops)
+  gathers = c.collectives["all-gather"]
+  assert (gathers.count, gathers.in_loop) == (8, 8), gathers
+  assert gathers.bytes == 8 * 512 * 512 * 2  # each gathers one whole bf16 layer
+  assert c.loop_gathers and c.loop_gathers[0][1] == 512 * 512 * 2
+
+
+HLO = """\
+HloModule m
+
+%cond (p: (s32[], f32[4,8])) -> pred[] {
+  %p = (s32[], f32[4,8]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[4,8])) -> (s32[], f32[4,8]) {
+  %p = (s32[], f32[4,8]) parameter(0)
+  %x = f32[4,8] get-tuple-element(%p), index=1
+  %ag = (f32[4,2], f32[4,8]) all-gather-start(f32[4,2] %x), dimensions={1}
+  %agd = f32[4,8] all-gather-done(%ag)
+  ROOT %t = (s32[], f32[4,8]) tuple(%i, %agd)
+}
+
+ENTRY %main (a: f32[4,8]) -> f32[4,8] {
+  %a = f32[4,8] parameter(0)
+  %ar = bf16[16,16] all-reduce(%a), to_apply=%add
+  %w = (s32[], f32[4,8]) while(%t0), condition=%cond, body=%body
+  ROOT %r = f32[4,8] get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_collectives_of_a_written_module_by_hand():
+  """A while of 5 trips around an async all-gather (start counted, done not), one all-reduce."""
+  out, gathers = analysis.hlo_collectives(HLO)
+  assert (out["all-gather"].count, out["all-gather"].bytes, out["all-gather"].in_loop) == (
+      5, 5 * 4 * 8 * 4, 5)
+  assert (out["all-reduce"].count, out["all-reduce"].bytes, out["all-reduce"].in_loop) == (
+      1, 16 * 16 * 2, 0)
+  assert gathers == [("f32[4,2]", 4 * 8 * 4)]
+
+
+def test_matmul_flops_by_hand():
+  """[2,3]·[3,4]: 2·(2·4)·3 = 48 FLOPs; a 5-step scan of it 240 (48 counted once); a cond costs
+  its costlier branch."""
+  a, b = jnp.ones((2, 3)), jnp.ones((3, 4))
+  one = jax.make_jaxpr(lambda a, b: a @ b)(a, b).jaxpr
+  assert analysis.matmul_flops(one) == 48
+  scan = jax.make_jaxpr(lambda a, b: jax.lax.scan(lambda c, _: (c, c @ b), a, None, length=5))(a, b)
+  assert analysis.matmul_flops(scan.jaxpr) == 240
+  assert analysis.matmul_flops(scan.jaxpr, trips=False) == 48
+  assert analysis.loop_factor(scan.jaxpr) == 5
+  cond = jax.make_jaxpr(lambda p, a, b: jax.lax.cond(p, lambda: (a @ b).sum(),
+                                                      lambda: (a @ b @ b.T).sum()))(True, a, b)
+  assert analysis.matmul_flops(cond.jaxpr) == 48 + 2 * 2 * 3 * 4
+
+
+def test_decode_collectives_of_the_training_layout_and_the_sampling_layout():
+  """Sampling with the training layout (weights split along fsdp) makes every decode step reduce
+  partial sums across chips (two per layer and more); the sampling layout keeps the weights
+  whole and a step needs one small all-reduce. Neither gathers a whole weight in the loop."""
+  s = topology.parse("v5e-4")
+  steps = {}
+  for name, rules in (("train", shd.TRAIN_RULES), ("sampling", shd.SAMPLING_RULES)):
+    config = _config("spell", "demo", **{"rollout.slots": 4, "rollout.chunk": 2})
+    config.mesh.rules.sampling.update(dict(shd.rules_to_config(rules)))
+    plan = report.build(config, s, programs="engine/decode_step")
+    (c,) = plan.compiled
+    steps[name] = sum(v.count for v in c.collectives.values())
+    assert not report.loop_gathers(plan), report.loop_gathers(plan)
+  assert steps["sampling"] == 1 and steps["train"] > 2 * plan.model.num_layers, steps
+
+
+def test_model_flops_per_token_by_hand():
+  """6N plus 6·L·heads·head_dim·T for a dense model (the input embedding lookup is no matmul)."""
+  from scope_jax.models.config import tiny_config
+  m = tiny_config("qwen2", num_layers=2, hidden_size=32, intermediate_size=64, num_heads=4,
+                  num_kv_heads=2, head_dim=8, vocab_size=100, tie_embeddings=False)
+  n = m.num_params() - 100 * 32
+  assert report.model_flops_per_token(m, 10) == 6 * n + 6 * 2 * 4 * 8 * 10
+
+
+def test_cpu_runs_stay_on_the_cpu():
+  """Describing a TPU slice does not make JAX pick a TPU backend."""
+  topology.devices(topology.parse("v5p-8"))
+  assert {d.platform for d in jax.devices()} == {"cpu"}
+  np.testing.assert_array_equal(jax.jit(lambda x: x + 1)(np.arange(3)), [1, 2, 3])
