@@ -10,6 +10,8 @@ rotate-half). llama.cpp's Gemma converter stores every norm weight as 1 + w; tha
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -130,52 +132,93 @@ def config_from_gguf(reader) -> ModelConfig:
       pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"), **family)
 
 
-def read_gguf(path, tie: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-  """Returns (config, HF-named float32 tensors) dequantised from a GGUF file.
+class GGUFSource:
+  """A GGUF file's tensors under their Hugging Face names, each dequantised when it is read, so
+  loading never holds the whole model in float32 beside its params (`hf_io.TensorSource`).
 
   With `tie`, one matrix serves as input embedding and output projection: where the file stores
   both (llama.cpp writes a tied model's matrix twice, at two precisions), the more precise one.
   """
-  import gguf  # optional dependency (the `test` extra), used only here
 
+  def __init__(self, reader, config: ModelConfig, tie: bool = False):
+    import gguf  # optional dependency (the `test` extra), used only here
+    self._gguf, self._config = gguf, config
+    self._entries: dict[str, tuple[Any, int | None]] = {}  # HF name → (GGUF tensor, expert)
+    self._shapes: dict[str, tuple[int, ...]] = {}
+    self._cached: tuple[str, np.ndarray] | None = None  # the last dequantised GGUF tensor
+    names = layer_names(config.model_type)
+    bits = {}
+    for t in reader.tensors:
+      shape = tuple(int(x) for x in reversed(list(t.shape)))
+      if t.name in ("token_embd.weight", "output.weight"):
+        block, size = gguf.GGML_QUANT_SIZES[t.tensor_type]
+        bits[t.name] = 8 * size / block
+      if t.name == "rope_freqs.weight":
+        _check_rope_freqs(config, self._dequantize(t))
+        continue
+      if t.name in _TOP_NAMES:
+        self._add(_TOP_NAMES[t.name], t, shape)
+        continue
+      parts = t.name.split(".", 2)
+      if parts[0] == "blk" and parts[2] in _EXPERTS:
+        for e in range(shape[0]):
+          self._add(f"model.layers.{parts[1]}.mlp.experts.{e}.{_EXPERTS[parts[2]]}.weight", t,
+                    shape[1:], e)
+        continue
+      if parts[0] != "blk" or parts[2] not in names:
+        raise ValueError(f"Unexpected GGUF tensor {t.name!r} for architecture {config.model_type}.")
+      self._add(f"model.layers.{parts[1]}.{names[parts[2]]}", t, shape)
+    if tie and "lm_head.weight" in self._entries:
+      output = self._entries.pop("lm_head.weight"), self._shapes.pop("lm_head.weight")
+      if bits["output.weight"] > bits["token_embd.weight"]:
+        self._entries["model.embed_tokens.weight"], _ = output
+
+  def _add(self, name, tensor, shape, expert=None):
+    self._entries[name], self._shapes[name] = (tensor, expert), tuple(shape)
+
+  def _dequantize(self, t) -> np.ndarray:
+    shape = tuple(int(x) for x in reversed(list(t.shape)))
+    return self._gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
+
+  def names(self):
+    return list(self._entries)
+
+  def shape(self, name):
+    return self._shapes[name]
+
+  def read(self, name, index=None) -> np.ndarray:
+    t, expert = self._entries[name]
+    if self._cached is None or self._cached[0] != t.name:
+      self._cached = (t.name, self._convert(t, self._dequantize(t)))
+    arr = self._cached[1] if expert is None else self._cached[1][expert]
+    return np.asarray(arr if index is None else arr[tuple(index)])
+
+  def _convert(self, t, arr: np.ndarray) -> np.ndarray:
+    """llama.cpp's storage conventions undone: Gemma norms as 1 + w, Llama's Q/K rows permuted."""
+    c = self._config
+    if c.norm_plus_one and t.name.endswith("norm.weight"):
+      return arr - 1.0
+    if c.model_type == "llama" and t.name.endswith("attn_q.weight"):
+      return _unpermute(arr, c.num_heads)
+    if c.model_type == "llama" and t.name.endswith("attn_k.weight"):
+      return _unpermute(arr, c.num_kv_heads)
+    return arr
+
+
+def open_gguf(path, tie: bool = False) -> tuple[ModelConfig, GGUFSource]:
+  """(config, lazily dequantising tensor source) of a GGUF file."""
+  import gguf
   reader = gguf.GGUFReader(str(path))
   config = config_from_gguf(reader)
   if tie:
     config = config.replace(tie_embeddings=True)
-  bits = {}  # bits per weight of the embedding and the output matrix, to keep the better one
-  tensors: dict[str, np.ndarray] = {}
-  for t in reader.tensors:
-    if t.name in ("token_embd.weight", "output.weight"):
-      block, size = gguf.GGML_QUANT_SIZES[t.tensor_type]
-      bits[t.name] = 8 * size / block
-    shape = tuple(int(x) for x in reversed(list(t.shape)))
-    arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
-    if t.name == "rope_freqs.weight":
-      _check_rope_freqs(config, arr)
-      continue
-    if config.norm_plus_one and t.name.endswith("norm.weight"):
-      arr = arr - 1.0  # llama.cpp stores Gemma norms as 1 + w
-    if t.name in _TOP_NAMES:
-      tensors[_TOP_NAMES[t.name]] = arr
-      continue
-    parts = t.name.split(".", 2)
-    if parts[0] == "blk" and parts[2] in _EXPERTS:
-      for e in range(arr.shape[0]):
-        tensors[f"model.layers.{parts[1]}.mlp.experts.{e}.{_EXPERTS[parts[2]]}.weight"] = arr[e]
-      continue
-    names = layer_names(config.model_type)
-    if parts[0] != "blk" or parts[2] not in names:
-      raise ValueError(f"Unexpected GGUF tensor {t.name!r} for architecture {config.model_type}.")
-    if config.model_type == "llama" and parts[2] == "attn_q.weight":
-      arr = _unpermute(arr, config.num_heads)
-    elif config.model_type == "llama" and parts[2] == "attn_k.weight":
-      arr = _unpermute(arr, config.num_kv_heads)
-    tensors[f"model.layers.{parts[1]}.{names[parts[2]]}"] = arr
-  if tie and "lm_head.weight" in tensors:
-    output = tensors.pop("lm_head.weight")
-    if bits["output.weight"] > bits["token_embd.weight"]:
-      tensors["model.embed_tokens.weight"] = output
-  return config, tensors
+  return config, GGUFSource(reader, config, tie)
+
+
+def read_gguf(path, tie: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+  """Returns (config, HF-named float32 tensors) dequantised from a GGUF file (`GGUFSource`)."""
+  config, source = open_gguf(path, tie)
+  return config, {name: source.read(name) for name in source.names()}
 
 
 def _check_rope_freqs(config: ModelConfig, factors: np.ndarray) -> None:
@@ -188,8 +231,9 @@ def _check_rope_freqs(config: ModelConfig, factors: np.ndarray) -> None:
 
 
 def load_gguf(path, mesh=None, dtype=None, rules=None, tie: bool = False):
-  """Loads a GGUF file into (config, params) through the Hugging Face tensor mapping."""
-  config, tensors = read_gguf(path, tie)
-  params = hf_io.params_from_source(config, hf_io.DictSource(tensors), mesh,
-                                    rules or shd.TRAIN_RULES, dtype or jnp.float32)
+  """Loads a GGUF file into (config, params) through the Hugging Face tensor mapping, one
+  tensor dequantised at a time."""
+  config, source = open_gguf(path, tie)
+  params = hf_io.params_from_source(config, source, mesh, rules or shd.TRAIN_RULES,
+                                    dtype or jnp.float32)
   return config, params
