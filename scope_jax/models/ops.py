@@ -6,6 +6,7 @@ G = N / K, H head dim. Softmax and norms run in float32; masks use a large finit
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import jax
@@ -78,11 +79,29 @@ def _attend_block(q_BTNH, kT_BKHS, v_BKSH, q_slot_BT, k_valid_BS, q_pos_BT, k_po
   return jnp.einsum("BKGTH->BTKGH", out_BKGTH).reshape(b, t, n, h)
 
 
+_TARGET: list[tuple[str, int]] = []  # (platform, device count) programs are traced for
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str, devices: int):
+  """Traces programs as they are traced on `platform` with `devices` devices (the choices below
+  follow the target, not this host): `scope_jax.plan` compiles TPU programs on a CPU host."""
+  _TARGET.append((platform, devices))
+  try:
+    yield
+  finally:
+    _TARGET.pop()
+
+
+def _target() -> tuple[str, int]:
+  return _TARGET[-1] if _TARGET else (jax.default_backend(), jax.device_count())
+
+
 def default_q_chunk() -> int:
   """Query rows per attention block: 64 on CPU, where a block's [T, S] scores should stay in
   cache (at 512 to 3k keys the forward is 1.7-2.8x faster than with 512 rows, forward and
   backward at 1k keys 1.3x); 512 on accelerators, whose matrix units want large tiles."""
-  return 64 if jax.default_backend() == "cpu" else 512
+  return 64 if _target()[0] == "cpu" else 512
 
 
 CACHE_ATTENTION_ENV = "SCOPE_JAX_CACHE_ATTENTION"
@@ -100,7 +119,8 @@ def blockwise_cache_attention() -> bool:
                      "a single CPU device), 'blockwise' or 'dense'.")
   if choice != "auto":
     return choice == "blockwise"
-  return jax.default_backend() == "cpu" and jax.device_count() == 1
+  platform, devices = _target()
+  return platform == "cpu" and devices == 1
 
 
 def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, q_slot_BT: jax.Array,

@@ -227,3 +227,47 @@ def shard_params(params: Any, config, mesh: jax.sharding.Mesh,
                  rules: shd.Rules = shd.TRAIN_RULES) -> Any:
   """Moves (or reshards) an existing params pytree onto the mesh under `rules`."""
   return jax.device_put(params, param_shardings(config, mesh, rules))
+
+
+def _cast_before_use(config, name: str) -> bool:
+  """Whether the forward casts this weight to the compute dtype before any use (matmul weights,
+  biases), so a copy already in that dtype computes the same numbers. Not the norm scales (Gemma
+  takes 1 + w in float32) nor Gemma's embedding (scaled in the weights' dtype)."""
+  return "norm" not in name and not (name == "embed" and config.norm_plus_one)
+
+
+def sampling_layout(config, params: Any, mesh: jax.sharding.Mesh, rules: shd.Rules,
+                    dtype) -> tuple[Any, Any]:
+  """(shardings, dtypes) of the params in the sampling layout. A leaf that layout moves is a
+  copy either way: it is made in the compute `dtype` where that is narrower and the forward
+  casts the weight to it anyway (a float32 master copy sampled in bfloat16: half the bytes
+  held, half read per decode step, the same samples). A leaf it does not move is shared."""
+  target = param_shardings(config, mesh, rules)
+  narrow = jnp.dtype(dtype)
+
+  def leaf_dtype(path, x, s):
+    here = getattr(x, "sharding", None)
+    moved = not (isinstance(here, jax.sharding.NamedSharding)
+                 and here.is_equivalent_to(s, len(x.shape)))
+    name = str(getattr(path[-1], "key", path[-1]))
+    cast = moved and narrow.itemsize < jnp.dtype(x.dtype).itemsize and _cast_before_use(config, name)
+    return narrow if cast else jnp.dtype(x.dtype)
+  return target, jax.tree_util.tree_map_with_path(leaf_dtype, params, target)
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "sharding"))
+def _recast(x, *, dtype, sharding):
+  return jax.lax.with_sharding_constraint(x.astype(dtype), sharding)
+
+
+def sampling_params(params: Any, config, mesh: jax.sharding.Mesh, rules: shd.Rules, dtype) -> Any:
+  """The params a sampler plays, in the sampling layout (`sampling_layout`): moved leaves
+  copied (cast on their shards, then laid out), the others the same arrays."""
+  shardings, dtypes = sampling_layout(config, params, mesh, rules, dtype)
+
+  def place(x, s, dt):
+    if isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.is_equivalent_to(
+        s, x.ndim):
+      return x
+    return _recast(x, dtype=dt, sharding=s)
+  return jax.tree.map(place, params, shardings, dtypes)

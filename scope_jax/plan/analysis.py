@@ -15,6 +15,7 @@ import time
 
 from jax.extend import core as jcore
 
+from scope_jax.models import ops
 from scope_jax.plan.programs import Program
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -53,6 +54,7 @@ class Compiled:
   model_matmul_flops: float  # the program's matmul FLOPs per call, all chips (from the jaxpr)
   collectives: dict[str, Collective]
   loop_gathers: list[tuple[str, int]]  # all-gathers inside a while loop: (shape, bytes)
+  error: str = ""  # the compiler refused: its temporaries alone exceed the chip's HBM (`temp`)
 
   @property
   def call_flops(self) -> float:
@@ -66,8 +68,12 @@ class Compiled:
   @property
   def peak(self) -> int:
     """Bytes live while it runs: its arguments, its outputs that do not reuse an argument's
-    buffer, and its temporaries."""
+    buffer, and its temporaries (arguments unknown where the compiler refused)."""
     return self.argument + self.output - self.alias + self.temp
+
+  def extra(self) -> int:
+    """Bytes it needs beyond the run's resident arrays (its inputs that are resident anyway)."""
+    return self.temp if self.error else self.peak - self.program.resident_inputs
 
 
 def array_bytes(text: str) -> int:
@@ -191,6 +197,8 @@ def loop_factor(jaxpr) -> float:
   return matmul_flops(jaxpr) / once if once else 1.0
 
 
+_OUT_OF_MEMORY = re.compile(r"memory required for HLO temporaries \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
 _PARAM = re.compile(r"= ([a-z0-9]+)\[([0-9,]*)\](?:\{([^}]*)\})? parameter\(")
 
 
@@ -223,12 +231,26 @@ def parameter_bytes(hlo: str) -> tuple[int, int]:
   return logical, tiled
 
 
-def compile_program(program: Program) -> Compiled:
+def compile_program(program: Program, platform: str = "tpu", devices: int = 0) -> Compiled:
+  """Traces `program` as it is traced on `platform` with `devices` devices (the model's
+  backend-dependent choices follow the target), compiles it and reads its costs."""
   start = time.perf_counter()
-  traced = program.trace()
-  compiled = traced.lower().compile()
-  seconds = time.perf_counter() - start
+  with ops.compiling_for(platform, devices):
+    traced = program.trace()
   jaxpr = traced.jaxpr.jaxpr
+  try:
+    compiled = traced.lower().compile()
+  except Exception as e:  # noqa: BLE001 — the compiler's own verdict that it cannot fit
+    need = _OUT_OF_MEMORY.search(str(e))
+    if not need:
+      raise
+    return Compiled(program, time.perf_counter() - start, argument=0, output=0, alias=0,
+                    temp=int(float(need.group(1)) * _UNITS[need.group(2)]), code=0,
+                    argument_logical=0, argument_tiled=0, flops=0.0, bytes_accessed=0.0,
+                    loop_factor=loop_factor(jaxpr), model_matmul_flops=matmul_flops(jaxpr),
+                    collectives={k: Collective() for k in KINDS}, loop_gathers=[],
+                    error=str(e).strip().splitlines()[-1])
+  seconds = time.perf_counter() - start
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})

@@ -154,6 +154,21 @@ class RunShapes:
   def params(self, rules) -> Any:
     return param_structs(self.model, self.mesh, rules, self.param_dtype)
 
+  def sampling_params(self) -> Any:
+    """What a sampler plays: the trained params as `transformer.sampling_params` lays them out
+    (a leaf the sampling layout moves is copied in the compute dtype where the forward casts it)."""
+    shardings, dtypes = transformer.sampling_layout(
+        self.model, self.params(self.train_rules), self.mesh, self.sampling_rules, self.dtype)
+    return jax.tree.map(lambda a, s, dt: struct(a.shape, dt, s),
+                        self.params(self.train_rules), shardings, dtypes)
+
+  def sampler_copy_bytes(self) -> int:
+    """Bytes per chip a sampler holds beyond the trained params: the leaves it moves."""
+    train, sample = self.params(self.train_rules), self.sampling_params()
+    moved = [b for a, b in zip(jax.tree.leaves(train), jax.tree.leaves(sample))
+             if not a.sharding.is_equivalent_to(b.sharding, len(a.shape))]
+    return bytes_per_chip(moved)
+
   def columns(self) -> tuple[int, int]:
     """(prompt columns, all columns) of an update's rows: the rollout's longest prompt and the
     rest of the context, each in its length bucket (as `rl.batch.make_batch` pads them)."""
@@ -211,7 +226,7 @@ def engine_programs(shapes: RunShapes) -> tuple[list[Program], int]:
                                                 shardings=None))
   cache = jax.tree.map(lambda a, s: struct(a.shape, a.dtype, s), empty[0], cache_sh)
   logits = struct((slots, model.vocab_size), jnp.float32, row_col)
-  params = shapes.params(rules)
+  params = shapes.sampling_params()
   put = lambda shape, dtype: struct(shape, dtype, shd.batch_sharding(mesh, shape, rules))
   scalar = struct((), jnp.float32, shd.replicated(mesh))
   spec = SamplingSpec(temperature=1.0, eos_ids=tuple(model.eos_ids or (0,))).compiled()
@@ -274,7 +289,7 @@ def sampler_programs(shapes: RunShapes) -> tuple[list[Program], int]:
   rows = -(-r.slots // shards) * shards
   width = length_bucket(r.max_prompt_tokens)
   new = length_bucket(max(r.max_context - r.max_prompt_tokens, 8), minimum=8)
-  params = shapes.params(rules)
+  params = shapes.sampling_params()
   put = lambda shape, dtype: struct(shape, dtype, shd.batch_sharding(mesh, shape, rules))
   rep = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shd.replicated(mesh))
   prefill_args = (model, params, put((rows, width), jnp.int32), put((rows, width), jnp.int32))

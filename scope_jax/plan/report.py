@@ -36,7 +36,7 @@ class Plan:
   def phase_peak(self, kinds) -> int:
     """Resident arrays plus the largest program of `kinds` (its own arrays beyond them); the
     rollout phase adds the KV cache, which is freed before every update."""
-    extra = [c.peak - c.program.resident_inputs for c in self.compiled if c.program.kind in kinds]
+    extra = [c.extra() for c in self.compiled if c.program.kind in kinds]
     cache = self.resident.kv_cache if "decode" in kinds else 0
     return self.resident.total + cache + max(extra, default=0)
 
@@ -71,12 +71,8 @@ def resident_memory(shapes: prog.RunShapes, states: dict[str, Any], cache: int) 
   """What lives for the whole run, per chip: each policy's params and optimizer state, a sampler
   copy of each played weight set where the sampling layout differs from the training one, the
   base model where a frozen role or a KL reference reads it, tracked params."""
-  train = shapes.params(shapes.train_rules)
-  sample = shapes.params(shapes.sampling_rules)
-  same = all(a.sharding.is_equivalent_to(b.sharding, len(a.shape))
-             for a, b in zip(jax.tree.leaves(train), jax.tree.leaves(sample)))
-  copy = 0 if same else prog.bytes_per_chip(sample)
-  weights = prog.bytes_per_chip(train)
+  copy = shapes.sampler_copy_bytes()
+  weights = prog.bytes_per_chip(shapes.params(shapes.train_rules))
   items = {}
   for name, state in states.items():
     items[f"{name}: params + optimizer state"] = prog.bytes_per_chip(state)
@@ -110,10 +106,10 @@ def build(config: ml_collections.ConfigDict, s: topology.Slice, programs: str = 
     todo.append(prog.encoder_program(shapes))
   if programs != "all":
     todo = [p for p in todo if any(p.name.startswith(k) for k in programs.split(","))]
-  compiled = [analysis.compile_program(p) for p in todo]
+  compiled = [analysis.compile_program(p, "tpu", len(devices)) for p in todo]
   return Plan(s, dict(mesh.shape), shapes.model, compiled,
               resident_memory(shapes, states, cache),
-              prog.bytes_per_chip(shapes.params(shapes.sampling_rules)))
+              prog.bytes_per_chip(shapes.sampling_params()))
 
 
 # ------------------------------------------------------------------------------- estimates
@@ -123,7 +119,7 @@ def decode_rows(plan: Plan) -> list[dict]:
   the whole KV cache), and the step time that chip bandwidth implies."""
   out = []
   for c in plan.compiled:
-    if not c.program.name.endswith("decode_step"):
+    if not c.program.name.endswith("decode_step") or c.error:
       continue
     minimum = plan.weights + plan.resident.kv_cache
     seconds = c.call_bytes / plan.slice.chip.hbm_bandwidth
@@ -140,7 +136,7 @@ def train_rows(plan: Plan, config: ml_collections.ConfigDict) -> list[dict]:
   prompt = prog.length_bucket(config.rollout.max_prompt_tokens)
   out = []
   for c in plan.compiled:
-    if c.program.kind != "train":
+    if c.program.kind != "train" or c.error:
       continue
     cols = prompt + prog.length_bucket(
         max(config.rollout.max_context - config.rollout.max_prompt_tokens, 1))
@@ -187,6 +183,10 @@ def render(plan: Plan, config: ml_collections.ConfigDict) -> str:
                "peak (GiB per chip) |")
   lines.append("|---|---|---|---|---|---|---|")
   for c in plan.compiled:
+    if c.error:
+      lines.append(f"| {c.program.name} | {c.program.note} | {c.seconds:.0f} | — | — | "
+                   f"{_gib(c.temp)} | refused by the compiler: {c.error} |")
+      continue
     lines.append(f"| {c.program.name} | {c.program.note} | {c.seconds:.0f} | {_gib(c.argument)} | "
                  f"{_gib(c.output - c.alias)} | {_gib(c.temp)} | {_gib(c.peak)} |")
   lines.append("\n| resident for the whole run | GiB per chip |\n|---|---|")
@@ -227,6 +227,7 @@ def to_json(plan: Plan, config: ml_collections.ConfigDict) -> dict:
       "rollout_peak": plan.rollout_peak, "resident": plan.resident.items,
       "kv_cache": plan.resident.kv_cache,
       "programs": [{"name": c.program.name, "note": c.program.note, "compile_s": c.seconds,
+                    "error": c.error,
                     "argument": c.argument, "output": c.output, "alias": c.alias,
                     "temp": c.temp, "peak": c.peak, "flops": c.flops,
                     "call_flops": c.call_flops, "bytes_accessed": c.bytes_accessed,

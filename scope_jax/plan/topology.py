@@ -92,6 +92,7 @@ def parse(name: str) -> Slice:
 def quiet_libtpu() -> None:
   """libtpu, loaded for compilation only, looks for a TPU VM's metadata; say there is none."""
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiling needs no exclusive TPU
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("TPU_WORKER_ID", "0")

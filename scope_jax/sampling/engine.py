@@ -160,7 +160,8 @@ class Engine:
     if self.busy():
       raise RuntimeError("The engine's weights cannot change while requests are generating.")
     if self.mesh is not None:
-      params = transformer.shard_params(params, self.config, self.mesh, self.rules)
+      params = transformer.sampling_params(params, self.config, self.mesh, self.rules,
+                                           self.dtype)
     self.params = params
     for s in self.slots:
       s.tokens, s.owner = np.zeros((0,), np.int32), None

@@ -227,7 +227,8 @@ class Sampler:
   def update_params(self, params) -> None:
     """Points the sampler at new weights (resharded for sampling when a mesh is set)."""
     if self.mesh is not None:
-      params = transformer.shard_params(params, self.config, self.mesh, self.rules)
+      params = transformer.sampling_params(params, self.config, self.mesh, self.rules,
+                                           self.dtype)
     self.params = params
 
   def _batch_multiple(self) -> int:

@@ -104,6 +104,16 @@ def test_the_compiler_counts_a_loop_body_once_and_the_plan_every_trip():
   assert c.loop_gathers and c.loop_gathers[0][1] == 512 * 512 * 2
 
 
+def test_a_program_the_compiler_cannot_fit_is_reported_not_raised():
+  """XLA refuses a program whose temporaries exceed the chip's HBM; the plan keeps its number."""
+  mesh = shd.make_mesh((1, -1, 1), topology.devices(topology.parse("v5e-1")))
+  x = jax.ShapeDtypeStruct((4, 4), jnp.float32, sharding=NamedSharding(mesh, P()))
+  big = lambda x: jnp.broadcast_to(x[:1, :1], (96 * 1024, 64 * 1024)).cumsum(0).sum() + x
+  c = analysis.compile_program(programs.Program("big", "train", lambda: jax.jit(big).trace(x)))
+  assert c.error and "HBM" in c.error, c.error
+  assert c.temp > 16 * GIB and c.extra() == c.temp
+
+
 HLO = """\
 HloModule m
 
