@@ -1,7 +1,7 @@
 """Every paper preset planned on the TPU slice `launch/README.md` recommends for it: the table in
 that README is this script's output.
 
-    python tools/plan_presets.py --out=/tmp/plans                  # all ten, one process each
+    python tools/plan_presets.py --out=/tmp/plans --jobs=2         # all ten, one process each
     python tools/plan_presets.py --out=/tmp/plans --presets=asl:paper
 
 Each preset runs `python -m scope_jax.plan ... --json=<out>/<method>_<preset>.json`; the
@@ -11,27 +11,17 @@ markdown table is printed from those files at the end (and by `--table_only`).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import pathlib
 import subprocess
 import sys
 import time
 
+from scope_jax.plan.recommended import SLICES
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GIB = 2 ** 30
-# preset → (slice, mesh.shape): the smallest common slice each fits on with room for its cache.
-SLICES = {
-    "spell:paper": ("v5p-8", "(1,-1,1)"),
-    "spell:paper_qwen3_moe": ("v5p-16", "(1,-1,1,1)"),
-    "scope:paper": ("v5p-16", "(1,-1,1)"),
-    "scope:paper_qwen3": ("v5p-16", "(1,-1,1)"),
-    "scope:paper_olmo3": ("v5p-16", "(1,-1,1)"),
-    "opensir:paper": ("v5p-8", "(1,-1,1)"),
-    "opensir:paper_gemma2": ("v5p-8", "(1,-1,1)"),
-    "asl:paper": ("v5p-8", "(1,-1,1)"),
-    "piplay:paper": ("v5p-8", "(1,-1,1)"),
-    "piplay:paper_instruct": ("v5p-8", "(1,-1,1)"),
-}
 
 
 def plan(spec: str, out: pathlib.Path, extra=()) -> dict:
@@ -71,17 +61,19 @@ def main() -> None:
   parser.add_argument("--out", type=pathlib.Path, required=True)
   parser.add_argument("--presets", default=",".join(SLICES))
   parser.add_argument("--table_only", action="store_true")
+  parser.add_argument("--jobs", type=int, default=1, help="presets planned at once")
   args = parser.parse_args()
   args.out.mkdir(parents=True, exist_ok=True)
+  specs = args.presets.split(",")
+  if not args.table_only:
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+      list(pool.map(lambda spec: plan(spec, args.out), specs))
   plans = {}
-  for spec in args.presets.split(","):
-    if args.table_only:
-      method, preset = spec.split(":")
-      path = args.out / f"{method}_{preset}.json"
-      if path.exists():
-        plans[spec] = json.loads(path.read_text())
-    elif result := plan(spec, args.out):
-      plans[spec] = result
+  for spec in specs:
+    method, preset = spec.split(":")
+    path = args.out / f"{method}_{preset}.json"
+    if path.exists():
+      plans[spec] = json.loads(path.read_text())
   print("\n| preset | slice, mesh | resident | KV cache | update peak | rollout peak | HBM | "
         "verdict | train FLOPs vs model / MFU (est.) | decode bytes vs minimum / step (est.) |")
   print("|---|---|---|---|---|---|---|---|---|---|")

@@ -97,6 +97,14 @@ def _target() -> tuple[str, int]:
   return _TARGET[-1] if _TARGET else (jax.default_backend(), jax.device_count())
 
 
+def slice_layers_outside_loops() -> bool:
+  """Whether a decode loop takes each layer's weights out of the stacked arrays once, before it
+  starts: on CPU, where XLA would copy every layer's slice on every step. Elsewhere the slices
+  stay inside the loop, where the compiler reads them in place (taken outside, they are a second
+  copy of every weight held for the whole loop)."""
+  return _target()[0] == "cpu"
+
+
 def default_q_chunk() -> int:
   """Query rows per attention block: 64 on CPU, where a block's [T, S] scores should stay in
   cache (at 512 to 3k keys the forward is 1.7-2.8x faster than with 512 rows, forward and

@@ -26,6 +26,7 @@ from absl import logging
 
 from scope_jax import sharding as shd
 from scope_jax.models import kv_cache as kvc
+from scope_jax.models import ops
 from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.sampling import stops as stops_lib
@@ -161,7 +162,8 @@ def _decode(config: ModelConfig, spec: SamplingSpec, params, state: DecodeState,
   eos = jnp.asarray(spec.eos_ids or (-1,), jnp.int32)
   rows = jnp.arange(state.tokens.shape[0])
   n = state.tokens.shape[1]
-  layers = transformer.layer_params(config, params)  # sliced once, not on every step
+  # CPU: sliced once, not on every step; elsewhere read in place inside the loop
+  layers = transformer.layer_params(config, params) if ops.slice_layers_outside_loops() else None
 
   def cond(s: DecodeState):
     return (s.step < limit) & ~jnp.all(s.done)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from absl import logging
 
 from scope_jax.models import kv_cache as kvc
+from scope_jax.models import ops
 from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.sampling.sampler import SamplingSpec, argmax_last, truncate_logits
@@ -221,7 +222,8 @@ def decode(config: ModelConfig, spec: SamplingSpec, params, cache: kvc.KVCache, 
                window)
   eos = jnp.asarray(spec.eos_ids or (-1,), jnp.int32)
   b = live_B.shape[0]
-  layers = transformer.layer_params(config, params)  # sliced once, not on every step
+  # CPU: sliced once, not on every step; elsewhere read in place inside the loop
+  layers = transformer.layer_params(config, params) if ops.slice_layers_outside_loops() else None
   if rows_DP is None:
     view, logits_BV = _window(cache, window), logits_SV
   else:

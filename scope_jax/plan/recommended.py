@@ -1,0 +1,16 @@
+"""The TPU slice and mesh each paper preset is planned on (launch/README.md's table,
+`tools/plan_presets.py`, and the slow test that every preset fits its slice)."""
+
+# preset → (slice, mesh.shape): a slice each fits on with room for its KV cache.
+SLICES = {
+    "spell:paper": ("v5p-8", "(1,-1,1)"),
+    "spell:paper_qwen3_moe": ("v5p-32", "(1,2,1,8)"),  # 8-way expert parallelism
+    "scope:paper": ("v5p-16", "(1,2,4)"),  # tensor 4: three sampler copies split four ways
+    "scope:paper_qwen3": ("v5p-16", "(1,2,4)"),
+    "scope:paper_olmo3": ("v5p-16", "(1,2,4)"),
+    "opensir:paper": ("v5p-8", "(1,-1,1)"),
+    "opensir:paper_gemma2": ("v5p-8", "(1,-1,1)"),
+    "asl:paper": ("v5p-8", "(1,-1,1)"),
+    "piplay:paper": ("v5p-8", "(1,2,2)"),
+    "piplay:paper_instruct": ("v5p-8", "(1,2,2)"),
+}
