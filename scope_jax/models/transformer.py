@@ -255,9 +255,10 @@ def sampling_layout(config, params: Any, mesh: jax.sharding.Mesh, rules: shd.Rul
   return target, jax.tree_util.tree_map_with_path(leaf_dtype, params, target)
 
 
-@functools.partial(jax.jit, static_argnames=("dtype", "sharding"))
-def _recast(x, *, dtype, sharding):
-  return jax.lax.with_sharding_constraint(x.astype(dtype), sharding)
+@functools.lru_cache(maxsize=None)
+def _recast(dtype, sharding):
+  """Casts on the input's shards, then lays the result out as `sharding` (exactly that one)."""
+  return jax.jit(lambda x: x.astype(dtype), out_shardings=sharding)
 
 
 def sampling_params(params: Any, config, mesh: jax.sharding.Mesh, rules: shd.Rules, dtype) -> Any:
@@ -269,5 +270,5 @@ def sampling_params(params: Any, config, mesh: jax.sharding.Mesh, rules: shd.Rul
     if isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.is_equivalent_to(
         s, x.ndim):
       return x
-    return _recast(x, dtype=dt, sharding=s)
+    return _recast(dt, s)(x)
   return jax.tree.map(place, params, shardings, dtypes)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 from etils import epath
 
+from scope_jax import assets
 from scope_jax import sharding as shd
 from scope_jax.core import runtime as rt_lib
 from scope_jax.core.method import Players
@@ -83,11 +84,9 @@ def model_config(model: ml_collections.ConfigDict) -> ModelConfig:
   if source.startswith("hf:"):
     config = hf_io.read_hf_config(source[len("hf:"):])
   elif source.startswith("gguf:"):
-    import gguf
-    from scope_jax import assets
     target = source[len("gguf:"):]
     path = epath.Path(target) if epath.Path(target).exists() else assets.fetch(target)
-    config = gguf_io.config_from_gguf(gguf.GGUFReader(str(path)))
+    config, _ = gguf_io.open_gguf(path)  # the header only: tensors are read when asked for
   else:
     config = load_lib.model_config(model)
   return config.replace(tie_embeddings=True) if tie == "yes" else config

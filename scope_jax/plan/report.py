@@ -15,6 +15,7 @@ import ml_collections
 
 from scope_jax import sharding as shd
 from scope_jax.core import runner
+from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.plan import analysis, programs as prog, topology
 from scope_jax.plan.topology import GIB
@@ -151,7 +152,6 @@ def train_rows(plan: Plan, config: ml_collections.ConfigDict) -> list[dict]:
 def loop_gathers(plan: Plan) -> list[str]:
   """All-gathers of a whole weight inside a decode loop: a layout that gathers weights on every
   generated token."""
-  from scope_jax.models import transformer
   shapes = jax.tree.leaves(transformer.param_shapes(plan.model),
                            is_leaf=lambda x: isinstance(x, tuple))
   whole = {tuple(s) for s in shapes} | {tuple(s[1:]) for s in shapes if len(s) > 1}
