@@ -8,7 +8,7 @@ import re
 import sys
 from typing import NoReturn, Sequence
 
-from absl import logging
+from absl import flags, logging
 
 _DID_YOU_MEAN = re.compile(r"""Did you mean \\?["'](\w+)\\?["'] instead of \\?["'](\w+)\\?["']""")
 _NO_FILE = re.compile(r"No such file or directory: '([^']+)'")
@@ -72,3 +72,13 @@ def fail(exc: BaseException) -> NoReturn:
   """Prints `exc` as one `Error:` line on stderr and exits with status 2 (a usage error)."""
   print(f"Error: {one_line(exc, sys.argv)}", file=sys.stderr)
   sys.exit(2)
+
+
+def parse_flags(argv):
+  """absl flag parsing (`app.run(main, flags_parser=parse_flags)`) with one-line errors: typos,
+  missing files, unknown presets."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 — every command-line mistake ends the same way
+    print(f"Error: {one_line(e, argv)}", file=sys.stderr)
+    sys.exit(2)

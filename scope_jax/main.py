@@ -9,7 +9,6 @@ Multi-host: every host runs the same command; launch/ sets the environment that
 """
 
 import os
-import sys
 
 import jax
 from absl import app, flags, logging
@@ -45,15 +44,6 @@ def main(argv):
     cli_errors.fail(e)
 
 
-def parse_flags(argv):
-  """absl flag parsing with one-line errors (typos, missing files, unknown presets)."""
-  try:
-    return flags.FLAGS(argv)
-  except Exception as e:  # noqa: BLE001 — every command-line mistake ends the same way
-    print(f"Error: {cli_errors.one_line(e, argv)}", file=sys.stderr)
-    sys.exit(2)
-
-
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=cli_errors.parse_flags)

@@ -14,7 +14,6 @@ and the collectives. Times are roofline estimates, never measurements.
 
 import json
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host compiles; libtpu only describes the slice
 
@@ -84,14 +83,6 @@ def main(argv):
       json.dump(out, f, indent=1, default=str)
 
 
-def parse_flags(argv):
-  try:
-    return flags.FLAGS(argv)
-  except Exception as e:  # noqa: BLE001 — every command-line mistake ends the same way
-    print(f"Error: {cli_errors.one_line(e, argv)}", file=sys.stderr)
-    sys.exit(2)
-
-
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "topology"])
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=cli_errors.parse_flags)

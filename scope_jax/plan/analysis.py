@@ -167,7 +167,8 @@ def _sub_jaxprs(value):
 
 
 def matmul_flops(jaxpr, trips: bool = True) -> float:
-  """FLOPs of every `dot_general` in a jaxpr (2 per multiply-add, global shapes), through every
+  """FLOPs of every `dot_general` and `ragged_dot` in a jaxpr (2 per multiply-add, global
+  shapes; a ragged row meets only its own group's weights), through every
   nested jaxpr: a scan's body times its length (`trips`; else once, as the compiler counts), the
   costlier branch of a cond, a while body once (its trip count is data)."""
   total = 0.0
@@ -177,6 +178,10 @@ def matmul_flops(jaxpr, trips: bool = True) -> float:
       (contract, _), _ = eqn.params["dimension_numbers"]
       lhs = eqn.invars[0].aval.shape
       total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
+      continue
+    if name == "ragged_dot":  # [M, K] rows, each against its group's [K, N]: 2·M·K·N
+      (m, k), n = eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape[-1]
+      total += 2.0 * m * k * n
       continue
     subs = [j for v in eqn.params.values() for j in _sub_jaxprs(v)]
     if not subs:

@@ -164,6 +164,10 @@ def test_matmul_flops_by_hand():
   cond = jax.make_jaxpr(lambda p, a, b: jax.lax.cond(p, lambda: (a @ b).sum(),
                                                       lambda: (a @ b @ b.T).sum()))(True, a, b)
   assert analysis.matmul_flops(cond.jaxpr) == 48 + 2 * 2 * 3 * 4
+  # 6 rows of 3 against 2 groups' [3, 4] weights: each row meets its own group's only.
+  x, w = jnp.ones((6, 3)), jnp.ones((2, 3, 4))
+  ragged = jax.make_jaxpr(lambda x, w: jax.lax.ragged_dot(x, w, jnp.array([2, 4], jnp.int32)))(x, w)
+  assert analysis.matmul_flops(ragged.jaxpr) == 2 * 6 * 3 * 4
 
 
 def test_decode_collectives_of_the_training_layout_and_the_sampling_layout():
