@@ -179,9 +179,10 @@ def matmul_flops(jaxpr, trips: bool = True) -> float:
       lhs = eqn.invars[0].aval.shape
       total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
       continue
-    if name == "ragged_dot":  # [M, K] rows, each against its group's [K, N]: 2·M·K·N
-      (m, k), n = eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape[-1]
-      total += 2.0 * m * k * n
+    if name == "ragged_dot_general":  # each row against its own group's weights only
+      (contract, _), _ = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
+      lhs = eqn.invars[0].aval.shape
+      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
       continue
     subs = [j for v in eqn.params.values() for j in _sub_jaxprs(v)]
     if not subs:
