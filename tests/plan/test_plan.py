@@ -200,3 +200,28 @@ def test_cpu_runs_stay_on_the_cpu():
   topology.devices(topology.parse("v5p-8"))
   assert {d.platform for d in jax.devices()} == {"cpu"}
   np.testing.assert_array_equal(jax.jit(lambda x: x + 1)(np.arange(3)), [1, 2, 3])
+
+
+def test_the_command_line_searches_the_meshes_of_a_slice(tmp_path):
+  """`--search_mesh` plans the run under every candidate (data, fsdp, tensor) of the slice and
+  lists those that fit, fastest update first; a bad topology is one line."""
+  import json
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  cmd = [sys.executable, "-m", "scope_jax.plan", f"--config={root}/configs/spell.py:demo",
+         "--topology=v5e-4", "--programs=train_step", "--search_mesh",
+         f"--json={tmp_path / 'search.json'}"]
+  proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = json.loads((tmp_path / "search.json").read_text())
+  assert [tuple(r["mesh"]) for r in rows] and all(r["fits"] for r in rows)
+  assert {tuple(r["mesh"]) for r in rows} == set(report.mesh_candidates(4))
+  assert [r["update_s"] for r in rows] == sorted(r["update_s"] for r in rows)
+  assert "| mesh | fits |" in proc.stdout
+  bad = subprocess.run(cmd[:4] + ["--topology=v7-8"], cwd=root, env=env, capture_output=True,
+                       text=True, timeout=300)
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
+      "Error: Unknown TPU topology 'v7-8'"), bad.stderr
