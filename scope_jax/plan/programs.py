@@ -41,12 +41,10 @@ E5_BASE = enc_lib.EncoderConfig(vocab_size=30522, hidden_size=768, intermediate_
 @dataclasses.dataclass
 class Program:
   """One program to compile: `trace()` gives its `jax.stages.Traced` (its jaxpr, then lowered
-  and compiled); `steps` is how many steps of its kind one call makes (micro-batches, decode
-  steps); `tokens` the tokens one call processes."""
+  and compiled); `tokens` the tokens one call processes."""
   name: str
   kind: str  # train | prefill | decode | encoder
   trace: Callable[[], Any]
-  steps: int = 1
   tokens: int = 0
   note: str = ""
   resident_inputs: int = 0  # bytes per chip of its inputs that live for the whole run anyway
@@ -204,7 +202,7 @@ def train_programs(shapes: RunShapes) -> tuple[list[Program], dict[str, Any]]:
         f"train_step/{name}", "train",
         lambda step=step, state=state, batch=batch, ref=ref, teacher=teacher:
             step.trace(state, batch, ref, teacher),
-        steps=micro, tokens=rows * cols,
+        tokens=rows * cols,
         resident_inputs=bytes_per_chip((state, ref, teacher)),
         note=f"{rows} rows × {cols} tokens in {micro} micro-batches"
              + (f"; {' and '.join(extra)} forward inside" if extra else "")))
@@ -249,7 +247,7 @@ def engine_programs(shapes: RunShapes) -> tuple[list[Program], int]:
               note=f"{p_rows} rows × {block} tokens into a {capacity}-token window"),
       Program("engine/decode_step", "decode", lambda: decode(1), tokens=slots,
               resident_inputs=held, note=f"one step of {slots} slots, a {capacity}-token window"),
-      Program("engine/decode", "decode", lambda: decode(r.chunk), steps=r.chunk,
+      Program("engine/decode", "decode", lambda: decode(r.chunk),
               tokens=slots * r.chunk, resident_inputs=held,
               note=f"{r.chunk} steps of {slots} slots (one call)")]
   return programs, bytes_per_chip(cache) + bytes_per_chip(logits)
