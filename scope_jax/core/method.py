@@ -72,7 +72,7 @@ class Method:
   @classmethod
   def validate(cls, config: ml_collections.ConfigDict, data: bool = True) -> None:
     """The declared checks, then `check`: fails fast, before anything loads. `data=False`
-    (planning) skips the check that the retrieval index and encoder are set."""
+    (planning) skips the checks that data paths (retrieval index, encoders) are set."""
     section = config[cls.name]
     for role in cls.roles:
       if role not in section.get("roles", {}):
@@ -99,12 +99,18 @@ class Method:
                          f"{cls.name}.syntax={section.get('syntax', 'xml')!r}, the syntax its "
                          "prompts ask for; drop the role's own syntax.")
     cls.check(config)
+    if data:
+      cls.check_data(config)
 
   @classmethod
   def players(cls, config: ml_collections.ConfigDict) -> Players:
     """The policies, frozen and tracked params `__init__` adds under `config` (a wiring test
     holds the two equal), with each update's rows: what `scope_jax.plan` compiles."""
     raise NotImplementedError(f"{cls.__name__} does not declare its players.")
+
+  @classmethod
+  def check_data(cls, config: ml_collections.ConfigDict) -> None:
+    """The method's own data paths are set (skipped by planning, which reads no data)."""
 
   @classmethod
   def check(cls, config: ml_collections.ConfigDict) -> None:

@@ -57,6 +57,7 @@ def test_validation_names_the_fix():
   paper.model.tokenizer = "demo"
   with pytest.raises(ValueError, match="opensir.encoder is empty"):
     runner.validate(paper)
+  runner.validate(paper, data=False)  # planning reads no encoder
 
 
 @pytest.fixture(scope="module")

@@ -120,11 +120,14 @@ class OpenSir(Method):
     if not 0.0 <= low < high <= 1.0:
       raise ValueError(f"opensir.solve_rate_band={tuple(o.solve_rate_band)} must be (low, high) "
                        "with 0 <= low < high <= 1, e.g. (0.5, 0.9).")
-    if not o.encoder:
-      raise ValueError("opensir.encoder is empty: set it to an E5/BERT checkpoint directory (the "
-                       "diversity embedder) or an asset name such as 'minilm'.")
     if not o.seed_problem.strip():
       raise ValueError("opensir.seed_problem is empty; the pool starts from it ('What is 1+1?').")
+
+  @classmethod
+  def check_data(cls, c) -> None:
+    if not c.opensir.encoder:
+      raise ValueError("opensir.encoder is empty: set it to an E5/BERT checkpoint directory (the "
+                       "diversity embedder) or an asset name such as 'minilm'.")
 
   def __init__(self, rt: Runtime):
     super().__init__(rt)
