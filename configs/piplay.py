@@ -53,13 +53,21 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.prompt_style = "paper"  # 'paper' (App. D) or 'compact' (short ones for small models)
   s.variant = "thinking"  # App. D prompts: 'thinking' (Qwen3-4B/8B) or 'instruct' (2507)
   s.max_doc_chars = 4000  # source document characters shown to the examiner
-  s.adv_eps = 1e-6  # δ of the hop-keyed and group z-scores (population std)
+  s.adv_eps = 1e-6  # δ of the hop-keyed and group z-scores, added to the std
+  s.adv_std = "unbiased"  # Dr.Zero's verl: torch.std (n − 1); 'population' divides by n
   # Per-policy LossConfig overrides. KL: loss.kl_beta for both, 0 as in the paper (Table 6 also
   # lists 1e-3 for the student): --config.loss.kl_beta=1e-3 trains both against M0.
   s.examiner_loss = ml_collections.ConfigDict()
   s.student_loss = ml_collections.ConfigDict(dict(  # ε = 0.2
       eps_low=0.2, eps_high=0.2, distill_topk=50, distill_tail=True,
       distill_agg_mode="seq-mean-token-mean"))  # K = 50 (App. B, Table 9); (1/|y|) Σ_t KL_t
+  # Per-policy optimizer overrides of `optim` (Tables 5–6: the examiner's lr 5e-7, max grad norm
+  # 0.1 for both as in Dr.Zero's scripts; the tables also list lr 1e-6 and norm 1.0).
+  s.examiner_optim = ml_collections.ConfigDict()
+  s.student_optim = ml_collections.ConfigDict()
+  # Policies whose AdamW state and warm-up restart at each iteration: Dr.Zero starts its solver
+  # anew from the merged weights every iteration and resumes its proposer's trainer.
+  s.restart_optimizer = ()
   s.data = ml_collections.ConfigDict()
   s.data.size = 0  # questions per iteration (0 = student_batch × student_steps)
   s.data.candidates_per_round = 512  # examiner samples per data-generation round
@@ -71,12 +79,10 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
                         max_prompt_tokens=1024),
       teacher=base.role(2048, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
                         max_prompt_tokens=6144)))
-  # Tables 5–7: AdamW (0.9, 0.999), weight decay 0.01, lr 1e-6 constant with 3% warmup, grad
-  # clip 1.0, max sequence 8192 (4096 for the examiner's rollouts, so its whole path fits the
-  # teacher's prompt).
-  # One optimizer setting serves both policies (the examiner's table also lists 5e-7), and each
-  # policy keeps its AdamW state and schedule across iterations (one warm-up of 3% of its 150
-  # updates); the paper's code is unreleased, and Dr.Zero restarts its solver each iteration.
+  # Tables 5–7: AdamW (0.9, 0.999), weight decay 0.01, lr 1e-6 constant with 3% warmup, max
+  # sequence 8192 (4096 for the examiner's rollouts, so its whole path fits the teacher's
+  # prompt). Without `restart_optimizer`, a policy keeps its AdamW state and schedule across
+  # iterations (one warm-up of 3% of its 150 updates).
   c.total_steps = s.get_ref("iterations") * (s.get_ref("examiner_steps") +
                                              s.get_ref("student_steps"))
   c.optim.lr = 1e-6
@@ -127,6 +133,17 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
     c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
     c.loss.micro_batch_rows = 4
+    # Max turns: Dr.Zero's 5 assistant turns in all (a 5th that searches ends the row) are 4
+    # searches and a search-free 5th turn here.
+    for role in ("examiner", "student", "teacher"):
+      s.roles[role].max_turns = 4
+    s.examiner_optim = ml_collections.ConfigDict(dict(lr=5e-7, grad_clip=0.1))
+    # The student restarts each iteration (Dr.Zero's solver): its schedule spans one iteration's
+    # 50 steps with a 3% warm-up (2 steps).
+    s.student_optim = ml_collections.ConfigDict(dict(
+        grad_clip=0.1, total_steps=s.get_ref("student_steps"),
+        warmup_steps=(s.get_ref("student_steps") * 3 + 99) // 100))
+    s.restart_optimizer = ("student",)
     if preset == "paper_instruct":
       s.variant = "instruct"
       s.lambdas = (0.1, 0.03, 0.03)

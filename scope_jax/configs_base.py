@@ -58,6 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.dual_clip = 0.0  # dual-clip c for negative advantages (0 = off)
   c.loss.kl_beta = 0.0  # β of the KL penalty (0 skips the reference forward)
   c.loss.kl_kind = "k3"  # k1 | k2 | k3 | k3+
+  c.loss.entropy_coef = 0.0  # entropy bonus: loss −= coef · entropy (verl's entropy_coeff)
   c.loss.temperature = 1.0  # logits / T in the trainer (match the sampling temperature)
   c.loss.chunk = 256  # sequence chunk for log-probs (never [B, T, V] at once)
   c.loss.micro_batch_rows = 8  # rows per micro-batch (gradient accumulation)

@@ -56,7 +56,7 @@ NONNEGATIVE = Bound(0, why="0 turns it off")
 CLIP = Bound(0, 1, why="a PPO clip range in [0, 1]")
 ANY = Bound(why="any finite number")
 
-RULES: tuple[tuple[str, Bound], ...] = (
+RULES: tuple[tuple[str, Bound | None], ...] = (
     # The run and its schedule.
     ("seed", Bound(0, integer=True, why="a non-negative seed")),
     ("total_steps", COUNT), ("checkpoint_every", SIZE),
@@ -64,12 +64,14 @@ RULES: tuple[tuple[str, Bound], ...] = (
                                                     "ones there")),
     ("mesh.shape", Bound(-1, integer=True, why="-1 takes the remaining devices")),
     # Optimiser and loss.
-    ("optim.lr", POSITIVE), ("optim.weight_decay", NONNEGATIVE), ("optim.grad_clip", NONNEGATIVE),
-    ("optim.warmup_steps", COUNT), ("optim.total_steps", SIZE),
+    # (`*optim.…` also names a policy's own overrides, e.g. π-Play's `piplay.examiner_optim.lr`.)
+    ("*optim.lr", POSITIVE), ("*optim.weight_decay", NONNEGATIVE),
+    ("*optim.grad_clip", NONNEGATIVE), ("*optim.warmup_steps", COUNT), ("*optim.total_steps", SIZE),
     ("*loss.temperature", Bound(0, open_low=True, why="log-probs divide by it")),
     ("*loss.eps_low", CLIP), ("*loss.eps_high", CLIP),
     ("*loss.dual_clip", NONNEGATIVE), ("*loss.kl_beta", NONNEGATIVE),
-    ("*loss.router_aux_coef", NONNEGATIVE), ("*loss.chunk", SIZE),
+    ("*loss.router_aux_coef", NONNEGATIVE),
+    ("*loss.entropy_coef", NONNEGATIVE), ("*loss.chunk", SIZE),
     ("*loss.micro_batch_rows", SIZE), ("*loss.norm_length", COUNT),
     ("*loss.distill_topk", COUNT),
     # The model (a random-init preset) and the warm-up.
@@ -103,6 +105,9 @@ RULES: tuple[tuple[str, Bound], ...] = (
     ("asl.verification_share", SHARE), ("asl.verification_from_iteration", COUNT),
     ("asl.slope_window", Bound(2, integer=True, why="a slope needs a window of 2 steps or more")),
     ("piplay.teacher_eval_samples", COUNT),
+    # A policy's own loss or optimizer overrides: a name `loss`/`optim` lacks is the policy
+    # check's to report (it says where the setting goes), not a count.
+    ("*_loss.*", None), ("*_optim.*", None),
     # Everything else a method counts: batches, steps, samples, store sizes, rounds.
     ("spell.*", SIZE), ("scope.*", SIZE), ("opensir.*", SIZE), ("asl.*", SIZE),
     ("piplay.*", SIZE),

@@ -51,11 +51,13 @@ class Role:
       raise ValueError(f"Role {self.name!r} has no prompt templates.")
     return self.templates(name)
 
-  def prompt(self, prompt: prompts_lib.Prompt | str) -> list[int]:
-    """Chat-templated token ids of a user prompt, its `fit` fields cut to the role's limit."""
+  def prompt(self, prompt: prompts_lib.Prompt | str, limit: int | None = None) -> list[int]:
+    """Chat-templated token ids of a user prompt, its `fit` fields cut to the role's limit (or
+    to `limit` tokens, when a caller needs less)."""
     if isinstance(prompt, str):
       prompt = prompts_lib.Prompt("{text}", {"text": prompt})
-    text, cut = prompts_lib.fit_prompt(prompt, self.max_prompt_tokens, self._count,
+    limit = self.max_prompt_tokens if limit is None else min(limit, self.max_prompt_tokens)
+    text, cut = prompts_lib.fit_prompt(prompt, limit, self._count,
                                        role=f"role {self.name!r}")
     self._cut += cut
     return render_chat(self.tokenizer, self._messages(text))

@@ -93,7 +93,22 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   load_lib.check_source(config.model.source, config.model.tie_embeddings)
   warmup_lib.validate(config)
   module.METHOD.validate(config, data=data)
+  check_policies(module.METHOD, config)
   return module
+
+
+def check_policies(method, config: ml_collections.ConfigDict) -> None:
+  """Each declared policy's loss overrides name loss settings (an optimizer setting there, such
+  as `lr`, is a one-line error that says where it goes)."""
+  try:
+    players = method.players(config)
+  except NotImplementedError:  # a method of one's own that declares no players
+    return
+  for name, plan in players.policies.items():
+    try:
+      loss_config(config, plan.loss)
+    except (ValueError, TypeError) as e:
+      raise ValueError(f"policy {name!r}: {e}") from None
 
 
 def check_mesh(config: ml_collections.ConfigDict, devices=None) -> None:

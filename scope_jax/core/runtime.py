@@ -47,7 +47,14 @@ def method_syntax(config: ml_collections.ConfigDict) -> str:
 def loss_config(config: ml_collections.ConfigDict, overrides=None) -> train_step.LossConfig:
   """The run's `LossConfig` (`config.loss` without the runner-only keys) with role overrides.
   Dr.GRPO's constant length defaults to the response budget (max_context − max_prompt_tokens)."""
-  fields = dict(config.loss.to_dict(), **dict(overrides or {}))
+  overrides = dict(overrides or {})
+  unknown = sorted(set(overrides) - set(config.loss) - set(train_step.LossConfig.__annotations__))
+  if unknown:
+    where = " (an optimizer setting: give it in the policy's optimizer overrides)" \
+        if set(unknown) & set(config.optim) else ""
+    raise ValueError(f"{', '.join(unknown)} is not a loss setting{where}; loss settings: "
+                     f"{', '.join(sorted(config.loss))}.")
+  fields = dict(config.loss.to_dict(), **overrides)
   for key in LOSS_ONLY_RUNNER_KEYS:
     fields.pop(key, None)
   fields["dual_clip"] = fields.get("dual_clip") or None
@@ -63,11 +70,23 @@ def role_context(config: ml_collections.ConfigDict, settings) -> int:
   return min(own, config.rollout.max_context) if own else config.rollout.max_context
 
 
-def make_optimizer(c: ml_collections.ConfigDict):
-  """The optimizer every policy of a run uses (from `config.optim`)."""
-  return optim.make_optimizer(c.optim.lr, warmup_steps=c.optim.warmup_steps,
-                              total_steps=c.optim.total_steps, schedule=c.optim.schedule,
-                              weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip or None)
+def optim_settings(c: ml_collections.ConfigDict, overrides=None) -> dict:
+  """`config.optim` with a policy's overrides (π-Play's examiner trains at its own lr and clip);
+  a key `optim` does not have is a one-line error."""
+  overrides = dict(overrides or {})
+  unknown = sorted(set(overrides) - set(c.optim))
+  if unknown:
+    raise ValueError(f"{', '.join(unknown)} is not an optimizer setting; optimizer settings: "
+                     f"{', '.join(sorted(c.optim))}.")
+  return dict(c.optim.to_dict(), **overrides)
+
+
+def make_optimizer(c: ml_collections.ConfigDict, overrides=None):
+  """A policy's optimizer: `config.optim` with the policy's overrides (default: none)."""
+  o = optim_settings(c, overrides)
+  return optim.make_optimizer(o["lr"], warmup_steps=o["warmup_steps"],
+                              total_steps=o["total_steps"], schedule=o["schedule"],
+                              weight_decay=o["weight_decay"], grad_clip=o["grad_clip"] or None)
 
 
 def param_overview(params) -> str:
@@ -140,11 +159,14 @@ class Runtime:
                     min_window=r.min_window, **common)
     return Sampler(self.model_config, params, **common)
 
-  def add_policy(self, name: str, params=None, loss_overrides=None) -> learner_lib.Policy:
-    """A trained policy initialised from a copy of `params` (default: the base model)."""
+  def add_policy(self, name: str, params=None, loss_overrides=None,
+                 optim_overrides=None) -> learner_lib.Policy:
+    """A trained policy initialised from a copy of `params` (default: the base model), with its
+    own loss and optimizer settings where the method gives overrides."""
     params = jax.tree.map(jnp.copy, self._base() if params is None else params)
+    optimizer = make_optimizer(self.config, optim_overrides) if optim_overrides else None
     policy = self.learner.init_policy(name, params, loss_config(self.config, loss_overrides),
-                                      sampler=self.sampler(params))
+                                      sampler=self.sampler(params), optimizer=optimizer)
     self.policies[name] = policy
     return policy
 
@@ -168,13 +190,20 @@ class Runtime:
     if name in self._frozen_samplers:
       self._frozen_samplers[name].update_params(params)
 
+  def restart_optimizer(self, policy: learner_lib.Policy) -> None:
+    """Fresh optimizer moments and schedule for `policy`, params kept: a new trainer on the last
+    checkpoint, as Dr.Zero starts each self-play iteration."""
+    s = policy.state
+    policy.state = train_step.init_train_state(s.params, policy.optimizer).replace(
+        step=s.step, skipped=s.skipped)
+
   def rebase(self, params) -> None:
     """Makes `params` the base model (after the demo warm-up): every policy restarts from a
     copy of it, and every frozen copy of the base (a judge, a KL reference) becomes it."""
     self.base_params = params
     for policy in self.policies.values():
       copy = jax.tree.map(jnp.copy, params)
-      policy.state = train_step.init_train_state(copy, self.learner.optimizer)
+      policy.state = train_step.init_train_state(copy, policy.optimizer)
       policy.sampler.update_params(copy)
     for name in self._base_frozen:
       self.set_frozen(name, params)

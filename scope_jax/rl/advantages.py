@@ -52,9 +52,9 @@ def batch_zscore(rewards, keys=None, *, std: str = "population", eps: float = 1e
   return zscore_by_key(rewards, keys, std=std, eps=eps)
 
 
-def keyed_zscore(rewards, keys, *, delta: float = 1e-6) -> np.ndarray:
-  """π-Play / Dr.Zero: A = (r − mean_h) / (sqrt(var_h) + δ) within each key h (hop count)."""
-  return zscore_by_key(rewards, keys, std="population", eps=delta)
+def keyed_zscore(rewards, keys, *, delta: float = 1e-6, std: str = "population") -> np.ndarray:
+  """π-Play / Dr.Zero: A = (r − mean_h) / (std_h + δ) within each key h (hop count)."""
+  return zscore_by_key(rewards, keys, std=std, eps=delta)
 
 
 def nonzero_variance_groups(rewards_NG, *, atol: float = 0.0) -> np.ndarray:

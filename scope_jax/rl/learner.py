@@ -33,6 +33,7 @@ class Policy:
   state: train_step.TrainState
   loss: train_step.LossConfig
   sampler: Any = None  # a sampling.Sampler kept in sync with state.params after each update
+  optimizer: Any = None  # its optax transformation (the learner's unless the method overrides)
 
 
 def micro_batch_count(rows: int, rows_per_micro: int) -> int:
@@ -77,14 +78,17 @@ class Learner:
     self._steps: dict[tuple[train_step.LossConfig, int], Any] = {}
     self.counters = {"train_tokens": 0, "train_seconds": 0.0, "skipped_updates": 0}
 
-  def init_policy(self, name: str, params, loss: train_step.LossConfig, sampler=None) -> Policy:
-    return Policy(name, train_step.init_train_state(params, self.optimizer), loss, sampler)
+  def init_policy(self, name: str, params, loss: train_step.LossConfig, sampler=None,
+                  optimizer=None) -> Policy:
+    optimizer = optimizer or self.optimizer
+    return Policy(name, train_step.init_train_state(params, optimizer), loss, sampler, optimizer)
 
-  def compiled_step(self, loss: train_step.LossConfig, micro: int):
-    """The jitted step for this exact loss configuration and micro-batch count (cached)."""
-    key = (loss, micro)
+  def compiled_step(self, loss: train_step.LossConfig, micro: int, optimizer=None):
+    """The jitted step for this loss configuration, micro-batch count and optimizer (cached)."""
+    optimizer = optimizer or self.optimizer
+    key = (loss, micro, optimizer)
     if key not in self._steps:
-      self._steps[key] = train_step.make_train_step(self.model_config, loss, self.optimizer,
+      self._steps[key] = train_step.make_train_step(self.model_config, loss, optimizer,
                                                     dtype=self.dtype, remat=self.remat,
                                                     micro_batches=micro)
     return self._steps[key]
@@ -132,7 +136,7 @@ class Learner:
       loss = dataclasses.replace(loss, old_logp_from_trainer=True)
     advantages, dropped = finite_advantages(trajectories, advantages, policy.name)
     host, micro = self.make_batch(trajectories, advantages, teacher_prompts)
-    step_fn = self.compiled_step(loss, micro)
+    step_fn = self.compiled_step(loss, micro, policy.optimizer)
     start = time.perf_counter()
     batch = train_step.place_batch(host, self.mesh, self.rules)
     policy.state, metrics = step_fn(policy.state, batch, ref_params, teacher_params)

@@ -42,6 +42,7 @@ class LossConfig:
   chunk: int = 256  # sequence chunk for log-probs / distillation
   norm_length: int | None = None  # Dr.GRPO's constant length (None: the batch's width, tests only)
   router_aux_coef: float = 0.0  # HF's MoE load-balancing loss coefficient (0: off; HF uses 1e-3)
+  entropy_coef: float = 0.0  # verl's entropy bonus: loss −= coef · entropy (agg_mode); ASL: 1e-3
   old_logp_from_trainer: bool = False  # π_old = this step's own log-probs (ratio 1), not the sampler's
 
   def __post_init__(self):
@@ -169,8 +170,11 @@ def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, c
   gap_BT = jnp.abs(logp - mb.old_logp)  # trainer vs sampler, whichever π_old the ratio uses
   sums_B |= {"entropy": (stats["entropy"] * m).sum(-1), "clip_frac": (clipped * m).sum(-1),
              "logp": (logp * m).sum(-1), "logprob_gap": (gap_BT * m).sum(-1)}
+  if lc.entropy_coef > 0:  # verl: pg_loss − entropy_coeff · agg(entropy), the same aggregation
+    parts_B["entropy_loss"] = rows(stats["entropy"], lc.agg_mode) / counts["agg"]
   total_B = (parts_B["pg_loss"] + lc.kl_beta * parts_B.get("kl_loss", 0.0)
-             + lc.distill_coef * parts_B.get("distill_loss", 0.0))
+             + lc.distill_coef * parts_B.get("distill_loss", 0.0)
+             - lc.entropy_coef * parts_B.get("entropy_loss", 0.0))
   router = {}
   if "router" in stats:  # a mixture of experts: loads for the metrics, optional balancing loss
     router = {"router_aux": transformer.router_aux_loss(config, stats["router"]) / counts["micro"],

@@ -11,6 +11,7 @@ import sys
 import chex
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -26,6 +27,7 @@ from scope_jax.core import runtime
 from scope_jax.methods.piplay import prompts as P
 from scope_jax.methods.piplay import rewards as R
 from scope_jax.rl import learner as learner_lib
+from scope_jax.rollout.types import Trajectory
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedPiPlaySampler, play_all_roles
 
@@ -76,7 +78,10 @@ def test_every_preset_loads(preset):
   if preset == "paper":
     assert tuple(c.piplay.lambdas) == (0.03, 0.003, 0.002) and c.piplay.variant == "thinking"
     assert c.total_steps == 300 and c.piplay.examiner_batch == c.piplay.student_batch == 256
-    assert c.piplay.roles.student.max_turns == 5 and c.piplay.tau == 0.05
+    assert c.piplay.roles.student.max_turns == 4 and c.piplay.tau == 0.05  # 5 turns in all
+    assert dict(c.piplay.examiner_optim) == {"lr": 5e-7, "grad_clip": 0.1}
+    assert dict(c.piplay.student_optim) == {"grad_clip": 0.1, "total_steps": 50, "warmup_steps": 2}
+    assert tuple(c.piplay.restart_optimizer) == ("student",) and c.piplay.adv_std == "unbiased"
     assert c.piplay.student_loss.distill_topk == 50 and c.piplay.group_size == 5
   if preset == "paper_instruct":
     assert tuple(c.piplay.lambdas) == (0.1, 0.03, 0.03) and c.piplay.variant == "instruct"
@@ -89,11 +94,82 @@ def test_validation_names_the_fix():
                              ("piplay.lambdas", (0.1, -1.0), "none negative"),
                              ("piplay.tau", 0.0, "(0, 1]"),
                              ("piplay.attempts", 1, "at least 2"),
-                             ("piplay.roles.examiner.max_turns", 1, "largest hop count")]:
+                             ("piplay.roles.examiner.max_turns", 1, "largest hop count"),
+                             ("piplay.restart_optimizer", ("teacher",), "the policies are"),
+                             ("piplay.adv_std", "sample", "piplay.adv_std")]:
     c = small_config()
     c.update_from_flattened_dict({key: value})
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace("]", r"\]")):
       runner.validate(c)
+
+
+def test_optimizer_settings_go_to_the_optimizer_overrides():
+  c = small_config()
+  c.piplay.examiner_loss.lr = 5e-7  # a TypeError deep in LossConfig before
+  with pytest.raises(ValueError, match="policy 'examiner': lr is not a loss setting .*optimizer"):
+    runner.validate(c)
+  c = small_config()
+  c.piplay.student_optim.learning_rate = 1e-6
+  with pytest.raises(ValueError, match="piplay.student_optim: learning_rate is not an optimizer"):
+    runner.validate(c)
+
+
+def _adam_first_update(policy):
+  """Adam's first update of a unit gradient: −lr on every entry (the moments normalise it)."""
+  ones = jax.tree.map(jnp.ones_like, policy.state.params)
+  updates, state = policy.optimizer.update(ones, policy.state.opt_state, policy.state.params)
+  return np.concatenate([np.asarray(u).ravel() for u in jax.tree.leaves(updates)]), state
+
+
+def _moments(opt_state):
+  return sum(float(np.abs(np.asarray(x, np.float64)).sum()) for x in jax.tree.leaves(opt_state))
+
+
+def test_each_policy_trains_with_its_own_optimizer_and_the_student_restarts(tmp_path, monkeypatch):
+  """Table 5's examiner lr beside the student's; `restart_optimizer` gives the named policy fresh
+  AdamW moments and schedule at each later iteration (Dr.Zero's new solver trainer), its params
+  and step count kept, and leaves the other policy's state alone."""
+  c = small_config()
+  c.piplay.examiner_optim = ml_collections.ConfigDict(dict(lr=5e-3))
+  c.piplay.restart_optimizer = ("student",)
+  m = piplay.PiPlay(runtime.Runtime(c, str(tmp_path)))
+  u_exam, exam_state = _adam_first_update(m.examiner)
+  u_stud, stud_state = _adam_first_update(m.student)
+  chex.assert_trees_all_close(u_exam, np.full_like(u_exam, -5e-3), rtol=1e-4)
+  chex.assert_trees_all_close(u_stud, np.full_like(u_stud, -c.optim.lr), rtol=1e-4)
+  m.examiner.state = m.examiner.state.replace(opt_state=exam_state)
+  m.student.state = m.student.state.replace(opt_state=stud_state, step=jnp.asarray(3, jnp.int32))
+  params = leaves(m.student.state.params)
+  monkeypatch.setattr(m, "examiner_step", lambda it, k, step: {})
+  monkeypatch.setattr(m, "student_step", lambda it, k, step: {})
+  m.step(2)  # iteration 0's first student step: nothing to restart
+  assert _moments(m.student.state.opt_state) > 0
+  m.step(6)  # iteration 1's first student step
+  assert _moments(m.student.state.opt_state) == 0 and int(m.student.state.step) == 3
+  chex.assert_trees_all_equal(leaves(m.student.state.params), params)
+  assert _moments(m.examiner.state.opt_state) > 0  # the examiner's trainer goes on
+  m.step(4)  # an examiner phase start: not named, not restarted
+  assert _moments(m.examiner.state.opt_state) > 0
+
+
+def test_teacher_inputs_fit_the_teacher_context(tmp_path):
+  """Table 7: the teacher reads at most 8,192 tokens, its prompt (with the QCP) and the student's
+  response; the privileged text is what gets cut."""
+  c = small_config()
+  c.piplay.roles.teacher.max_context = 300
+  m = piplay.PiPlay(runtime.Runtime(c, str(tmp_path)))
+  role = m.roles["teacher"]
+  long = "A fact about the document. " * 200
+  records = [{"privileged": long, "question": "Who?"}, {"privileged": "short", "question": "Who?"}]
+  full = m.teacher_prompts(records)
+  assert len(full[0]) > 200
+  resp = lambda i: Trajectory(np.zeros(170, np.int32), np.zeros(170, np.int32),
+                              np.zeros(170, np.float32), 20, [], [], None, None, "eos",
+                              prompt_index=i)
+  trajs = [resp(0), resp(1)]  # 150 response tokens each
+  ids = m.teacher_inputs(records, trajs)
+  assert len(ids[0]) + 150 <= role.max_context and len(ids[0]) < len(full[0])
+  assert ids[1] == full[1]  # it already fits: unchanged
 
 
 @pytest.mark.parametrize("style", sorted(P.STYLES))

@@ -2,6 +2,8 @@
 
 import chex
 import jax.numpy as jnp
+import re
+
 import numpy as np
 import pytest
 
@@ -133,8 +135,26 @@ def test_privileged_information_variants():
   assert R.privileged_text("gt_hops", pieces, "A", 2) == \
       "The question takes n = 2 hops.\n<answer> A </answer>"
   half = R.privileged_text("partial_qcp", pieces, "A", 2, np.random.default_rng(0))
-  assert half.startswith(pieces[0])  # the task line is always kept
-  kept = [p for p in pieces[1:] if p in half]
-  assert len(kept) == 2 and half == pieces[0] + "".join(kept)  # a half, in order
+  whole = "".join(pieces)
+  assert 0 < len(half) <= len(whole) // 2
+  units = re.split(r"(?<=[.!?\n])", whole)
+  assert half == "".join(u for u in units if u in half)  # whole sentences, in order
+
+
+def test_partial_qcp_keeps_half_of_a_one_hop_path():
+  """A 1-hop path (the task line with its document, one answer turn) came back whole when the
+  task line was always kept and half of the other pieces rounded up; now half its characters."""
+  doc = " ".join(f"Sentence {i} of the source document." for i in range(40))
+  pieces = [f"n = 1. Document: {doc}\n", "<think>easy</think><question>Q?</question><answer>A</answer>"]
+  whole = "".join(pieces)
+  shares = []
+  for seed in range(100):
+    half = R.privileged_text("partial_qcp", pieces, "A", 1, np.random.default_rng(seed))
+    assert half != whole
+    shares.append(len(half) / len(whole))
+  assert 0.45 <= min(shares) and max(shares) <= 0.5
+  assert len({R.privileged_text("partial_qcp", pieces, "A", 1, np.random.default_rng(s))
+              for s in range(5)}) == 5  # a random half, not a fixed one
+  assert R.privileged_text("partial_qcp", ["x" * 11], "A", 1, np.random.default_rng(0)) == "x" * 5
   with pytest.raises(ValueError, match="choose one of"):
     R.privileged_text("everything", pieces, "A", 2)

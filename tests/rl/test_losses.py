@@ -106,6 +106,17 @@ class HandValuesTest(chex.TestCase):
     full = float((ps * np.log(ps / pt)).sum())
     chex.assert_trees_all_close(topk_reverse_kl(s, t, 3), np.array([full]), rtol=1e-5,
                                 atol=0)  # float32 vs exact
+    # K comes from the student: here its top-1 is id 0 and its top-2 {0, 2}, the teacher's are
+    # id 1 and {1, 2}; the teacher's choice would give 0.1·log(0.1/0.7) + 0.9·log(0.9/0.3) = 0.794.
+    ps, pt = np.array([0.6, 0.1, 0.3]), np.array([0.1, 0.7, 0.2])
+    s, t = jnp.log(jnp.asarray(ps))[None], jnp.log(jnp.asarray(pt))[None]
+    k1 = 0.6 * math.log(0.6 / 0.1) + 0.4 * math.log(0.4 / 0.9)
+    k2 = 0.6 * math.log(0.6 / 0.1) + 0.3 * math.log(0.3 / 0.2) + 0.1 * math.log(0.1 / 0.7)
+    renorm2 = (2 / 3) * math.log((2 / 3) / (1 / 3)) + (1 / 3) * math.log((1 / 3) / (2 / 3))
+    chex.assert_trees_all_close(topk_reverse_kl(s, t, 1), np.array([k1]), rtol=1e-5, atol=0)
+    chex.assert_trees_all_close(topk_reverse_kl(s, t, 2), np.array([k2]), rtol=1e-5, atol=0)
+    chex.assert_trees_all_close(topk_reverse_kl(s, t, 2, tail=False), np.array([renorm2]),
+                                rtol=1e-5, atol=1e-7)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_entropy(self):

@@ -201,3 +201,27 @@ def test_old_logp_from_the_step_equals_a_separate_trainer_forward():
   chex.assert_trees_all_close(m_in["pg_loss"], m_sep["pg_loss"], rtol=1e-6)
   assert float(m_sep["logprob_gap_mean"]) < 1e-5 and float(m_in["clip_frac"]) == 0.0
   assert float(m_in["logprob_gap_mean"]) > 0.1  # the sampler's made-up log-probs (N(−5.5, 0.3))
+
+
+def test_entropy_bonus_subtracts_coef_times_the_entropy_gradient():
+  """verl's entropy bonus: the gradient of pg_loss − c · token-mean entropy. With zero advantages
+  the policy term has no gradient, so the step's gradient is −c times that of the masked
+  token-mean entropy, computed here alone."""
+  params = init_params(CFG, jax.random.key(0))
+  batch = place_batch(_batch(), None)
+  batch = batch.replace(advantages=jnp.zeros_like(batch.advantages))
+  g0, _ = _grads(LossConfig(chunk=8), 1, batch, params)
+  g1, m1 = _grads(LossConfig(chunk=8, entropy_coef=0.01), 1, batch, params)
+
+  def mean_entropy(p):
+    h = sequence_stats(CFG, p, batch.tokens, batch.mask, lc=LossConfig(chunk=8),
+                       dtype=jnp.float32, from_col=batch.prompt_cols)["entropy"]
+    return (h * batch.loss_mask).sum() / batch.loss_mask.sum()
+
+  expected = jax.tree.map(lambda g: -0.01 * np.asarray(g), jax.grad(mean_entropy)(params))
+  assert max(float(np.abs(x).max()) for x in jax.tree.leaves(g0)) == 0.0
+  scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(expected))
+  assert scale > 1e-6
+  # float32 sums in another order: errors relative to the gradient's scale, not per element
+  chex.assert_trees_all_close(g1, expected, rtol=1e-5, atol=1e-5 * scale)
+  chex.assert_trees_all_close(m1["entropy_loss"], m1["entropy"], rtol=1e-5)

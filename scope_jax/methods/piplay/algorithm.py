@@ -35,7 +35,7 @@ from etils import epath
 from scope_jax import metrics as metrics_lib
 from scope_jax.core.guard import ParseGuard
 from scope_jax.core.method import Method, Players, PolicyPlan
-from scope_jax.core.runtime import Runtime
+from scope_jax.core.runtime import Runtime, optim_settings
 from scope_jax.core.schedule import Schedule, StageClock, corpus_window
 from scope_jax.methods.piplay import demos as piplay_demos
 from scope_jax.methods.piplay import prompts as P
@@ -79,7 +79,7 @@ class PiPlay(Method):
   at_least_one = ("iterations", "examiner_steps", "student_steps", "examiner_batch",
                   "student_batch", "group_size")
   choices = {"prompt_style": tuple(P.STYLES), "variant": P.VARIANTS, "teacher": R.PRIVILEGED,
-             "hop_choices": R.HOPS}
+             "hop_choices": R.HOPS, "adv_std": adv_lib.STD_KINDS}
   searches = True
   smoke = {"piplay.iterations": 1, "piplay.examiner_steps": 1, "piplay.student_steps": 1,
            "piplay.examiner_batch": 2, "piplay.student_batch": 2, "piplay.group_size": 2,
@@ -111,6 +111,15 @@ class PiPlay(Method):
     if s.attempts < 2:
       raise ValueError(f"piplay.attempts={s.attempts}: the difficulty reward needs at least 2 "
                        "student attempts per question.")
+    for name in ("examiner", "student"):
+      try:
+        optim_settings(c, s[f"{name}_optim"])
+      except ValueError as e:
+        raise ValueError(f"piplay.{name}_optim: {e}") from None
+    for name in s.restart_optimizer:
+      if name not in ("examiner", "student"):
+        raise ValueError(f"piplay.restart_optimizer names {name!r}; the policies are 'examiner' "
+                         "and 'student'.")
     if s.roles.examiner.max_turns < max(s.hop_choices) - 1:
       raise ValueError(f"piplay.roles.examiner.max_turns={s.roles.examiner.max_turns} is below "
                        f"the searches the largest hop count needs ({max(s.hop_choices) - 1}).")
@@ -128,8 +137,10 @@ class PiPlay(Method):
     self.examples: list[dict] = []  # a few triples with both answers, for the summary
     # Examiner φ and student θ start from the base model; the teacher ψ is θ's EMA, also
     # starting there; the runtime's KL reference (the base model) serves any β > 0.
-    self.examiner = rt.add_policy("examiner", loss_overrides=dict(cfg.examiner_loss))
-    self.student = rt.add_policy("student", loss_overrides=dict(cfg.student_loss))
+    self.examiner = rt.add_policy("examiner", loss_overrides=dict(cfg.examiner_loss),
+                                  optim_overrides=dict(cfg.examiner_optim))
+    self.student = rt.add_policy("student", loss_overrides=dict(cfg.student_loss),
+                                 optim_overrides=dict(cfg.student_optim))
     rt.add_tracked("teacher")
     kw = dict(tool=self.tool, final_tags=("answer",), system=self.prompts.system())
     self.roles = {
@@ -202,6 +213,20 @@ class PiPlay(Method):
     role = self.roles["teacher"]
     return [role.prompt(self.prompts.teacher(r["privileged"], r["question"])) for r in records]
 
+  def teacher_inputs(self, records: Sequence[dict], trajs: Sequence[Trajectory]) -> list[list[int]]:
+    """The teacher's prompt per student rollout, its privileged part cut so that prompt and
+    response fit the teacher's context (Table 7: 8,192 tokens)."""
+    role, prompts = self.roles["teacher"], self.teacher_prompts(records)
+    out = []
+    for t in trajs:
+      room = role.max_context - (len(t.tokens) - t.prompt_len)
+      ids = prompts[t.prompt_index]
+      if len(ids) > room:
+        r = records[t.prompt_index]
+        ids = role.prompt(self.prompts.teacher(r["privileged"], r["question"]), limit=max(room, 1))
+      out.append(ids)
+    return out
+
   def privileged(self, q: Question, it: int, index: int) -> str:
     rng = np.random.default_rng([self.rt.config.seed, it, 5, index])  # partial QCP's half
     return R.privileged_text("qcp" if self.cfg.teacher == "none" else self.cfg.teacher,
@@ -211,6 +236,8 @@ class PiPlay(Method):
   def step(self, step: int) -> dict[str, float]:
     it, phase, k = self.locate(step)
     start = time.perf_counter()
+    if k == 0 and it > 0 and phase in self.cfg.restart_optimizer:
+      self.rt.restart_optimizer(getattr(self, phase))  # a new trainer on the last weights
     if phase == "examiner":
       metrics = self.examiner_step(it, k, step)
     else:
@@ -233,7 +260,8 @@ class PiPlay(Method):
     for q in qs:
       q.reward = (R.difficulty_reward(int(sum(q.attempts)), cfg.attempts, q.parts["format"])
                   if q.valid else 0.0)
-    advs = adv_lib.keyed_zscore([q.reward for q in qs], [q.hops for q in qs], delta=cfg.adv_eps)
+    advs = adv_lib.keyed_zscore([q.reward for q in qs], [q.hops for q in qs], delta=cfg.adv_eps,
+                                std=cfg.adv_std)
     self.rt.metrics.samples(step, [self._examiner_record(q) for q in qs[:2]])
     metrics = self.examiner_metrics(qs)
     metrics.update(self.rt.train(self.examiner, [q.traj for q in qs], advs))
@@ -257,14 +285,13 @@ class PiPlay(Method):
     picked = [data[order[(k * b + j) % len(data)]] for j in range(b)]
     trajs = self.solve([r["question"] for r in picked], cfg.group_size)
     rewards = [R.outcome(t.final("answer"), picked[t.prompt_index]["answer"]) for t in trajs]
-    advs = adv_lib.group_zscore(np.reshape(rewards, (b, cfg.group_size)),
+    advs = adv_lib.group_zscore(np.reshape(rewards, (b, cfg.group_size)), std=cfg.adv_std,
                                 eps=cfg.adv_eps).reshape(-1)
     lam = self.distill_coef(it)
-    teacher_ids = self.teacher_prompts(picked) if lam > 0 else None
+    teacher_ids = self.teacher_inputs(picked, trajs) if lam > 0 else None
     loss = dataclasses.replace(self.student.loss, distill_coef=lam)
     metrics.update(self.rt.train(self.student, trajs, advs, loss=loss, teacher="teacher",
-                                 teacher_prompts=None if lam <= 0
-                                 else [teacher_ids[t.prompt_index] for t in trajs]))
+                                 teacher_prompts=teacher_ids))
     metrics.update(self.student_metrics(trajs, rewards, lam))
     if cfg.teacher != "none":
       teacher = ema_update(self.rt.frozen["teacher"], self.student.state.params, cfg.tau)

@@ -13,6 +13,7 @@ tail, and anything malformed scores 0 (it is counted by the method, never raised
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Sequence
 
 import numpy as np
@@ -109,13 +110,28 @@ def outcome(answer: str | None, gold: str) -> float:
 PRIVILEGED = ("qcp", "gt", "gt_hops", "partial_qcp", "none")  # Table 4's teacher variants
 
 
+def half_path(text: str, rng: np.random.Generator) -> str:
+  """A random half of `text` by characters, in order: sentences and lines taken in a random order
+  while they fit in half the characters, so a 1-hop path (task line and one answer turn) loses
+  half of itself too. Where no unit fits (one long line), its first half."""
+  units = [u for u in re.split(r"(?<=[.!?\n])", text) if u]
+  budget, kept, used = len(text) // 2, set(), 0
+  for i in rng.permutation(len(units)):
+    if used + len(units[i]) <= budget:
+      kept.add(int(i))
+      used += len(units[i])
+  if not kept:
+    return text[:budget]
+  return "".join(u for i, u in enumerate(units) if i in kept)
+
+
 def privileged_text(kind: str, qcp_pieces: Sequence[str], answer: str, hops: int,
                     rng: np.random.Generator | None = None) -> str:
   """What the teacher is shown between the '=====' rules of its prompt.
 
   qcp: the examiner's whole question-construction path (its task line with the source document,
-  reasoning, searches and results, and the final question and answer); partial_qcp: a random half
-  of the path's pieces, in order (the task line always kept); gt: the answer alone; gt_hops: the
+  reasoning, searches and results, and the final question and answer); partial_qcp: half of it
+  (Table 4's "randomly truncating half"), see `half_path`; gt: the answer alone; gt_hops: the
   answer and the hop count.
   """
   if kind == "qcp":
@@ -123,9 +139,7 @@ def privileged_text(kind: str, qcp_pieces: Sequence[str], answer: str, hops: int
   if kind == "partial_qcp":
     if rng is None:
       raise ValueError("partial_qcp needs a random generator.")
-    head, rest = list(qcp_pieces[:1]), list(qcp_pieces[1:])
-    keep = np.sort(rng.choice(len(rest), (len(rest) + 1) // 2, replace=False)) if rest else []
-    return "".join(head + [rest[i] for i in keep])
+    return half_path("".join(qcp_pieces), rng)
   if kind == "gt":
     return f"<answer> {answer} </answer>"
   if kind == "gt_hops":
