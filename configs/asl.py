@@ -42,12 +42,17 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   a.topics = ""  # iteration-0 topics: '' = the shipped list, 'corpus' = the demo corpus's categories, or a file
   a.syntax = "qwen"  # search action: 'qwen' (<tool_call> to `retrieve`, the paper's) or 'xml' (<search>)
   a.prompt_style = "paper"  # 'paper' (App. A prompts) or 'compact' (the same in a few lines)
-  a.pg_batch = 128  # N meta prompts per PG update
-  a.grm_batch = 128  # N (x, y, s) per GRM update
-  a.pm_batch = 128  # N questions per PM update
-  a.group_size = 5  # G rollouts per prompt in every phase (GRPO; Search-R1's n = 5)
+  # N = 128 (x, a) pairs per update: the released run's 32 prompts × 4 rollouts.
+  a.pg_batch = 32  # meta prompts per PG update
+  a.grm_batch = 32  # (x, y, s) per GRM update
+  a.pm_batch = 32  # questions per PM update
+  a.group_size = 4  # G rollouts per prompt in every phase (the released rollout.n)
   a.validity_samples = 5  # K GRM judgments of each (x, a)
-  a.validity_threshold = 0.8  # C: keep (x, a) iff the mean judgment s̄ > C
+  a.validity_threshold = 0.8  # C: keep (x, a) iff the mean judgment s̄ ≥ C (4 of 5) ...
+  a.validity_inclusive = True  # ... as released; False: s̄ > C, the paper's text
+  a.filter_pm = True  # D_PM keeps r_PG > 0 and questions of > 20 characters ending in '?'
+  a.balance_grm = True  # D_GRM per question: the minority score's answers + as many others
+  a.format_reward = True  # + (share of turns opening with <think> + 1[searched]) / 4, every role
   a.pm_samples = 10  # M PM answers per valid question (the PG's reward)
   a.pg_reward = "entropy"  # 'entropy' (binary entropy of {s_m}, the paper) or 'azr' (1 − p̄)
   a.gate_reward = True  # a question failing the validity gate gets r_PG = 0 (else: its entropy)
@@ -56,7 +61,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   a.pm_target = 4000  # ... and this in later iterations
   a.stores = ml_collections.ConfigDict(dict(  # bounds of the stores (oldest entries dropped first)
       pg=8000, pm=8000, grm=80000))
-  # Slope rule (GRM and PM phases): least-squares slope, in reward per step, of the last
+  # How GRM and PM phases end. 'plateau' (released): after more than plateau_window[phase]
+  # steps, when the task reward's relative gain of the newest half-window over the one before,
+  # and of the newest quarter over the one before, are both below plateau_tolerance (0.5%).
+  a.phase_end = "plateau"
+  a.plateau_window = ml_collections.ConfigDict(dict(grm=200, pm=400))
+  a.plateau_tolerance = 0.005
+  # 'slope': the least-squares slope, in reward per step, of the last
   # `slope_window` points of the phase's mean training reward after an exponential moving
   # average y_t = ema·y_{t−1} + (1 − ema)·x_t; the phase ends when it is below the threshold
   # (the paper's 0.05; its unit and smoothing are not given), never before min_steps or before
@@ -64,33 +75,36 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   a.slope_window = 10
   a.slope_threshold = 0.05
   a.slope_ema = 0.5
-  a.phases = ml_collections.ConfigDict(dict(
-      pg=phase_limits(1, 1000), grm=phase_limits(10, 200), pm=phase_limits(10, 200)))
+  a.phases = ml_collections.ConfigDict(dict(  # (the released run has no cap: total_steps is one)
+      pg=phase_limits(1, 1000), grm=phase_limits(10, 2000), pm=phase_limits(10, 2000)))
   a.verification_data = ""  # JSONL of real (question, response, score) for the GRM phase
   a.verification_share = 0.0  # share of each GRM batch drawn from it (the paper's late-stage boost)
   a.verification_from_iteration = 2  # ... from this iteration on (the paper: the third, §4.3)
   a.adv_std = "population"  # group z-score std: population | unbiased
   a.adv_eps = 1e-6
+  # The released search budget: 9 assistant turns (8 searches and a search-free last turn here),
+  # 2,048 new tokens per turn, 10,240 response tokens; prompts up to 2,048 (the GRM's).
   a.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
-      pg=base.role(1024, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500),
-      pm=base.role(1024, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500),
-      grm=base.role(1024, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500)))
+      pg=base.role(2048, temperature=1.0, top_p=1.0, max_turns=8, max_obs_tokens=500),
+      pm=base.role(2048, temperature=1.0, top_p=1.0, max_turns=8, max_obs_tokens=500),
+      grm=base.role(2048, temperature=1.0, top_p=1.0, max_turns=8, max_obs_tokens=500)))
 
-  # Advantages: GRPO (group z-score over G) by default; the released code trains with PPO + GAE
-  # and a critic, which this implementation does not include. The learning rate and KL follow
-  # Search-R1, whose setting the paper adopts (§3.1): lr 1e-6, β = 1e-3 (k3), token-mean; no
-  # warm-up and no weight decay (Search-R1's verl recipe warms up over 28.5% of its steps).
+  # Advantages: GRPO (group z-score over G). The released code trains with PPO + GAE (λ = γ = 1)
+  # and a critic initialised from the policy; no critic is built here, so there is no option
+  # for it (docs/methods/asl.md). As released: lr 1e-6 constant, no KL, entropy bonus 0.001,
+  # token-mean, weight decay 0.01, grad clip 1.0.
   c.seed = 37
   c.total_steps = 2000  # a cap: phases end on data size and reward slope, not on a step count
   c.optim.lr = 1e-6
   c.optim.warmup_steps = 0
   c.optim.schedule = "constant"
   c.optim.grad_clip = 1.0
+  c.optim.weight_decay = 0.01
   c.loss.agg_mode = "token-mean"
-  c.loss.kl_beta = 1e-3
-  c.loss.kl_kind = "k3"
+  c.loss.kl_beta = 0.0
+  c.loss.entropy_coef = 1e-3
   c.loss.temperature = 1.0
-  c.rollout.max_context = 8192
+  c.rollout.max_context = 2048 + 10240
   c.rollout.max_prompt_tokens = 2048
 
   if preset == "demo":
@@ -108,6 +122,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     a.pm_target_first = 6
     a.pm_target = 6
     a.stores = ml_collections.ConfigDict(dict(pg=64, pm=64, grm=256))
+    a.phase_end = "slope"  # phases of 2–3 steps
+    a.format_reward = False  # the compact prompts ask for no <think>
     a.slope_window = 2
     a.slope_ema = 0.0
     a.phases = ml_collections.ConfigDict(dict(
@@ -119,7 +135,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     base.demo_warmup(c)
     base.demo_rollout(c)
     c.optim.lr = 1e-4
-    c.loss.kl_beta = 0.0  # the demo skips the reference forward
+    c.optim.weight_decay = 0.0
+    c.loss.entropy_coef = 0.0
     c.loss.temperature = 1.0  # the roles' sampling temperature
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048

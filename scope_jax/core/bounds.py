@@ -104,6 +104,8 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     ("asl.slope_threshold", NONNEGATIVE), ("asl.validity_threshold", SHARE),
     ("asl.verification_share", SHARE), ("asl.verification_from_iteration", COUNT),
     ("asl.slope_window", Bound(2, integer=True, why="a slope needs a window of 2 steps or more")),
+    ("asl.plateau_window.*", Bound(4, integer=True, why="halves and quarters of it are compared")),
+    ("asl.plateau_tolerance", NONNEGATIVE),
     ("piplay.teacher_eval_samples", COUNT),
     # A policy's own loss or optimizer overrides: a name `loss`/`optim` lacks is the policy
     # check's to report (it says where the setting goes), not a count.

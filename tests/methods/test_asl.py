@@ -64,7 +64,12 @@ def test_every_preset_loads(preset):
   assert (a.validity_threshold, a.pg_reward, a.grm_mode, a.slope_threshold) == (
       0.8, "entropy", "co_trained", 0.05)
   if preset == "paper":
-    assert (a.pg_batch, a.grm_batch, a.pm_batch) == (128, 128, 128)
+    assert (a.pg_batch, a.grm_batch, a.pm_batch, a.group_size) == (32, 32, 32, 4)  # 128 rows
+    assert (a.phase_end, tuple(a.plateau_window.values()), a.plateau_tolerance) == (
+        "plateau", (200, 400), 0.005)
+    assert a.validity_inclusive and a.filter_pm and a.balance_grm and a.format_reward
+    assert (c.loss.kl_beta, c.loss.entropy_coef, a.roles.pg.max_turns) == (0.0, 1e-3, 8)
+    assert (a.roles.pm.max_new_tokens, c.rollout.max_context) == (2048, 12288)
     assert (a.validity_samples, a.pm_samples, c.seed) == (5, 10, 37)
     assert (a.pm_target_first, a.pm_target) == (2000, 4000)
     assert (a.syntax, a.prompt_style, a.topics) == ("qwen", "paper", "")
@@ -76,7 +81,10 @@ def test_every_preset_loads(preset):
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"asl.validity_threshold": 1.0}, "validity_threshold=1.0 must be in"),
+    ({"asl.validity_threshold": 1.0, "asl.validity_inclusive": False},
+     "validity_threshold=1.0 must be in"),
+    ({"asl.phase_end": "never"}, "asl.phase_end='never' is not valid"),
+    ({"asl.plateau_window.pm": 3}, "asl.plateau_window.pm=3"),
     ({"asl.stores.pm": 1}, "asl.stores.pm=1 is below the PG phase's target"),
     ({"asl.phases.grm.min_steps": 5}, "asl.phases.grm: need 1 <= min_steps <= max_steps"),
     ({"asl.grm_mode": "off"}, "asl.grm_mode='off' is not valid"),
@@ -101,14 +109,18 @@ def test_prompt_styles_carry_the_same_fields_and_tags(style, syntax):
            "hop": p.pg(dict(meta, flag=R.EASIER), 2).text(), "pm": p.pm("Which city?").text(),
            "grm": p.grm("Which city?", "Haifa").text()}
   search = "<search>" if syntax == "xml" else "<tool_call>"
+  role = {"topic": "pg", "followup": "pg", "hop": "pg", "pm": "pm", "grm": "grm"}
   for name, text in texts.items():
-    assert search in text, name
+    system = p.system(role[name])
+    assert (system is None) == (style == "compact"), name  # the paper's go in the system turn
+    assert search in (system or "") + text, name
+    assert "{" + "tools}" not in (system or "") and "## Tools" not in text
     assert "{" + "tools}" not in text and "{header}" not in text
   assert "Geography" in texts["topic"] and "<question>" in texts["topic"]
   assert "CORRECTLY" in texts["followup"] and "HARDER" in texts["followup"]
   assert "Jerusalem" in texts["followup"] and "Which city is holy?" in texts["followup"]
   assert "WRONGLY" in texts["hop"] and "EASIER" in texts["hop"] and "removing" in texts["hop"]
-  assert "Which city?" in texts["pm"] and "<answer>" in texts["pm"]
+  assert "Which city?" in texts["pm"] and "<answer>" in (p.system("pm") or "") + texts["pm"]
   assert "Haifa" in texts["grm"] and "conclusion: correct" in texts["grm"]
 
 
@@ -172,12 +184,15 @@ def test_pg_step_gates_scores_and_stores(method):
   n = a.pg_batch * a.group_size
   assert metrics["phase"] == 0 and metrics["pg/proposals"] == n and metrics["pg/well_formed"] == 1
   assert 0 < metrics["pg/validity_rate"] <= 1 and metrics["grm/malformed"] == 0
-  # K judgments per pair, then one per PM answer of each valid question.
-  valid = metrics["pg/valid"]
-  assert metrics["grm/verdicts"] == n * a.validity_samples + valid * a.pm_samples
+  # K judgments per pair, then one per PM answer of every well-formed question (as released).
+  assert metrics["grm/verdicts"] == n * a.validity_samples + n * a.pm_samples
   assert len(m.d_pm) == metrics["pg/new_pairs"] >= 1
-  assert len(m.d_grm) == valid * a.pm_samples  # every PM answer was judged
-  assert {t["score"] for t in m.d_grm} <= {0, 1}
+  assert all(len(x["question"]) > 20 and x["question"].endswith("?") for x in m.d_pm)
+  # D_GRM: per question, as many answers judged 1 as judged 0 (unanimous questions dropped).
+  assert m.d_grm and {t["score"] for t in m.d_grm} == {0, 1}
+  for q in {t["question"] for t in m.d_grm}:
+    scores = [t["score"] for t in m.d_grm if t["question"] == q]
+    assert scores.count(0) == scores.count(1)
   trajs, advs = seen[0]
   assert len(trajs) == n  # only the PG's rollouts train in its phase
   assert np.allclose(np.asarray(advs).reshape(a.pg_batch, a.group_size).mean(axis=1), 0.0,

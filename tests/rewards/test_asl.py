@@ -178,3 +178,85 @@ def test_store_bounds_drop_the_oldest():
   assert R.bounded_add(store, [6, 7, 8, 9, 10], 3) == 6
   assert store == [8, 9, 10]
   assert R.bounded_add(store, [], 3) == 0 and store == [8, 9, 10]
+
+
+# ------------------------------------------------------------------ as the released code does
+
+def test_validity_gate_as_released_passes_four_of_five():
+  assert R.is_valid([1, 1, 1, 1, 0], 0.8, inclusive=True)  # s̄ = 0.8 ≥ 0.8
+  assert not R.is_valid([1, 1, 1, 0, 0], 0.8, inclusive=True)
+
+
+def test_pm_store_keeps_rewarded_questions_of_the_released_shape():
+  q = "Which city hosted the 1908 Olympics?"
+  assert R.pm_worthy(q, 0.5)
+  assert not R.pm_worthy(q, 0.0)  # unanimous answers: r_PG = 0
+  assert not R.pm_worthy("Which city is it?", 0.5)  # 17 characters
+  assert not R.pm_worthy("Name the city that hosted the 1908 Olympics.", 0.5)  # no '?'
+
+
+def test_grm_store_is_class_balanced_per_question():
+  rng = np.random.default_rng(0)
+  keep = R.balanced_judgments([1, 1, 1, 1, 1, 1, 1, 0, 0, 1], rng)  # 8 right, 2 wrong
+  assert len(keep) == 4 and {7, 8} <= set(keep)  # both 0s and two of the 1s
+  assert sorted([1, 1, 1, 1, 1, 1, 1, 0, 0, 1][i] for i in keep) == [0, 0, 1, 1]
+  assert R.balanced_judgments([1] * 10, rng) == [] and R.balanced_judgments([0] * 4, rng) == []
+  assert R.balanced_judgments([], rng) == []
+  keep = R.balanced_judgments([1, 0, 1, 0], rng)  # s̄ = 0.5: the 1s are the minority
+  assert sorted(keep) == [0, 1, 2, 3]
+  # A GRM that always says "correct" scored the majority share (0.68) on the unbalanced store
+  # and scores 0.5 on the balanced one.
+  scores = [1] * 17 + [0] * 8
+  kept = [scores[i] for i in R.balanced_judgments(scores, rng)]
+  assert np.mean(scores) == pytest.approx(0.68) and np.mean(kept) == pytest.approx(0.5)
+
+
+def test_format_reward_by_hand():
+  turns = ["<think>search first</think><search>x</search>", "no thinking here <answer>A</answer>",
+           "<think>unclosed", "  <think>ok</think><answer>B</answer>"]
+  assert R.format_reward(turns, used_tool=True) == pytest.approx((2 / 4 + 1) / 4)
+  assert R.format_reward(turns[:1], used_tool=False) == pytest.approx(0.25)
+  assert R.format_reward(["<think>a</think>"], used_tool=True) == 0.5  # the most it gives
+  assert R.format_reward([], used_tool=False) == 0.0
+
+
+def _plateau(curve, window=8, **kw):
+  return R.plateau_done(curve, window=window, **kw)
+
+
+def test_plateau_rule_by_hand():
+  # Newest first: halves of 4 and quarters of 2. A flat curve ends as soon as it may.
+  assert _plateau([0.5] * 8) == (False, "window")  # needs more than the window
+  assert _plateau([0.5] * 9) == (True, "plateau")
+  # 0.40 0.40 0.40 0.40 | 0.40 0.40 0.41 0.41 (oldest → newest, last 8): the newest half's mean
+  # 0.405 over 0.40 is +1.25%, above 0.5%: it goes on.
+  assert _plateau([0.4] * 7 + [0.41, 0.41]) == (False, "rising")
+  # A falling reward ends it too (signed gains).
+  assert _plateau([0.6] * 5 + [0.5] * 4) == (True, "plateau")
+  assert R.relative_gain([0.0], [0.0]) == 0.0 and R.relative_gain([0.1], [0.0]) == float("inf")
+  assert _plateau([0.9, 0.1] * 2, max_steps=4) == (True, "max_steps")
+
+
+def test_plateau_rule_on_rising_saturating_and_noisy_curves():
+  """The slope rule (window 10, EMA 0.5, 0.05/step) ends a steadily rising phase at its first
+  allowed step; the released plateau rule (window 200) lets it rise and ends it once it
+  saturates, and ends a noisy flat curve soon after its window."""
+  steps = np.arange(2000)
+  rising = 0.05 + 0.0004 * steps[:1000]  # +0.0004/step: 40% of the range in 1,000 steps
+  saturating = 0.8 - 0.7 * np.exp(-steps / 100.0)
+  noisy = 0.5 + np.random.default_rng(0).normal(0, 0.02, 2000)
+
+  def first_end(curve, rule):
+    for n in range(1, len(curve) + 1):
+      if rule(list(curve[:n]))[0]:
+        return n
+    return None
+
+  slope = lambda c: R.phase_done(c, window=10, threshold=0.05, min_steps=10, max_steps=10 ** 6,
+                                 ema=0.5)
+  plateau = lambda c: R.plateau_done(c, window=200)
+  assert first_end(rising, slope) == 10  # the old rule: at its minimum
+  assert first_end(rising, plateau) is None  # still rising after 1,000 steps: goes on
+  end = first_end(saturating, plateau)
+  assert end is not None and saturating[end - 1] > 0.79 and end > 400  # ends once saturated
+  assert 200 < first_end(noisy, plateau) <= 260

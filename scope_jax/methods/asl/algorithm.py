@@ -40,6 +40,7 @@ from scope_jax.rollout.types import Trajectory
 
 PHASES = ("pg", "grm", "pm")
 GRM_MODES = ("co_trained", "no_grm_phase", "frozen")
+PHASE_ENDS = ("plateau", "slope")  # the released rule, or a reward-slope threshold
 MAX_SAMPLE_CHARS = 1500
 
 
@@ -77,10 +78,12 @@ class Asl(Method):
                   "pm_samples", "pm_target_first", "pm_target", "stores.pg", "stores.pm",
                   "stores.grm")
   choices = {"prompt_style": tuple(P.STYLES), "pg_reward": R.PG_REWARDS, "grm_mode": GRM_MODES,
-             "adv_std": adv_lib.STD_KINDS}
+             "adv_std": adv_lib.STD_KINDS, "phase_end": PHASE_ENDS}
   searches = True
   smoke = {"total_steps": 3, "asl.pg_batch": 2, "asl.grm_batch": 2, "asl.pm_batch": 2,
-           "asl.group_size": 2, "asl.validity_samples": 2, "asl.pm_samples": 2,
+           "asl.group_size": 2, "asl.validity_samples": 2,
+           # M = 4: D_PM keeps questions whose answers the GRM splits (r_PG > 0), rare at M = 2
+           "asl.pm_samples": 4,
            "asl.pm_target_first": 1, "asl.pm_target": 1, "asl.phases.pg.max_steps": 1,
            "asl.phases.grm.min_steps": 1, "asl.phases.grm.max_steps": 1,
            "asl.phases.pm.min_steps": 1, "asl.phases.pm.max_steps": 1}
@@ -98,9 +101,10 @@ class Asl(Method):
   def check(cls, c) -> None:
     a = c.asl
     P.load_topics(a.topics)
-    if not 0.0 <= a.validity_threshold < 1.0:
-      raise ValueError(f"asl.validity_threshold={a.validity_threshold} must be in [0, 1): a pair "
-                       "is kept when the GRM's mean score is strictly above it (0.8 in the paper).")
+    if not 0.0 <= a.validity_threshold <= 1.0 or (a.validity_threshold == 1.0
+                                                   and not a.validity_inclusive):
+      raise ValueError(f"asl.validity_threshold={a.validity_threshold} must be in [0, 1] (below 1 "
+                       "with validity_inclusive=False, where a pair needs a mean score above it).")
     if a.stores.pm < max(a.pm_target_first, a.pm_target):
       raise ValueError(f"asl.stores.pm={a.stores.pm} is below the PG phase's target "
                        f"{max(a.pm_target_first, a.pm_target)}; the phase could never end on it.")
@@ -140,9 +144,10 @@ class Asl(Method):
       rt.add_frozen("grm")
     grm = dict(frozen="grm") if cfg.grm_mode == "frozen" else dict(policy=self.policy)
     tool = dict(tool=self.tool, final_tags=("answer",))
-    self.roles = {"pg": rt.add_role("pg", cfg.roles.pg, policy=self.policy, **tool),
-                  "pm": rt.add_role("pm", cfg.roles.pm, policy=self.policy, **tool),
-                  "grm": rt.add_role("grm", cfg.roles.grm, **grm, **tool)}
+    sys = lambda role: dict(system=self.prompts.system(role))
+    self.roles = {"pg": rt.add_role("pg", cfg.roles.pg, policy=self.policy, **tool, **sys("pg")),
+                  "pm": rt.add_role("pm", cfg.roles.pm, policy=self.policy, **tool, **sys("pm")),
+                  "grm": rt.add_role("grm", cfg.roles.grm, **grm, **tool, **sys("grm"))}
     self.rng = np.random.default_rng([rt.config.seed, 4])
     self.iteration, self.phase = 0, "pg"
     self.rewards: list[float] = []  # this phase's mean training reward per step
@@ -200,6 +205,8 @@ class Asl(Method):
                     "grm/verdicts": float(self.counts.get("grm_verdicts", 0)),
                     "grm/malformed": float(self.counts.get("grm_malformed", 0)),
                     "pm/no_answer": float(self.counts.get("pm_no_answer", 0)),
+                    "format_bonus/mean": float(self.counts.get("format_bonus_sum", 0.0)
+                                               / max(self.counts.get("format_bonus_n", 0), 1)),
                     "parse_errors": float(self.parse.take())})
     if phase != "pg":
       s = R.slope(self.rewards, self.cfg.slope_window, self.cfg.slope_ema)
@@ -219,6 +226,9 @@ class Asl(Method):
       if len(self.d_pm) >= self.pm_target() and n >= limits.min_steps:
         return True, "target"
       return n >= limits.max_steps, "max_steps"
+    if cfg.phase_end == "plateau":
+      return R.plateau_done(self.rewards, window=cfg.plateau_window[self.phase],
+                            tolerance=cfg.plateau_tolerance, max_steps=limits.max_steps)
     return R.phase_done(self.rewards, window=cfg.slope_window, threshold=cfg.slope_threshold,
                         min_steps=limits.min_steps, max_steps=limits.max_steps,
                         ema=cfg.slope_ema)
@@ -260,6 +270,17 @@ class Asl(Method):
     idx = self.rng.choice(len(store), n, replace=len(store) < n)
     return [store[int(i)] for i in idx]
 
+  def format_bonus(self, traj: Trajectory) -> float:
+    """The released format reward added to a role's task reward (0 when `format_reward` is off);
+    the phase curves and r_PG's metrics stay the task rewards alone."""
+    if not self.cfg.format_reward:
+      return 0.0
+    used = any(c.error is None for c in traj.tool_calls)
+    bonus = R.format_reward(traj.turn_texts(), used)
+    self.counts["format_bonus_sum"] = self.counts.get("format_bonus_sum", 0.0) + bonus
+    self.counts["format_bonus_n"] = self.counts.get("format_bonus_n", 0) + 1
+    return bonus
+
   def _train(self, trajs: list[Trajectory], rewards: np.ndarray) -> tuple[dict, np.ndarray]:
     advs = adv_lib.group_zscore(rewards, std=self.cfg.adv_std, eps=self.cfg.adv_eps).reshape(-1)
     return self.rt.train(self.policy, trajs, advs), advs
@@ -289,37 +310,47 @@ class Asl(Method):
     formed = [p for p in props if p.task is not None]
     for p, v in zip(formed, self.judge([(p.task.question, p.task.answer) for p in formed],
                                        cfg.validity_samples)):
-      p.validity, p.valid = v, R.is_valid(v, cfg.validity_threshold)
-    checked = [p for p in formed if p.valid or not cfg.gate_reward]
+      p.validity, p.valid = v, R.is_valid(v, cfg.validity_threshold, cfg.validity_inclusive)
+    # As released, the PM answers every well-formed question: its judged answers feed D_GRM
+    # whether or not the question passed the gate (which only zeroes r_PG).
+    checked = formed
     rollouts = self.answer([p.task.question for p in checked], cfg.pm_samples)
     scored = self.score_answers([(checked[t.prompt_index].task.question, t) for t in rollouts])
     for t, (a, s) in zip(rollouts, scored):
       p = checked[t.prompt_index]
       p.answers.append(a)
       p.scores.append(s)
-    ids = {id(p) for p in checked}
     for p in props:
-      p.reward = R.pg_reward(p.scores if id(p) in ids else None, cfg.pg_reward)
+      gated = p.task is None or (cfg.gate_reward and not p.valid)
+      p.reward = R.pg_reward(None if gated else p.scores, cfg.pg_reward)
     self.store_pg(props)
-    rewards = np.asarray([p.reward for p in props]).reshape(len(metas), cfg.group_size)
+    fmt = [self.format_bonus(p.traj) for p in props]
+    rewards = np.asarray([p.reward + f for p, f in zip(props, fmt)]).reshape(
+        len(metas), cfg.group_size)
     train, _ = self._train([p.traj for p in props], rewards)
     self.rt.metrics.samples(step, [self._pg_record(p) for p in self._show(props)])
     return {**self.pg_metrics(props, metas), **train}
 
   def store_pg(self, props: list[Proposal]) -> None:
-    """Valid pairs join D_PM (one per question), their judged answers D_GRM."""
+    """Valid pairs with r_PG > 0 and a question of the released shape join D_PM (one per
+    question); every judged question's answers join D_GRM, class-balanced per question."""
     seen = {normalize(x["question"]) for x in self.d_pm}
     fresh, triples = [], []
     for p in props:
-      if not p.valid:
+      if p.task is None:
+        continue
+      judged = [(a, int(s)) for a, s in zip(p.answers, p.scores) if a is not None and s is not None]
+      keep = (R.balanced_judgments([s for _, s in judged], self.rng) if self.cfg.balance_grm
+              else range(len(judged)))
+      triples += [{"question": p.task.question, "response": judged[i][0], "score": judged[i][1]}
+                  for i in keep]
+      if not p.valid or (self.cfg.filter_pm and not R.pm_worthy(p.task.question, p.reward)):
         continue
       key = normalize(p.task.question)
       if key not in seen:
         seen.add(key)
         p.new = True
         fresh.append({"question": p.task.question, "answer": p.task.answer})
-      triples += [{"question": p.task.question, "response": a, "score": int(s)}
-                  for a, s in zip(p.answers, p.scores) if a is not None and s is not None]
     limits = self.cfg.stores
     self.counts["dropped_pm"] = R.bounded_add(self.d_pm, fresh, limits.pm)
     self.counts["dropped_grm"] = R.bounded_add(self.d_grm, triples, limits.grm)
@@ -346,7 +377,7 @@ class Asl(Method):
     self._count("grm_malformed", sum(p is None for p in preds))
     rewards = np.asarray([R.grm_reward(p, items[t.prompt_index]["score"])
                           for t, p in zip(trajs, preds)])
-    m = metrics_lib.summarize(rewards, "grm/reward")
+    m = metrics_lib.summarize(rewards, "grm/reward")  # agreement: what the phase's end reads
     m["grm/agreement"] = float(rewards.mean())
     for label in (0, 1):
       rows = [r for t, r in zip(trajs, rewards) if items[t.prompt_index]["score"] == label]
@@ -356,7 +387,8 @@ class Asl(Method):
     if real:
       m["grm/agreement_real"] = float(np.mean(real))
     m["grm/items"] = float(len(items))
-    train, _ = self._train(trajs, rewards.reshape(len(items), g))
+    bonus = np.asarray([self.format_bonus(t) for t in trajs])
+    train, _ = self._train(trajs, (rewards + bonus).reshape(len(items), g))
     self.rt.metrics.samples(step, [
         {"phase": "grm", "question": items[t.prompt_index]["question"],
          "answer judged": items[t.prompt_index]["response"],
@@ -378,7 +410,8 @@ class Asl(Method):
     m["pm/accuracy"] = float(rewards.mean())  # as judged by the GRM
     m["pm/flags_harder"] = float(flags.count(R.HARDER))
     m["pm/flags_easier"] = float(flags.count(R.EASIER))
-    train, _ = self._train(trajs, rewards)
+    bonus = np.asarray([self.format_bonus(t) for t in trajs]).reshape(rewards.shape)
+    train, _ = self._train(trajs, rewards + bonus)
     self.rt.metrics.samples(step, [
         {"phase": "pm", "question": items[t.prompt_index]["question"],
          "reference answer": items[t.prompt_index]["answer"],

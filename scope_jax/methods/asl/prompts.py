@@ -1,7 +1,9 @@
 """ASL's prompts (templates in `prompts/asl/`, from the paper's App. A) and its topic lists.
 
-The paper's system prompts (Figs. 7–8: tools, formats, tasks) and user prompts (Figs. 9–12) are
-rendered as one user turn, system part first. Meta prompts for the Prompt Generator: a topic in
+The paper's system prompts (Figs. 7–8: tools, formats, tasks) go in the system turn, as the
+released code sends them: the Prompt Generator's (`pg_header`) for the PG, the retrieval one
+(`retrieval_sys`) for the PM and the GRM; the user prompts (Figs. 9–12) are the user turn. The
+'compact' style keeps one user turn. Meta prompts for the Prompt Generator: a topic in
 iteration 0 (Fig. 9); the previous question, its answer and a HARDER/EASIER flag in iteration 1
 (Fig. 10) and, adding or removing one reasoning hop, in later iterations (Fig. 11). Only the
 search action differs between syntaxes: 'qwen' (the paper's `<tool_call>` to `retrieve`) and
@@ -71,9 +73,15 @@ class Prompts:
     shared = dict(tools=prompts.load(self.dir, f"tools_{syntax}"),
                   search_example=SEARCH_EXAMPLE[syntax], search_tags=SEARCH_TAGS[syntax])
     self.shared = shared
+    self.systems = {}
     if style == "paper":
-      self.shared = dict(shared, header=prompts.render(
-          prompts.load(self.dir, "pg_header"), **shared))
+      pg = prompts.render(prompts.load(self.dir, "pg_header"), **shared).strip()
+      retrieval = prompts.render(prompts.load(self.dir, "retrieval_sys"), **shared).strip()
+      self.systems = {"pg": pg, "pm": retrieval, "grm": retrieval}
+
+  def system(self, role: str) -> str | None:
+    """The role's system turn (the paper style), or None (the compact style's one user turn)."""
+    return self.systems.get(role)
 
   def _prompt(self, name: str, fit: tuple[str, ...], **fields) -> prompts.Prompt:
     template = prompts.load(self.dir, name)

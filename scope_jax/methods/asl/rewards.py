@@ -95,9 +95,42 @@ def mean_score(scores: Sequence[int | None]) -> float:
   return float(np.mean([score(s) for s in scores])) if len(scores) else 0.0
 
 
-def is_valid(scores: Sequence[int | None], threshold: float = 0.8) -> bool:
-  """Validity gate: keep (x, a) iff s̄ of the GRM's K judgments is strictly above C."""
-  return mean_score(scores) > threshold
+def is_valid(scores: Sequence[int | None], threshold: float = 0.8,
+             inclusive: bool = False) -> bool:
+  """Validity gate: keep (x, a) iff s̄ of the GRM's K judgments is above C (the paper's text),
+  or at least C (`inclusive`: the released code, where 4 of 5 pass C = 0.8)."""
+  s = mean_score(scores)
+  return s >= threshold if inclusive else s > threshold
+
+
+def pm_worthy(question: str, reward: float) -> bool:
+  """The released code's last filter before D_PM: a PG reward above 0 and a question of more
+  than 20 characters ending in '?'."""
+  q = question.strip()
+  return reward > 0 and len(q) > 20 and q.endswith("?")
+
+
+def balanced_judgments(scores: Sequence[int], rng: np.random.Generator) -> list[int]:
+  """Indices of one question's judged answers that join D_GRM as the released code picks them:
+  every answer with the minority score and as many randomly drawn majority ones (at s̄ = 0.5,
+  1 is the minority); none when every score agrees. A GRM that always says "correct" then
+  scores 0.5 on D_GRM, not the majority share."""
+  s = np.asarray(scores, np.int64)
+  if not len(s):
+    return []
+  minority = 0 if s.mean() > 0.5 else 1
+  few, many = np.flatnonzero(s == minority), np.flatnonzero(s != minority)
+  if not len(few) or not len(many):
+    return []
+  return sorted([int(i) for i in few] + [int(i) for i in rng.choice(many, len(few), replace=False)])
+
+
+def format_reward(turns: Sequence[str], used_tool: bool) -> float:
+  """The released format reward, added to every role's: (share of the generated turns that
+  open with <think> and close it + 1[a search returned results]) / 4, at most 0.5."""
+  thinking = [t.lstrip().startswith("<think>") and "</think>" in t.lstrip()[7:] for t in turns]
+  share = sum(thinking) / len(thinking) if thinking else 0.0
+  return (share + float(used_tool)) / 4.0
 
 
 def binary_entropy(p: float) -> float:
@@ -159,6 +192,33 @@ def slope(values: Sequence[float], window: int, ema: float = 0.0) -> float | Non
   x = np.arange(window, dtype=np.float64)
   x -= x.mean()
   return float((x * (y - y.mean())).sum() / (x * x).sum())
+
+
+def relative_gain(newer: Sequence[float], older: Sequence[float]) -> float:
+  """(mean(newer) − mean(older)) / mean(older), signed; 0 when both are 0, +inf when only the
+  older one is (a gain from nothing)."""
+  a, b = float(np.mean(newer)), float(np.mean(older))
+  if b == 0.0:
+    return 0.0 if a == 0.0 else math.copysign(math.inf, a)
+  return (a - b) / b
+
+
+def plateau_done(values: Sequence[float], *, window: int, tolerance: float = 0.005,
+                 max_steps: int = 0) -> tuple[bool, str]:
+  """The released rule that ends a GRM (window 200) or PM (400) phase: after more than `window`
+  steps, when both the relative gain of the newest half-window over the one before and that of
+  the newest quarter-window over the one before are below `tolerance` (0.5%; signed, so a
+  falling reward ends it too). At `max_steps` (0: none) it ends regardless."""
+  n = len(values)
+  if max_steps and n >= max_steps:
+    return True, "max_steps"
+  if n <= window:
+    return False, "window"
+  rs = np.asarray(values, np.float64)[::-1][:window]  # newest first
+  half, quarter = window // 2, window // 4
+  long = relative_gain(rs[:half], rs[half:window])
+  short = relative_gain(rs[:quarter], rs[quarter:half])
+  return (True, "plateau") if long < tolerance and short < tolerance else (False, "rising")
 
 
 def phase_done(values: Sequence[float], *, window: int, threshold: float, min_steps: int,
