@@ -37,10 +37,19 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.opensir.encoder = "minilm"  # diversity embedder: asset name or E5/BERT checkpoint dir
   c.opensir.teacher_weights = ml_collections.ConfigDict(dict(
       solvability=1.0, diversity=1.0, length=1.0, format=0.1))
+  # c = w_solv·solv + w_div·div picks the trained teacher group and student problem (the
+  # released difficulty/diversity_score_weight); an ablation without diversity sets both
+  # teacher_weights.diversity and selection_weights.diversity to 0.
+  c.opensir.selection_weights = ml_collections.ConfigDict(dict(solvability=1.0, diversity=1.0))
   c.opensir.student_format_weight = 0.1  # R_student = 1[majority] + 0.1·format
   c.opensir.adv_eps = 1e-4  # group z-score epsilon (unbiased std)
   c.opensir.mask_concepts = True  # <concepts> tokens out of the teacher's loss
-  c.opensir.math_timeout = 1  # seconds per math-verify parse or comparison
+  # The starting pool (the released generate_initial_problems.py): `size` problems the policy
+  # writes from the seed and solves at a rate within the band, before step 0 (0: the seed alone),
+  # or the problems of a JSONL `file`.
+  c.opensir.initial_pool = ml_collections.ConfigDict(dict(
+      size=0, file="", candidates=160, max_rounds=100, solve_rate_band=(0.5, 0.9), min_chars=30))
+  c.opensir.math_timeout = 5  # seconds per math-verify parse (the released parse's default)
   # Prompts are one user turn (the released code's form for Gemma; for Llama and Qwen it puts
   # the instructions in a system message). The pool grows after each whole step, and diversity
   # compares against this step's problems (the released code: after each micro-batch of 32).
@@ -89,6 +98,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.model.dtype = "bfloat16"
     c.model.remat = "full"
     c.opensir.encoder = ""  # required: an E5/BERT checkpoint (the paper: Linq-Embed-Mistral 7B)
+    c.opensir.initial_pool.size = 512  # the released run's starting pool
     c.mesh.shape = (1, -1, 1)
     c.loss.micro_batch_rows = 4
   return c

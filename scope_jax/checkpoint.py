@@ -1,5 +1,6 @@
 """orbax checkpoints of a self-play run: device state (params of every trained role, optimizer
-states, counters, RNG) plus the method's host state (JSON: history memories, pools, counters).
+states, counters, RNG) plus the method's host state (JSON: history memories, pools, counters;
+its top-level numpy arrays, such as a pool's embeddings, are stored as arrays beside it).
 
 Saves are asynchronous and keep the newest N; a restart resumes from the newest complete step.
 In a multi-process run every process calls save and restore with its global arrays: orbax writes
@@ -14,16 +15,21 @@ error, never silence. Paths may be local or gs:// (etils.epath).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
 from scope_jax import distributed
+
+
+ARRAYS = "__arrays__"  # the host state's array entries: shape and dtype (the arrays: host_arrays)
 
 
 class Checkpointer:
@@ -39,9 +45,14 @@ class Checkpointer:
     The host state is snapshotted here: orbax serialises it in the background commit, after
     this returns, while the method goes on changing its live lists and dicts (on a gs:// workdir
     the commit can take seconds, and the checkpoint would hold the next step's state)."""
-    snapshot = json.loads(json.dumps(host_state))
-    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                              host=ocp.args.JsonSave(snapshot))
+    arrays = {k: np.array(v) for k, v in host_state.items() if isinstance(v, np.ndarray)}
+    snapshot = json.loads(json.dumps({k: v for k, v in host_state.items() if k not in arrays}))
+    snapshot[ARRAYS] = {k: [list(v.shape), v.dtype.str] for k, v in arrays.items()}
+    items = dict(state=ocp.args.StandardSave(state), host=ocp.args.JsonSave(snapshot))
+    stored = {k: v for k, v in arrays.items() if v.size}  # orbax refuses empty arrays
+    if stored:
+      items["host_arrays"] = ocp.args.StandardSave(stored)
+    args = ocp.args.Composite(**items)
     if not self._manager.save(step, args=args, force=force):
       raise RuntimeError(f"orbax declined to save step {step} in {self.directory} (steps on disk: "
                          f"{self.steps()}); a step is saved only when it is newer than the latest.")
@@ -68,8 +79,16 @@ class Checkpointer:
       try:
         out = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
+        host = dict(out["host"])
+        shapes = host.pop(ARRAYS, {})
+        if any(math.prod(shape) for shape, _ in shapes.values()):
+          stored = self._manager.restore(step, args=ocp.args.Composite(
+              host_arrays=ocp.args.StandardRestore()))["host_arrays"]
+        for key, (shape, dtype) in shapes.items():
+          host[key] = (np.asarray(stored[key]) if math.prod(shape)
+                       else np.zeros(shape, np.dtype(dtype)))
         logging.info("Resuming from checkpoint step %d in %s", step, self.directory)
-        return step, out["state"], dict(out["host"])
+        return step, out["state"], host
       except Exception as e:  # noqa: BLE001 — any unreadable checkpoint falls back
         moved = self.quarantine(step)
         logging.warning("Checkpoint step %d in %s could not be restored (%s: %s); moved it to %s "

@@ -79,8 +79,13 @@ def is_primary() -> bool:
 
 
 def digest(value: Any) -> str:
-  """A short digest of a JSON-able value (sorted keys), for comparing host state across hosts."""
-  blob = json.dumps(value, sort_keys=True, default=repr).encode()
+  """A short digest of a JSON-able value (sorted keys; numpy arrays by their bytes), for
+  comparing host state across hosts."""
+  def other(x):
+    if isinstance(x, np.ndarray):
+      return f"{x.dtype}{x.shape}:{hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()}"
+    return repr(x)
+  blob = json.dumps(value, sort_keys=True, default=other).encode()
   return hashlib.sha256(blob).hexdigest()[:32]
 
 

@@ -13,7 +13,8 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gemma2", "olmo2", "olmo3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "olmo2",
+                         "olmo3")
 NORM_LAYOUTS = ("pre", "sandwich", "post")  # Llama/Qwen, Gemma-2 (pre + post), OLMo-2/3 (post)
 ACTIVATIONS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -203,7 +204,8 @@ class ModelConfig:
 
   def to_hf_config(self, torch_dtype: str = "float32") -> dict[str, Any]:
     """A `config.json` dict that `transformers.AutoConfig` reads back into the same model."""
-    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
             "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "gemma2": "Gemma2ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}[self.model_type]
@@ -244,6 +246,8 @@ class ModelConfig:
             original_max_position_embeddings=self.rope_scaling.original_max_position_embeddings)
     if self.model_type == "llama":
       out.update(attention_bias=self.qkv_bias, mlp_bias=False)
+    if self.model_type == "mistral":  # every layer windowed when sliding_window is set
+      out.update(sliding_window=self.sliding_window or None)
     elif self.model_type in ("qwen3", "qwen3_moe", "gemma2", "olmo2", "olmo3"):
       out.update(attention_bias=self.qkv_bias)
     if self.num_experts:
@@ -275,7 +279,11 @@ class ModelConfig:
 
 
 def _family_fields(model_type: str, hf: Mapping[str, Any], layers: int) -> dict[str, Any]:
-  """The Gemma-2 / OLMo fields of a HF config (HF's defaults where a key is absent)."""
+  """The Gemma-2 / OLMo / Mistral fields of a HF config (HF's defaults where a key is absent)."""
+  if model_type == "mistral":  # Llama's layout; a sliding window on every layer when set
+    window = int(hf.get("sliding_window") or 0)
+    return dict(sliding_window=window,
+                layer_types=("sliding_attention",) * layers) if window else {}
   if model_type == "gemma2":
     types = hf.get("layer_types") or [
         "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
@@ -447,6 +455,8 @@ def tiny_config(model_type: str = "qwen2", **overrides) -> ModelConfig:
     base.update(qk_norm=True, head_dim=24)
   elif model_type == "llama":
     base.update(rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64))
+  elif model_type == "mistral":  # Llama's layout with a window of 4 positions on every layer
+    base.update(sliding_window=4, layer_types=("sliding_attention",) * 2)
   elif model_type == "gemma2":  # caps small enough that tanh bends; a window of 4 positions
     base.update(num_layers=4, norm_layout="sandwich", norm_plus_one=True, embed_scale=True,
                 hidden_act="gelu_tanh", query_pre_attn_scalar=24.0, attn_softcap=0.5,

@@ -49,6 +49,27 @@ def boxed_answer(text: str) -> str | None:
   return match.last_boxed(text)
 
 
+# math-verify's anchored LaTeX: "final answer … is: $7$" (also $$…$$, \(…\), \[…\]); bounded.
+_FINAL_LATEX = re.compile(
+    r"final answer.{0,100}?\s+is:?\s*(?:\$\$(.{1,200}?)\$\$|\$(.{1,200}?)\$|\\\((.{1,200}?)\\\)"
+    r"|\\\[(.{1,200}?)\\\])", re.IGNORECASE | re.DOTALL)
+
+
+def final_answer(text: str) -> str | None:
+  """The answer a response states: its last `\\boxed{...}`, else the LaTeX after its last
+  "final answer … is" ("So the final answer is $7$."), as math-verify's anchored extraction
+  reads it (OpenSIR's released parse: boxed first, no unanchored LaTeX)."""
+  boxed = boxed_answer(text)
+  if boxed is not None:
+    return boxed
+  found = None
+  for found in _FINAL_LATEX.finditer(str(text)[-match.MAX_TEXT:]):
+    pass
+  if found is None:
+    return None
+  return next(g for g in found.groups() if g is not None).strip() or None
+
+
 def screen(answer: str) -> str | None:
   """Why a predicted `answer` is not parsed at all (None: it may be). Only size counts here,
   in linear time: what an answer says, however costly, is bounded by the worker's timeout."""
@@ -183,6 +204,10 @@ class MathChecker:
   def boxed(self, text: str) -> str | None:
     """The canonical form of the last boxed answer in a response."""
     return self.canonical(boxed_answer(text))
+
+  def final(self, text: str) -> str | None:
+    """The canonical form of the answer a response states (`final_answer`)."""
+    return self.canonical(final_answer(text))
 
   def _remember(self, key, value) -> None:
     self._cache[key] = value

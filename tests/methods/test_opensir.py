@@ -1,15 +1,19 @@
 """OpenSIR end to end: configs, one scripted step through the real update, state, CLI, resume."""
 
+import base64
 import json
 import os
+import re
 import subprocess
 import sys
 
 import chex
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import opensir as opensir_config
+from scope_jax import checkpoint as ckpt_lib
 from scope_jax import metrics as metrics_lib
 from scope_jax.methods.opensir import algorithm as opensir
 from scope_jax.core import runner
@@ -120,16 +124,31 @@ def test_teacher_rows_have_concepts_masked_and_group_advantages(stepped):
       np.testing.assert_allclose(a.std(ddof=1), 1.0, rtol=0, atol=1e-3)
 
 
-def test_pool_and_rng_round_trip_exactly(stepped):
+def test_pool_and_rng_round_trip_exactly_through_a_checkpoint(stepped, tmp_path):
+  """The pool's embeddings are stored as a float32 array in the orbax checkpoint, not as JSON
+  (base64 JSON made a paper run's checkpoints grow by about 440 MB each)."""
   rt, method, _, _, _ = stepped
-  state = json.loads(json.dumps(method.host_state()))  # what the checkpoint stores
+  ckpt = ckpt_lib.Checkpointer(tmp_path / "ckpt", async_save=False)
+  ckpt.save(0, {"x": jnp.zeros(2)}, method.host_state())
+  ckpt.wait()
+  _, _, state = ckpt.restore_latest({"x": jnp.zeros(2)})
+  ckpt.close()
+  host_json = next((tmp_path / "ckpt" / "0" / "host").glob("*")).read_text()
+  assert '"embeddings"' not in host_json and len(host_json) < 20_000  # shape and dtype only
   fresh = opensir.OpenSir.__new__(opensir.OpenSir)
   fresh.cfg, fresh.encoder, fresh.rng = method.cfg, method.encoder, np.random.default_rng(123)
   fresh.load_host_state(state)
   assert fresh.pool.problems == method.pool.problems
   assert fresh.pool.concepts == method.pool.concepts
+  assert len(method.pool) > 1
   chex.assert_trees_all_equal(fresh.pool.embeddings, method.pool.embeddings)
   assert fresh.rng.bit_generator.state == method.rng.bit_generator.state
+  # A checkpoint of the earlier format (embeddings as base64 float32 bytes) still restores.
+  old = dict(json.loads(json.dumps(method.host_state(), default=lambda a: None)))
+  old["pool"]["embeddings"] = base64.b64encode(method.pool.embeddings.astype("<f4").tobytes()).decode()
+  del old["pool_embeddings"]
+  fresh.load_host_state(old)
+  chex.assert_trees_all_equal(fresh.pool.embeddings, method.pool.embeddings)
 
 
 def _run(workdir, steps, wait=True):
@@ -176,3 +195,51 @@ def test_sigkill_and_resume_reach_the_same_pool(tmp_path):
                     and "per_s" not in k}
   for step in (1, 2):
     assert keep(a[step]) == keep(b[step]), step
+
+
+def test_starting_pool_rules_by_hand():
+  from scope_jax.methods.opensir import bootstrap
+  ok = "A train travels 60 km in 1.5 hours. What is its speed?"
+  band = (0.5, 0.9)
+  assert bootstrap.rejection(ok, "40", 0.75, band, 30) is None
+  assert bootstrap.rejection(ok, "40", 1.0, band, 30) == "solve_rate"  # too easy
+  assert bootstrap.rejection(ok, "40", 0.25, band, 30) == "solve_rate"
+  assert bootstrap.rejection(ok, "x", 0.75, band, 30) == "no_digit"
+  assert bootstrap.rejection("What is 2+2?", "4", 0.75, band, 30) == "short"
+  assert bootstrap.rejection(ok + " <think>", "40", 0.75, band, 30) == "xml"
+  assert bootstrap.rejection(ok, "60", 0.75, band, 30) == "answer_in_problem"
+  assert bootstrap.rejection(ok, None, None, band, 30) == "no_answer"
+
+
+def test_starting_pool_from_a_file_and_its_errors(tmp_path):
+  from scope_jax.methods.opensir import bootstrap
+  f = tmp_path / "pool.jsonl"
+  f.write_text('{"problem": "What is 3 + 4?", "concepts": ["integer addition"]}\n\n'
+               '{"question": "Solve 2x = 6.", "concepts": "linear equations, division"}\n')
+  got = bootstrap.load(str(f))
+  assert [p.text for p in got] == ["What is 3 + 4?", "Solve 2x = 6."]
+  assert got[1].concepts == ("linear equations", "division")
+  f.write_text('{"answer": 3}\n')
+  with pytest.raises(ValueError, match="pool.jsonl:1: each line needs"):
+    bootstrap.load(str(f))
+  c = small_config(**{"opensir.initial_pool.file": str(tmp_path / "missing.jsonl")})
+  with pytest.raises(ValueError, match="initial_pool.file=.*no such file"):
+    runner.validate(c)
+
+
+def test_starting_pool_is_generated_rated_and_replaces_the_seed(tmp_path):
+  """The released bootstrap: the policy writes problems from the pool so far, its students rate
+  them, and those within the solve-rate band make the pool training starts from."""
+  c = small_config(**{"opensir.initial_pool.size": 3, "opensir.initial_pool.candidates": 8,
+                      "opensir.initial_pool.min_chars": 10, "opensir.num_solutions": 4})
+  rt = runtime.Runtime(c, str(tmp_path))
+  method = opensir.OpenSir(rt)
+  play_all_roles(rt, ScriptedOpenSirSampler(rt.tokenizer))
+  rt.begin_step(0)
+  m = method.start_pool()
+  assert len(method.pool) == 3 and c.opensir.seed_problem not in method.pool.problems
+  assert all(re.fullmatch(r"What is \d+ \+ \d+\?", p) for p in method.pool.problems)
+  assert method.pool.embeddings.shape == (3, method.encoder.dim)
+  assert m["pool/initial_size"] == 3 and m["pool/bootstrap/candidates"] >= 8
+  assert m["pool/bootstrap/illegal"] > 0  # a fifth of the scripted problems lack concepts
+  assert method.host_state()["started"] is True

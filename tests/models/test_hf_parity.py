@@ -12,6 +12,7 @@ from tests.hf_reference import hf_logits, hf_model, padded_batch
 # family × attention layout: 4 query heads with 4 (MHA), 2 (GQA) or 1 (MQA) kv heads.
 CASES = [
     ("llama", 4), ("llama", 2), ("llama", 1),  # Llama-3 with llama3 rope scaling
+    ("mistral", 2),  # Llama's layout, a sliding window on every layer (rows of 13 cross it)
     ("qwen2", 4), ("qwen2", 2), ("qwen2", 1),  # Qwen2 / Qwen2.5: qkv bias
     ("qwen3", 4), ("qwen3", 2), ("qwen3", 1),  # Qwen3: q/k norm, head_dim 24 != 64 / 4
     # Gemma-2: √D embeddings, (1 + w) sandwich norms, GeGLU, soft-capping, query scalar, tied,
@@ -52,8 +53,8 @@ def test_qwen25_tied_embeddings(tmp_path):
   chex.assert_trees_all_close(np.asarray(ours)[m], ref[m], rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "gemma2", "olmo2", "olmo3",
-                                        "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "gemma2", "olmo2",
+                                        "olmo3", "qwen3_moe"])
 def test_load_hf_of_transformers_checkpoint(model_type, tmp_path):
   """transformers initialises and saves (its own config format); load_hf must agree with it."""
   import torch

@@ -184,3 +184,16 @@ def test_fuzz_ten_thousand_strings_within_budget(checker):
   assert total < FUZZ_BUDGET_S, total
   assert worst < 4 * (3 * checker.timeout + checker.grace) + 10, worst
   assert checker.counters["calls"] > 1000  # the worker parsed most of the short ones
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("So the final answer is $7$.", "7"),  # no \boxed: math-verify's anchored LaTeX
+    ("The final answer is: $\\frac{1}{2}$", "\\frac{1}{2}"),
+    ("The final answer to the question is \\(x^2\\).", "x^2"),
+    ("Therefore, the final answer is: $\\boxed{5}$", "5"),  # \boxed first
+    ("\\boxed{3} … so the final answer is $4$", "3"),
+    ("The final answer is 7", None),  # unanchored text: no LaTeX, no answer (as released)
+    ("I think $7$ is right", None),
+])
+def test_final_answer_boxed_then_anchored_latex(text, expected):
+  assert mathcheck.final_answer(text) == expected

@@ -131,6 +131,9 @@ def test_selection_of_the_most_varied_group_and_the_best_problem():
   assert R.select_group([[0.2, 1.2], eight]) == 1
   assert R.select_group([[None], [None]]) == 0
   assert R.combined(0.25, 0.5) == 0.75 and R.combined(None, 0.5) is None
+  # Without diversity (its weight 0) c is solvability alone, defined without an embedding.
+  assert R.combined(0.25, None, 1.0, 0.0) == 0.25 and R.combined(0.25, 0.5, 1.0, 0.0) == 0.25
+  assert R.combined(0.25, 0.5, 2.0, 0.5) == 0.75
   assert R.select_problem([None, 0.3, 0.9, 0.9]) == 2  # the first of the best
   assert R.select_problem([None, None]) is None
 
@@ -160,3 +163,24 @@ def test_concepts_mask_with_the_demo_tokenizer():
   kept = [i for i, m in zip(ids, mask) if m]
   assert decode(masked).strip() == "<concepts>integer multiplication</concepts>"
   assert "concepts" not in decode(kept) and "What is 7 * 8?" in decode(kept)
+
+
+@pytest.fixture(scope="module")
+def checker():
+  from scope_jax.rewards import mathcheck
+  c = mathcheck.MathChecker(timeout=5)
+  yield c
+  c.close()
+
+
+def test_symbolic_majority_and_solve_rate_through_the_checker(checker):
+  """Six students answer 5x^4+4x^3+3x^2 and two 5x^4+4x^3 (the released code: solve rate 0.75
+  with the first as the label); a screen that refused symbolic answers made the minority the
+  label. The answers go through the checker OpenSIR uses, as students write them."""
+  texts = (["Therefore, the final answer is: $\\boxed{5x^4+4x^3+3x^2}$"] * 6
+           + ["So the final answer is $5x^4+4x^3$."] * 2)
+  answers = [checker.final(t) for t in texts]
+  assert None not in answers and len(set(answers)) == 2
+  majority, rate = R.solve_rate(answers)
+  assert majority == checker.final(texts[0]) and rate == 0.75
+  assert R.solvability(rate, 8, 0.5, 0.9) == pytest.approx(0.8125)  # 1 − 0.75·0.05/0.2

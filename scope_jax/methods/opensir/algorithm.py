@@ -20,12 +20,14 @@ import dataclasses
 
 import numpy as np
 from absl import logging
+from etils import epath
 
 from scope_jax import metrics as metrics_lib
 from scope_jax import prompts
 from scope_jax.core.guard import ParseGuard
 from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime
+from scope_jax.methods.opensir import bootstrap
 from scope_jax.methods.opensir import demos as opensir_demos
 from scope_jax.methods.opensir import rewards as R
 from scope_jax.retrieval.service import load_encoder
@@ -55,10 +57,11 @@ class Candidate:
   length: float = 0.0
   reward: float = 0.0
   student_rewards: list[float] = dataclasses.field(default_factory=list)
+  weights: tuple[float, float] = (1.0, 1.0)  # of solvability and diversity in c
 
   @property
   def c(self) -> float | None:
-    return R.combined(self.solv, self.div)
+    return R.combined(self.solv, self.div, *self.weights)
 
 
 class Pool:
@@ -81,16 +84,18 @@ class Pool:
     return len({c for cs in self.concepts for c in cs})
 
   def to_json(self) -> dict:
-    """Exact: the embeddings travel as their float32 bytes."""
+    """Texts and concepts; the embeddings go to the checkpoint as a float32 array beside it
+    (`host_state`'s `pool_embeddings`), not as JSON."""
     return {"problems": self.problems, "concepts": self.concepts,
-            "dim": int(self.embeddings.shape[1]),
-            "embeddings": base64.b64encode(self.embeddings.astype("<f4").tobytes()).decode()}
+            "dim": int(self.embeddings.shape[1])}
 
   @classmethod
-  def from_json(cls, state: dict) -> "Pool":
+  def from_json(cls, state: dict, embeddings_PD: np.ndarray | None = None) -> "Pool":
     pool = cls(state["dim"])
-    raw = np.frombuffer(base64.b64decode(state["embeddings"]), "<f4")
-    pool.add(state["problems"], state["concepts"], raw.reshape(-1, state["dim"]).copy())
+    if embeddings_PD is None:  # a checkpoint that carried them as base64 float32 bytes
+      raw = np.frombuffer(base64.b64decode(state["embeddings"]), "<f4")
+      embeddings_PD = raw.reshape(-1, state["dim"]).copy()
+    pool.add(state["problems"], state["concepts"], np.asarray(embeddings_PD, np.float32))
     if len(pool.embeddings) != len(pool.problems):
       raise ValueError(f"The checkpoint's pool has {len(pool.problems)} problems but "
                        f"{len(pool.embeddings)} embeddings; it is not from this version.")
@@ -103,7 +108,8 @@ class OpenSir(Method):
   at_least_one = ("units_per_step", "groups_per_unit", "group_size", "num_solutions",
                   "math_timeout", "diversity_top_k")
   smoke = {"total_steps": 1, "opensir.units_per_step": 2, "opensir.groups_per_unit": 2,
-           "opensir.group_size": 2, "opensir.num_solutions": 2}
+           "opensir.group_size": 2, "opensir.num_solutions": 2,
+           "opensir.initial_pool.candidates": 2, "opensir.initial_pool.max_rounds": 1}
 
   @classmethod
   def players(cls, c) -> Players:
@@ -128,6 +134,10 @@ class OpenSir(Method):
     if not c.opensir.encoder:
       raise ValueError("opensir.encoder is empty: set it to an E5/BERT checkpoint directory (the "
                        "diversity embedder) or an asset name such as 'minilm'.")
+    path = c.opensir.initial_pool.file
+    if path and not epath.Path(path).exists():
+      raise ValueError(f"opensir.initial_pool.file={path!r}: no such file (a JSONL of "
+                       "'problem' lines), or leave it empty to generate the starting pool.")
 
   def __init__(self, rt: Runtime):
     super().__init__(rt)
@@ -139,6 +149,7 @@ class OpenSir(Method):
     self.encoder = load_encoder(cfg.encoder, mesh=rt.mesh)
     self.pool = Pool(self.encoder.dim)
     self.pool.add([cfg.seed_problem], [[]], self.embed([cfg.seed_problem]))
+    self.started = False  # the starting pool (opensir.initial_pool) is in place
     self.policy = rt.add_policy("policy")
     templates = lambda name: prompts.load("opensir", name)
     self.teacher = rt.add_role("teacher", cfg.roles.teacher, policy=self.policy,
@@ -173,7 +184,9 @@ class OpenSir(Method):
     for i, (u, k, ref) in enumerate(refs):
       for traj in trajs[i * cfg.group_size:(i + 1) * cfg.group_size]:
         text = traj.response_text()
-        cand = Candidate(u, u * cfg.groups_per_unit + k, ref, traj)
+        cand = Candidate(u, u * cfg.groups_per_unit + k, ref, traj,
+                         weights=(cfg.selection_weights.solvability,
+                                  cfg.selection_weights.diversity))
         cand.problem = self.parse(R.parse_problem, text, malformed=None)
         cand.fmt = self.parse(R.teacher_format, text, cand.problem, malformed=0.0)
         out.append(cand)
@@ -188,7 +201,7 @@ class OpenSir(Method):
     for i, c in enumerate(legal):
       c.solutions = sols[i * n:(i + 1) * n]
       texts = [t.response_text() for t in c.solutions]
-      c.answers = [self.parse(self.checker.boxed, t, malformed=None) for t in texts]
+      c.answers = [self.parse(self.checker.final, t, malformed=None) for t in texts]
       c.majority, c.rate = R.solve_rate(c.answers)
       c.student_rewards = [
           R.student_reward(a, c.majority, R.student_format(t), self.cfg.student_format_weight)
@@ -245,13 +258,31 @@ class OpenSir(Method):
     return dataclasses.replace(traj, loss_mask=mask)
 
   # ---------------------------------------------------------------------------- the step
+  def start_pool(self) -> dict[str, float]:
+    """The pool training starts from: the seed alone, a file's problems, or `initial_pool.size`
+    problems generated and rated by the policy (the released bootstrap), before step 0."""
+    init, counts, problems = self.cfg.initial_pool, {}, []
+    if init.file:
+      problems = bootstrap.load(init.file)
+    elif init.size:
+      problems, counts = bootstrap.generate(self, init.size)
+    if problems:
+      texts = [p.text for p in problems]
+      self.pool = Pool(self.encoder.dim)
+      self.pool.add(texts, [list(p.concepts) for p in problems], self.embed(texts))
+    self.started = True
+    return {"pool/initial_size": float(len(self.pool)),
+            **{f"pool/bootstrap/{k}": v for k, v in counts.items()}}
+
   def step(self, step: int) -> dict[str, float]:
+    start = self.start_pool() if not self.started else {}
     cands = self.generate_problems()
     self.solve(cands)
     new_ND = self.score(cands)
     trajs, advs, groups, problems = self.select(cands)
     self.rt.metrics.samples(step, self.sample_records(cands))
     metrics = self.step_metrics(cands, groups, problems)
+    metrics.update(start)
     metrics.update(self.rt.train(self.policy, trajs, advs))
     legal = [c for c in cands if c.problem is not None]
     self.pool.add([c.problem.text for c in legal], [c.problem.concepts for c in legal], new_ND)
@@ -317,16 +348,18 @@ class OpenSir(Method):
     return out
 
   def host_state(self) -> dict:
-    return {"pool": self.pool.to_json(), "rng": self.rng.bit_generator.state}
+    return {"pool": self.pool.to_json(), "pool_embeddings": self.pool.embeddings,
+            "rng": self.rng.bit_generator.state, "started": self.started}
 
   def load_host_state(self, state: dict) -> None:
-    pool = Pool.from_json(state["pool"])
+    pool = Pool.from_json(state["pool"], state.get("pool_embeddings"))
     if pool.embeddings.shape[1] != self.encoder.dim:
       raise ValueError(f"The checkpoint's pool embeddings have dimension "
                        f"{pool.embeddings.shape[1]}, but opensir.encoder={self.cfg.encoder!r} "
                        f"gives {self.encoder.dim}; resume with the run's encoder.")
     self.pool = pool
     self.rng.bit_generator.state = state["rng"]
+    self.started = bool(state.get("started", True))  # earlier checkpoints had no bootstrap
 
   def summary(self) -> str:
     return (f"  problem pool: {len(self.pool)} problems, {self.pool.distinct_concepts()} "

@@ -148,10 +148,11 @@ def student_reward(answer: str | None, majority: str | None, fmt: float,
 
 def combined(solv: float | None, div: float | None, w_solv: float = 1.0,
              w_div: float = 1.0) -> float | None:
-  """The selection score c = solv + div, defined only where both are."""
-  if solv is None or div is None:
+  """The selection score c = w_solv·solv + w_div·div (the released config's weights are 1 and 1),
+  defined where its weighted parts are: with w_div = 0 (no diversity) c is solvability alone."""
+  if solv is None or (div is None and w_div != 0):
     return None
-  return w_solv * solv + w_div * div
+  return w_solv * solv + (w_div * div if w_div != 0 else 0.0)
 
 
 def select_group(c_GP: Sequence[Sequence[float | None]]) -> int:

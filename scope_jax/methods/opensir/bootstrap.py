@@ -1,0 +1,108 @@
+"""OpenSIR's starting pool (the released `generate_initial_problems.py`): before training, the
+policy writes problems from the seed and keeps those its own students solve at a moderate rate,
+until the pool holds `opensir.initial_pool.size` problems; training then draws its reference
+problems from that pool. A JSONL file of problems can stand in for the generation.
+
+Each round: `candidates` teacher samples, each from one problem drawn from the pool so far (the
+seed at first) → legal problems → `num_solutions` student answers each → kept when the majority
+answer's share of the parseable answers is within the band, the majority answer has a digit and
+does not appear as a word in the problem, and the problem has at least `min_chars` characters
+and no XML tag. Kept problems join the pool at once (they can seed the next round's prompts), in
+order: the released script's concept-diversity score is computed but multiplied away, so its
+selection is the first candidates that pass.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from absl import logging
+from etils import epath
+
+from scope_jax.methods.opensir import rewards as R
+from scope_jax.rewards import match
+
+_XML_TAG = re.compile(r"</?[A-Za-z_][\w-]{0,40}>")
+
+
+def rejection(problem: str, majority: str | None, rate: float | None,
+              band: tuple[float, float], min_chars: int) -> str | None:
+  """Why a rated problem does not join the starting pool (None: it does)."""
+  if rate is None or majority is None:
+    return "no_answer"
+  if not band[0] <= rate <= band[1]:
+    return "solve_rate"
+  if not any(ch.isdigit() for ch in majority):
+    return "no_digit"
+  if len(problem) < min_chars:
+    return "short"
+  if _XML_TAG.search(problem):
+    return "xml"
+  if match.contains_phrase(problem, majority):
+    return "answer_in_problem"
+  return None
+
+
+def load(path: str) -> list[R.Problem]:
+  """Problems from a JSONL file: each line has 'problem' (or 'question') and optional
+  'concepts' (a list, or a comma-separated string)."""
+  out = []
+  with epath.Path(path).open() as f:
+    for i, line in enumerate(f):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+        text = str(row.get("problem", row.get("question", ""))).strip()
+      except (ValueError, AttributeError):
+        text = ""
+      if not text:
+        raise ValueError(f"{path}:{i + 1}: each line needs a JSON object with 'problem' (or "
+                         "'question').")
+      concepts = row.get("concepts", [])
+      if isinstance(concepts, str):
+        concepts = concepts.split(",")
+      out.append(R.Problem(text, tuple(str(c).strip().lower() for c in concepts if str(c).strip())))
+  if not out:
+    raise ValueError(f"{path} holds no problem.")
+  return out
+
+
+def generate(method, size: int) -> tuple[list[R.Problem], dict[str, float]]:
+  """Rounds of generation and rating until `size` problems are kept (or `max_rounds`): the
+  kept problems and counts of why candidates were dropped."""
+  cfg, init = method.cfg, method.cfg.initial_pool
+  band, n = tuple(init.solve_rate_band), cfg.num_solutions
+  kept: list[R.Problem] = []
+  pool = [cfg.seed_problem]
+  counts = {"rounds": 0.0, "candidates": 0.0, "illegal": 0.0}
+  for _ in range(init.max_rounds):
+    counts["rounds"] += 1
+    refs = [pool[int(method.rng.integers(len(pool)))] for _ in range(init.candidates)]
+    trajs = method.teacher.generate([method.teacher_prompt(r) for r in refs])
+    problems = [method.parse(R.parse_problem, t.response_text(), malformed=None) for t in trajs]
+    counts["candidates"] += len(problems)
+    legal = [p for p in problems if p is not None]
+    counts["illegal"] += len(problems) - len(legal)
+    sols = method.student.generate([method.student_prompt(p.text) for p in legal], num_samples=n)
+    for i, p in enumerate(legal):
+      answers = [method.parse(method.checker.final, t.response_text(), malformed=None)
+                 for t in sols[i * n:(i + 1) * n]]
+      majority, rate = R.solve_rate(answers)
+      why = rejection(p.text, majority, rate, band, init.min_chars)
+      if why is not None:
+        counts[why] = counts.get(why, 0.0) + 1
+        continue
+      if len(kept) < size:
+        kept.append(p)
+        pool.append(p.text)
+    logging.info("OpenSIR starting pool: %d of %d problems after round %d.", len(kept), size,
+                 int(counts["rounds"]))
+    if len(kept) >= size:
+      break
+  if len(kept) < size:
+    logging.warning("The starting pool has %d problems, below opensir.initial_pool.size=%d, "
+                    "after %d rounds; training starts from them.", len(kept), size,
+                    init.max_rounds)
+  return kept, counts
