@@ -138,11 +138,10 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     for role in ("examiner", "student", "teacher"):
       s.roles[role].max_turns = 4
     s.examiner_optim = ml_collections.ConfigDict(dict(lr=5e-7, grad_clip=0.1))
-    # The student restarts each iteration (Dr.Zero's solver): its schedule spans one iteration's
-    # 50 steps with a 3% warm-up (2 steps).
+    # The student restarts each iteration (Dr.Zero's solver): a 3% warm-up of one iteration's 50
+    # steps (2), then the constant rate.
     s.student_optim = ml_collections.ConfigDict(dict(
-        grad_clip=0.1, total_steps=s.get_ref("student_steps"),
-        warmup_steps=(s.get_ref("student_steps") * 3 + 99) // 100))
+        grad_clip=0.1, warmup_steps=(s.get_ref("student_steps") * 3 + 99) // 100))
     s.restart_optimizer = ("student",)
     if preset == "paper_instruct":
       s.variant = "instruct"

@@ -208,7 +208,12 @@ class ScriptedPiPlaySampler(ScriptedSampler):
     return f"<think>Search.</think>\n{search_call(f' {page} ', prompt)}"
 
   def _answer(self, text, rng):
-    prompt, _, response = text.partition("<|im_start|>assistant\n")
+    # The teacher's privileged path quotes the examiner's turns, chat markers included: its
+    # response starts at the first assistant header after the path's closing rule.
+    cut = text.rfind("=" * 5) + 1 if "given privileged information" in text \
+        or "You are the teacher" in text else 0
+    head, _, response = text[cut:].partition("<|im_start|>assistant\n")
+    prompt = text[:cut] + head
     if "You are the examiner" in prompt or "You are an expert in question generation" in prompt:
       hops, title, body = self.EXAMINER.findall(prompt)[-1]
       found = re.findall(r"Doc 1\(Title: (.*?)\) (.*)", response)
