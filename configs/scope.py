@@ -129,4 +129,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     if preset == "paper_qwen3":
       s.syntax = "qwen"
       s.per_turn_datums = True
+    if preset == "paper_olmo3":
+      # OLMo-3-7B's 32 KV heads (no grouping) make 64 slots × 16K positions 512 GiB of KV cache:
+      # 32 slots, planned on a v5p-32 (`python -m scope_jax.plan`, launch/README.md).
+      c.rollout.slots = 32
   return c

@@ -7,7 +7,7 @@ SLICES = {
     "spell:paper_qwen3_moe": ("v5p-32", "(1,2,1,8)"),  # 8-way expert parallelism
     "scope:paper": ("v5p-16", "(1,2,4)"),  # tensor 4: three sampler copies split four ways
     "scope:paper_qwen3": ("v5p-16", "(1,2,4)"),
-    "scope:paper_olmo3": ("v5p-16", "(1,2,4)"),
+    "scope:paper_olmo3": ("v5p-32", "(1,4,4)"),  # 32 KV heads: the cache needs 16 chips
     "opensir:paper": ("v5p-8", "(1,-1,1)"),
     "opensir:paper_gemma2": ("v5p-8", "(1,-1,1)"),
     "asl:paper": ("v5p-8", "(1,-1,1)"),
