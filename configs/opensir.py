@@ -3,7 +3,8 @@
     python -m scope_jax.main --config=configs/opensir.py --workdir=runs/opensir          # CPU demo
     python -m scope_jax.main --config=configs/opensir.py:paper --workdir=gs://bucket/opensir \
         --config.model.source=hf:/ckpt/Llama-3.2-3B-Instruct \
-        --config.model.tokenizer=/ckpt/Llama-3.2-3B-Instruct --config.opensir.encoder=/ckpt/e5-base-v2
+        --config.model.tokenizer=/ckpt/Llama-3.2-3B-Instruct \
+        --config.opensir.encoder=/ckpt/Linq-Embed-Mistral
 
 Presets: 'demo' (default; the bundled demo model, warmed on both roles' formats with small
 arithmetic, MiniLM embeddings for diversity: a few minutes on a laptop CPU) and 'paper' (the
@@ -34,7 +35,10 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.opensir.length_cap = 1000.0  # tokens: length score = min(mean, cap) / baseline
   c.opensir.length_baseline = 1000.0
   c.opensir.diversity_top_k = 5  # mean of the k most similar (pool and same-step problems)
-  c.opensir.encoder = "minilm"  # diversity embedder: asset name or E5/BERT checkpoint dir
+  # Diversity embedder: an asset name, a BERT/E5 checkpoint (mean pooling) or a decoder embedder
+  # checkpoint such as Linq-Embed-Mistral (last-token pooling, the paper's), no instruction
+  # prefix (the released run embeds problems as passages).
+  c.opensir.encoder = "minilm"
   c.opensir.teacher_weights = ml_collections.ConfigDict(dict(
       solvability=1.0, diversity=1.0, length=1.0, format=0.1))
   # c = w_solv·solv + w_div·div picks the trained teacher group and student problem (the
@@ -97,7 +101,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
     c.model.dtype = "bfloat16"
     c.model.remat = "full"
-    c.opensir.encoder = ""  # required: an E5/BERT checkpoint (the paper: Linq-Embed-Mistral 7B)
+    c.opensir.encoder = ""  # required: the Linq-Embed-Mistral checkpoint directory (the paper's)
     c.opensir.initial_pool.size = 512  # the released run's starting pool
     c.mesh.shape = (1, -1, 1)
     c.loss.micro_batch_rows = 4

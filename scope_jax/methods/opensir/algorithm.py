@@ -132,8 +132,9 @@ class OpenSir(Method):
   @classmethod
   def check_data(cls, c) -> None:
     if not c.opensir.encoder:
-      raise ValueError("opensir.encoder is empty: set it to an E5/BERT checkpoint directory (the "
-                       "diversity embedder) or an asset name such as 'minilm'.")
+      raise ValueError("opensir.encoder is empty: set it to the diversity embedder's checkpoint "
+                       "directory (the paper's Linq-Embed-Mistral, or an E5/BERT one) or an "
+                       "asset name such as 'minilm'.")
     path = c.opensir.initial_pool.file
     if path and not epath.Path(path).exists():
       raise ValueError(f"opensir.initial_pool.file={path!r}: no such file (a JSONL of "

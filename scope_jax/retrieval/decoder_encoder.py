@@ -1,0 +1,108 @@
+"""A decoder language model as a text embedder (Linq-Embed-Mistral, E5-Mistral, any family the
+decoder loads): the final hidden state of each text's last token, L2-normalised, as vLLM's embed
+task pools these models. The weights load through the decoder itself (`models.load_hf`), so a
+Mistral embedder is the Llama family with a sliding window on every layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scope_jax import sharding as shd
+from scope_jax.models import transformer
+from scope_jax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from scope_jax.models.hf_io import load_hf
+from scope_jax.retrieval.encoder import file_sha256, length_bucket
+
+
+def is_decoder_checkpoint(path) -> bool:
+  """Whether `path` holds a decoder checkpoint (a config.json of a family the decoder loads)."""
+  config = pathlib.Path(path) / "config.json"
+  if not config.exists():
+    return False
+  try:
+    return json.loads(config.read_text()).get("model_type") in SUPPORTED_MODEL_TYPES
+  except ValueError:
+    return False
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def last_token_embedding(config: ModelConfig, params, tokens_BT, mask_BT):
+  """[B, D] float32: the final hidden state at each row's last real token, L2-normalised. Rows
+  are right-padded, so the last real token is at position (Σ mask − 1)."""
+  hidden_BTD, _ = transformer.forward(config, params, tokens_BT, attention_mask=mask_BT,
+                                      return_hidden=True, dtype=jnp.float32)
+  last_B = jnp.maximum(mask_BT.sum(-1) - 1, 0)
+  h_BD = jnp.take_along_axis(hidden_BTD, last_B[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+  return h_BD / jnp.maximum(jnp.linalg.norm(h_BD, axis=-1, keepdims=True), 1e-12)
+
+
+class DecoderEncoder:
+  """Embeds queries and passages with a decoder checkpoint directory (config.json, safetensors,
+  tokenizer.json); the tokenizer's own special tokens (Mistral's BOS) are added."""
+
+  def __init__(self, path, *, query_prefix: str = "", passage_prefix: str = "",
+               max_length: int = 512, batch_size: int = 16, mesh=None, dtype=jnp.float32,
+               name: str | None = None):
+    import tokenizers
+    path = pathlib.Path(path)
+    if not (path / "tokenizer.json").exists():
+      raise FileNotFoundError(f"Embedder directory {path} has no tokenizer.json.")
+    self.config, self.params = load_hf(path, mesh=mesh, dtype=dtype)
+    self.tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    self.tokenizer.no_padding()
+    self.max_length = min(max_length, self.config.max_position_embeddings)
+    self.tokenizer.enable_truncation(self.max_length)
+    self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
+    self.batch_size, self.mesh = batch_size, mesh
+    weights = sorted(path.glob("*.safetensors"))
+    self.identity = {
+        "name": name or path.name,
+        "weights_sha256": file_sha256(weights[0]) if weights else "",
+        "query_prefix": query_prefix, "passage_prefix": passage_prefix,
+        "max_length": self.max_length, "pooling": "last_token", "normalize": True,
+        "dim": self.config.hidden_size}
+
+  @property
+  def dim(self) -> int:
+    return self.config.hidden_size
+
+  def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids or [0] for e in self.tokenizer.encode_batch(list(texts))]
+
+  def encode_ids(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+    """Embeddings [n, D] float32 of token-id rows (bucketed by length, right-padded)."""
+    out = np.zeros((len(ids), self.dim), np.float32)
+    order = np.argsort([len(x) for x in ids])
+    rows = self.batch_size
+    if self.mesh is not None:
+      mult = shd.batch_shards(self.mesh)
+      rows = -(-rows // mult) * mult
+    for start in range(0, len(ids), rows):
+      idx = order[start:start + rows]
+      width = min(length_bucket(max(len(ids[i]) for i in idx), 16), self.max_length)
+      tokens = np.zeros((rows, width), np.int32)
+      mask = np.zeros((rows, width), np.int32)
+      for r, i in enumerate(idx):
+        row = list(ids[i])[:width]
+        tokens[r, :len(row)], mask[r, :len(row)] = row, 1
+      mask[len(idx):, 0] = 1  # padding rows: one token, so no row is empty
+      if self.mesh is not None:
+        tokens, mask = shd.shard_batch((tokens, mask), self.mesh)
+      out[idx] = shd.to_host(last_token_embedding(self.config, self.params, tokens,
+                                                  mask))[:len(idx)]
+    return out
+
+  def encode(self, texts: Sequence[str], kind: str = "passage") -> np.ndarray:
+    """Embeddings [n, D] float32 (L2-normalised) of queries or passages."""
+    if kind not in ("query", "passage"):
+      raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}.")
+    prefix = self.query_prefix if kind == "query" else self.passage_prefix
+    return self.encode_ids(self.tokenize([prefix + t for t in texts]))
