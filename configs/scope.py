@@ -47,36 +47,41 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.max_doc_chars = 4000  # source document characters shown to the Challenger and Judge
   s.max_answer_chars = 20000  # answer characters shown to the grader
   s.min_criteria = 3  # fewer parsed rubric criteria = malformed rubric
-  s.max_criteria = 5  # extra criteria are dropped
-  s.adv_eps = 1e-6  # z-score epsilon (population std)
+  s.max_criteria = 10  # extra criteria are dropped (released: 3–10; the paper's text: 3–5)
+  s.adv_eps = 1e-6  # z-score epsilon, added to the std
+  s.adv_std = "unbiased"  # released verl's torch.std (n − 1); 'population': App. D's Σ A² = G
   s.challenger_loss = ml_collections.ConfigDict(dict(eps_high=0.2))  # LossConfig overrides
-  s.solver_loss = ml_collections.ConfigDict(dict(eps_high=0.2))  # symmetric (paper); the released
-  # code's clip-higher is --config.scope.solver_loss.eps_high=0.28
+  s.solver_loss = ml_collections.ConfigDict(dict(eps_high=0.28))  # released clip-higher (Eq. 3:
+  # one symmetric ε = 0.2)
+  # The grader's temperature when it scores Stage-1 rollouts (the Challenger's reward, the task
+  # filter): the released code grades them greedily, Solver training at the grader role's 0.6.
+  s.stage1_grader_temperature = 0.0
   s.task_set = ml_collections.ConfigDict()
   s.task_set.size = 0  # target tasks per iteration (0 = solver_batch × solver_steps)
   s.task_set.window = (0.2, 0.8)  # keep tasks with ḡ in [low, high]
   s.task_set.solver_rollouts = 4  # N Solver rollouts per candidate for the filter
-  s.task_set.candidates_per_round = 500  # Challenger tasks generated per round
-  s.task_set.max_rounds = 30  # stop after this many rounds even if the set is short
+  s.task_set.candidates_per_round = 2000  # Challenger tasks generated per round (released)
+  s.task_set.max_rounds = 20  # stop after this many rounds even if the set is short (released)
   s.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
       challenger=base.role(8192, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500,
                            max_prompt_tokens=1024),
       solver=base.role(8192, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
                        max_prompt_tokens=2048),
-      gate=base.role(2048, temperature=0.0, top_p=1.0, max_prompt_tokens=14336),
+      gate=base.role(256, temperature=0.0, top_p=1.0, max_prompt_tokens=14336),
       rubric=base.role(8192, temperature=0.0, top_p=1.0, max_prompt_tokens=14336),
       grader=base.role(16384, temperature=0.6, top_p=1.0, max_prompt_tokens=14336)))
   # Judge prompts hold up to 14K of the 16K context (the paper grades with up to 16K), the rest
   # is the verdict; the Challenger and Solver prompts are limited to 1K and 2K (Table 9).
 
-  # Table 9: GRPO, lr 1e-6 with 3% warmup, clip 1.0, β = 1e-3 (k3), token-mean.
+  # Table 9: GRPO, lr 1e-6, clip 1.0, β = 1e-3 (k3), token-mean; AdamW's weight decay 0.01 as
+  # released (verl's default). Table 9's 3% warm-up is int(0.03 × 20) = 0 steps in the released
+  # first iteration's trainer: none here (docs/methods/scope.md).
   c.total_steps = s.get_ref("iterations") * (s.get_ref("challenger_steps") +
                                              s.get_ref("solver_steps"))
   c.optim.lr = 1e-6
-  # Updates each policy gets (T × 20 = 60 in the paper) and 3% of them, rounded up, as warmup;
-  # both follow --config.scope.iterations and --config.scope.challenger_steps.
   c.optim.total_steps = s.get_ref("iterations") * s.get_ref("challenger_steps")
-  c.optim.warmup_steps = (c.optim.get_ref("total_steps") * 3 + 99) // 100
+  c.optim.warmup_steps = 0
+  c.optim.weight_decay = 0.01
   c.optim.schedule = "constant"
   c.optim.grad_clip = 1.0
   c.loss.agg_mode = "token-mean"
@@ -112,7 +117,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
         rubric=base.role(96, temperature=0.0, top_p=1.0),
         grader=base.role(24, temperature=0.6, top_p=1.0)))
     c.optim.lr = 1e-4
-    c.optim.warmup_steps = 0
+    c.optim.weight_decay = 0.0
     c.loss.temperature = 0.5  # the policies' sampling temperature
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048

@@ -74,13 +74,14 @@ class Role:
     return len(render_chat(self.tokenizer, self._messages(text)))
 
   # ---------------------------------------------------------------------------- rollouts
-  def rollout_config(self) -> RolloutConfig:
+  def rollout_config(self, temperature: float | None = None) -> RolloutConfig:
     s = self.settings
     return RolloutConfig(syntax=self.syntax, final_tags=self.final_tags,
                          max_turns=s.get("max_turns", 0) if self.tool is not None else 0,
                          max_turn_tokens=s.max_new_tokens,
                          max_obs_tokens=s.get("max_obs_tokens", 500),
-                         max_total_tokens=self.max_context, temperature=s.temperature,
+                         max_total_tokens=self.max_context,
+                         temperature=s.temperature if temperature is None else temperature,
                          top_p=s.top_p, top_k=s.get("top_k", 0), strip_think=self.strip_think)
 
   def next_seed(self) -> int:
@@ -89,12 +90,15 @@ class Role:
     key = [self.seed, zlib.crc32(self.name.encode()), self._step, self._calls]
     return int(np.random.SeedSequence(key).generate_state(1)[0] % (2**31))
 
-  def generate(self, prompts: Sequence[Sequence[int]], *, num_samples: int = 1) -> list[Trajectory]:
-    """`num_samples` rollouts per prompt (prompt-major), single- or multi-turn with the tool."""
+  def generate(self, prompts: Sequence[Sequence[int]], *, num_samples: int = 1,
+               temperature: float | None = None) -> list[Trajectory]:
+    """`num_samples` rollouts per prompt (prompt-major), single- or multi-turn with the tool; at
+    the role's temperature unless a call needs another (SCOPE grades greedily in Stage 1)."""
     if not prompts:
       return []
     start = time.perf_counter()
-    trajs = run_rollout(self.sampler, self.tokenizer, prompts, self.tool, self.rollout_config(),
+    trajs = run_rollout(self.sampler, self.tokenizer, prompts, self.tool,
+                        self.rollout_config(temperature),
                         num_samples=num_samples, seed=self.next_seed(), progress=self.progress)
     seconds = time.perf_counter() - start
     if self.timer is not None:
@@ -102,8 +106,10 @@ class Role:
     self._record(trajs, [len(p) for p in prompts], seconds)
     return trajs
 
-  def texts(self, prompts: Sequence[Sequence[int]], *, num_samples: int = 1) -> list[str]:
-    return [t.response_text() for t in self.generate(prompts, num_samples=num_samples)]
+  def texts(self, prompts: Sequence[Sequence[int]], *, num_samples: int = 1,
+            temperature: float | None = None) -> list[str]:
+    return [t.response_text() for t in self.generate(prompts, num_samples=num_samples,
+                                                     temperature=temperature)]
 
   # ---------------------------------------------------------------------------- metrics
   def begin_step(self, step: int) -> None:

@@ -74,7 +74,11 @@ def test_every_preset_loads(preset):
     assert (s.iterations, s.challenger_steps, s.solver_steps) == (3, 20, 20)
     assert (s.challenger_batch, s.solver_batch, s.group_size) == (64, 256, 8)
     assert (s.solver_rollouts_train, s.task_set.solver_rollouts, s.task_set.window) == (8, 4, (0.2, 0.8))
-    assert (c.optim.lr, c.optim.warmup_steps, c.optim.total_steps, c.optim.grad_clip) == (1e-6, 2, 60, 1.0)
+    assert (c.optim.lr, c.optim.warmup_steps, c.optim.total_steps, c.optim.grad_clip) == (1e-6, 0, 60, 1.0)
+    assert (c.optim.weight_decay, s.adv_std, s.max_criteria, s.stage1_grader_temperature) == (
+        0.01, "unbiased", 10, 0.0)
+    assert (s.task_set.candidates_per_round, s.task_set.max_rounds, s.roles.gate.max_new_tokens) \
+        == (2000, 20, 256)
     assert (c.loss.kl_beta, c.loss.kl_kind, c.loss.agg_mode) == (1e-3, "k3", "token-mean")
     assert (s.roles.rubric.temperature, s.roles.grader.temperature) == (0.0, 0.6)
     assert (s.roles.solver.max_obs_tokens, c.retrieval.topk, c.rollout.max_context) == (500, 3, 16384)
@@ -393,12 +397,12 @@ def test_demonstrations_cover_every_role_with_real_search_results(tmp_path):
   assert "<task>" in challenger.spans[-1].text and challenger.loss_mask[-1] == 1
 
 
-def test_paper_solver_clip_is_symmetric_and_schedule_follows_overrides():
+def test_paper_solver_clips_higher_as_released_and_schedule_follows_overrides():
   c = scope_config.get_config("paper")
-  assert c.scope.solver_loss.eps_high == 0.2 and c.scope.challenger_loss.eps_high == 0.2
-  assert (c.optim.total_steps, c.optim.warmup_steps) == (60, 2)
+  assert c.scope.solver_loss.eps_high == 0.28 and c.scope.challenger_loss.eps_high == 0.2
+  assert (c.optim.total_steps, c.optim.warmup_steps) == (60, 0)
   c.update_from_flattened_dict({"scope.iterations": 5, "scope.challenger_steps": 30,
                                 "scope.solver_steps": 30})
-  assert (c.optim.total_steps, c.optim.warmup_steps, c.total_steps) == (150, 5, 300)
+  assert (c.optim.total_steps, c.total_steps) == (150, 300)
   roles = c.scope.roles
   assert (roles.challenger.max_prompt_tokens, roles.solver.max_prompt_tokens) == (1024, 2048)

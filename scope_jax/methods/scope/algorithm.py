@@ -83,7 +83,8 @@ class Scope(Method):
   roles = ("challenger", "solver", "gate", "rubric", "grader")
   at_least_one = ("challenger_steps", "solver_steps", "challenger_batch", "solver_batch",
                   "group_size")
-  choices = {"prompt_style": tuple(P.STYLES), "task_types": tuple(P.TASK_TYPES)}
+  choices = {"prompt_style": tuple(P.STYLES), "task_types": tuple(P.TASK_TYPES),
+             "adv_std": adv_lib.STD_KINDS}
   searches = True
   smoke = {"scope.iterations": 1, "scope.challenger_steps": 1, "scope.solver_steps": 1,
            "scope.challenger_batch": 2, "scope.solver_batch": 2, "scope.group_size": 2,
@@ -188,10 +189,10 @@ class Scope(Method):
       out.append(c)
     return out
 
-  def judge(self, prompts, role: str) -> list[str]:
+  def judge(self, prompts, role: str, temperature: float | None = None) -> list[str]:
     """Single-turn Judge outputs (frozen M0) with the role's sampling settings."""
     judge = self.roles[role]
-    return judge.texts([judge.prompt(p) for p in prompts])
+    return judge.texts([judge.prompt(p) for p in prompts], temperature=temperature)
 
   def solve(self, questions: Sequence[str], num_samples: int) -> list[Trajectory]:
     role = self.roles["solver"]
@@ -200,9 +201,10 @@ class Scope(Method):
                          num_samples=num_samples)
 
   def grade(self, items: Sequence[tuple[str, Sequence[R.Criterion], Trajectory]],
-            stats: GradeStats) -> list[float | None]:
-    """g per Solver rollout: each criterion judged on the final answer alone (T = 0.6).
-    No <answer> → g = 0 without asking the Judge; too few parsable verdicts → None (discarded)."""
+            stats: GradeStats, temperature: float | None = None) -> list[float | None]:
+    """g per Solver rollout: each criterion judged on the final answer alone (the grader role's
+    T = 0.6, or `temperature`). No <answer> → g = 0 without asking the Judge; too few parsable
+    verdicts → None (discarded)."""
     prompts, owners = [], []
     for i, (question, criteria, traj) in enumerate(items):
       answer = traj.final("answer") or None
@@ -213,7 +215,7 @@ class Scope(Method):
         prompts.append(self.prompts.grader(question, c.text, answer[:self.cfg.max_answer_chars]))
         owners.append(i)
     verdicts: list[list[int | None]] = [[] for _ in items]
-    for i, text in zip(owners, self.judge(prompts, "grader")):
+    for i, text in zip(owners, self.judge(prompts, "grader", temperature)):
       verdicts[i].append(self.guard(R.parse_binary_grade, text, malformed=None))
     grades: list[float | None] = []
     for (_, criteria, traj), v in zip(items, verdicts):
@@ -247,7 +249,7 @@ class Scope(Method):
       return
     rollouts = self.solve([c.question for c in ready], num_rollouts)
     grades = self.grade([(ready[t.prompt_index].question, ready[t.prompt_index].criteria, t)
-                         for t in rollouts], stats)
+                         for t in rollouts], stats, cfg.stage1_grader_temperature)
     for t, g in zip(rollouts, grades):
       c = ready[t.prompt_index]
       c.rollouts.append(t)
@@ -280,7 +282,7 @@ class Scope(Method):
     for c in cands:
       c.reward = R.challenger_reward(c.fmt, c.gate, c.g_bar)
     rewards = np.asarray([c.reward for c in cands]).reshape(len(picks), cfg.group_size)
-    advs = adv_lib.group_zscore(rewards, eps=cfg.adv_eps).reshape(-1)
+    advs = adv_lib.group_zscore(rewards, std=cfg.adv_std, eps=cfg.adv_eps).reshape(-1)
     self.rt.metrics.samples(step, [self._record("challenger", c) for c in cands[:2]])
     metrics = self.challenger_metrics(cands, stats)
     metrics.update(self._train(self.challenger, [c.traj for c in cands], advs))
@@ -310,7 +312,7 @@ class Scope(Method):
                          for t in trajs], stats)
     parts = [self.solver_parts(t, g) for t, g in zip(trajs, grades)]
     rewards = np.asarray([p["reward"] for p in parts]).reshape(b, cfg.group_size)
-    advs = adv_lib.group_zscore(rewards, eps=cfg.adv_eps).reshape(-1)
+    advs = adv_lib.group_zscore(rewards, std=cfg.adv_std, eps=cfg.adv_eps).reshape(-1)
     self.rt.metrics.samples(step, [self._solver_record(picked[t.prompt_index], t, p)
                                    for t, p in list(zip(trajs, parts))[:2]])
     metrics.update(self.solver_metrics(trajs, parts, stats))
