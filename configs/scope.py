@@ -56,6 +56,10 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # The grader's temperature when it scores Stage-1 rollouts (the Challenger's reward, the task
   # filter): the released code grades them greedily, Solver training at the grader role's 0.6.
   s.stage1_grader_temperature = 0.0
+  # The released reward code's details (False: the paper's text): a Challenger turn thinks when
+  # it opens with <think>; its tool score nets out invalid calls; an unreadable task or a
+  # malformed rubric zeroes its reward; ḡ averages only the Solver rollouts that answered.
+  s.rewards_as_released = True
   s.task_set = ml_collections.ConfigDict()
   s.task_set.size = 0  # target tasks per iteration (0 = solver_batch × solver_steps)
   s.task_set.window = (0.2, 0.8)  # keep tasks with ḡ in [low, high]

@@ -102,3 +102,25 @@ def test_think_counts_anywhere_in_a_turn():
             [0, 1])
   assert S.think_share(t.turn_texts()) == pytest.approx(2 / 3)
   assert S.think_share(["</think> before <think>"]) == 0.0
+
+
+def test_challenger_format_and_reward_as_released():
+  """The released Challenger reward: a turn thinks only when it opens with <think>, a failed
+  search cancels a valid one in the tool score, and an unreadable task or a malformed rubric
+  zeroes the reward that the paper's text would still pay for format."""
+  t = _traj(["<think>plan</think><search>a</search>", "Now. <think>late</think><search>b</search>",
+             "<think>ok</think><task><question>What?</question></task>"], [0, 1], errors=[1])
+  # Paper: think 3/3 (anywhere), tool 1 valid / 2 required, structure 1.
+  assert S.challenger_format(t, 2) == pytest.approx((1 + 0.5 + 1) / 3)
+  # Released: think 2/3 (the second turn opens with text), tool max(1 − 1, 0)/2 = 0.
+  assert S.challenger_format(t, 2, released=True) == pytest.approx((2 / 3 + 0 + 1) / 3)
+  assert S.think_share(["  <think>a</think>", "x<think>b</think>"], opening=True) == 0.5
+  assert S.challenger_reward(0.5, True, 0.5, formed=False) == 0.0
+  assert S.challenger_reward(0.5, False, None, formed=True) == pytest.approx(0.25)
+
+
+def test_mean_grade_leaves_out_unanswered_rollouts_as_released():
+  grades, answered = [1.0, 0.0, None, 0.5], [True, False, True, True]
+  assert S.mean_grade(grades, answered) == pytest.approx(0.5)  # (1 + 0 + 0.5) / 3
+  assert S.mean_grade(grades, answered, answered_only=True) == pytest.approx(0.75)  # (1 + 0.5)/2
+  assert S.mean_grade([0.0], [False], answered_only=True) is None

@@ -184,7 +184,8 @@ class Scope(Method):
     for traj in trajs:
       d, t, k = picks[traj.prompt_index]
       c = Candidate(d, t, k, traj)
-      c.fmt = self.guard(R.challenger_format, traj, k, malformed=0.0)
+      c.fmt = self.guard(R.challenger_format, traj, k, self.cfg.rewards_as_released,
+                         malformed=0.0)
       c.question = self.guard(R.task_question, traj.turn_texts(), malformed=None)
       out.append(c)
     return out
@@ -255,8 +256,8 @@ class Scope(Method):
       c.rollouts.append(t)
       c.grades.append(g)
     for c in ready:
-      kept = [g for g in c.grades if g is not None]
-      c.g_bar = float(np.mean(kept)) if kept else None
+      c.g_bar = R.mean_grade(c.grades, [bool(t.final("answer")) for t in c.rollouts],
+                             answered_only=cfg.rewards_as_released)
 
   # ------------------------------------------------------------------------------ stages
   def step(self, step: int) -> dict[str, float]:
@@ -280,7 +281,9 @@ class Scope(Method):
     stats = GradeStats()
     self.evaluate(cands, cfg.solver_rollouts_train, stats)
     for c in cands:
-      c.reward = R.challenger_reward(c.fmt, c.gate, c.g_bar)
+      formed = c.question is not None and (not c.gate or bool(c.criteria))
+      c.reward = R.challenger_reward(c.fmt, c.gate, c.g_bar,
+                                     formed or not cfg.rewards_as_released)
     rewards = np.asarray([c.reward for c in cands]).reshape(len(picks), cfg.group_size)
     advs = adv_lib.group_zscore(rewards, std=cfg.adv_std, eps=cfg.adv_eps).reshape(-1)
     self.rt.metrics.samples(step, [self._record("challenger", c) for c in cands[:2]])

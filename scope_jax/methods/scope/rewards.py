@@ -50,10 +50,14 @@ def search_reward(valid_searches: int, target: int = 3) -> float:
 
 # ------------------------------------------------------------------------------- format scores
 
-def think_share(turns: Sequence[str]) -> float:
-  """Fraction of assistant turns with a <think>…</think> block anywhere in them (App. F.1)."""
+def think_share(turns: Sequence[str], opening: bool = False) -> float:
+  """Fraction of assistant turns with a <think>…</think> block anywhere in them (App. F.1), or,
+  with `opening`, one the turn opens with (the released Challenger reward's `^\\s*<think>`)."""
   if not turns:
     return 0.0
+  if opening:
+    return sum(t.lstrip().startswith("<think>") and _has_think(t.lstrip()[:MAX_TEXT])
+               for t in turns) / len(turns)
   return sum(_has_think(t[:MAX_TEXT]) for t in turns) / len(turns)
 
 
@@ -75,12 +79,18 @@ def task_question(turns: Sequence[str]) -> str | None:
   return extract_tag(extract_tag(turns[-1][-MAX_TEXT:], "task"), "question")
 
 
-def challenger_format(traj: Trajectory, required_searches: int) -> float:
-  """(think + tool + structure) / 3; tool = valid searches / required, clamped to [0, 1]."""
+def challenger_format(traj: Trajectory, required_searches: int, released: bool = False) -> float:
+  """(think + tool + structure) / 3; tool = valid searches / required, clamped to [0, 1]. As
+  released: a turn thinks when it opens with <think>, and tool = max(valid − invalid, 0) /
+  required (an invalid call or a failed search cancels a valid one)."""
   turns = traj.turn_texts()
-  tool = min(max(traj.num_searches / max(required_searches, 1), 0.0), 1.0)
+  searches = traj.num_searches
+  if released:
+    invalid = traj.num_invalid + sum(c.error is not None for c in traj.tool_calls)
+    searches = max(searches - invalid, 0)
+  tool = min(max(searches / max(required_searches, 1), 0.0), 1.0)
   structure = float(bool(turns) and well_formed_task(turns[-1]))
-  return (think_share(turns) + tool + structure) / 3.0
+  return (think_share(turns, opening=released) + tool + structure) / 3.0
 
 
 def solver_format(traj: Trajectory) -> float:
@@ -168,9 +178,19 @@ def quality_gate(entity: int | None, source_relevance: int | None) -> tuple[bool
 
 # ------------------------------------------------------------------------------- totals
 
-def challenger_reward(fmt: float, passed_gate: bool, g_bar: float | None) -> float:
-  """R_C = 0.5·r_fmt + 1.0·1[QG]·f_diff(ḡ); 0 when the format score is 0."""
-  if fmt <= 0.0:
+def mean_grade(grades: Sequence[float | None], answered: Sequence[bool],
+               answered_only: bool = False) -> float | None:
+  """ḡ over a task's Solver rollouts: discarded grades (None) left out, and, as released, the
+  rollouts that gave no answer too (the paper's text counts them as g = 0); None if none is left."""
+  kept = [g for g, a in zip(grades, answered) if g is not None and (a or not answered_only)]
+  return sum(kept) / len(kept) if kept else None
+
+
+def challenger_reward(fmt: float, passed_gate: bool, g_bar: float | None,
+                      formed: bool = True) -> float:
+  """R_C = 0.5·r_fmt + 1.0·1[QG]·f_diff(ḡ); 0 when the format score is 0, or (as released) when
+  the task could not be read or its rubric was malformed (`formed` False)."""
+  if fmt <= 0.0 or not formed:
     return 0.0
   diff = f_diff(g_bar) if (passed_gate and g_bar is not None) else 0.0
   return 0.5 * fmt + diff
