@@ -124,6 +124,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     a.stores = ml_collections.ConfigDict(dict(pg=64, pm=64, grm=256))
     a.phase_end = "slope"  # phases of 2–3 steps
     a.format_reward = False  # the compact prompts ask for no <think>
+    a.filter_pm = False  # the small model's answers seldom split (r_PG > 0): valid pairs suffice
     a.slope_window = 2
     a.slope_ema = 0.0
     a.phases = ml_collections.ConfigDict(dict(
