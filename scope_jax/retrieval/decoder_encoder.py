@@ -15,11 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scope_jax import sharding as shd
 from scope_jax.models import transformer
 from scope_jax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from scope_jax.models.hf_io import load_hf
-from scope_jax.retrieval.encoder import file_sha256, length_bucket
+from scope_jax.retrieval.encoder import embed_in_buckets, file_sha256
 
 
 def is_decoder_checkpoint(path) -> bool:
@@ -79,26 +78,9 @@ class DecoderEncoder:
 
   def encode_ids(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
     """Embeddings [n, D] float32 of token-id rows (bucketed by length, right-padded)."""
-    out = np.zeros((len(ids), self.dim), np.float32)
-    order = np.argsort([len(x) for x in ids])
-    rows = self.batch_size
-    if self.mesh is not None:
-      mult = shd.batch_shards(self.mesh)
-      rows = -(-rows // mult) * mult
-    for start in range(0, len(ids), rows):
-      idx = order[start:start + rows]
-      width = min(length_bucket(max(len(ids[i]) for i in idx), 16), self.max_length)
-      tokens = np.zeros((rows, width), np.int32)
-      mask = np.zeros((rows, width), np.int32)
-      for r, i in enumerate(idx):
-        row = list(ids[i])[:width]
-        tokens[r, :len(row)], mask[r, :len(row)] = row, 1
-      mask[len(idx):, 0] = 1  # padding rows: one token, so no row is empty
-      if self.mesh is not None:
-        tokens, mask = shd.shard_batch((tokens, mask), self.mesh)
-      out[idx] = shd.to_host(last_token_embedding(self.config, self.params, tokens,
-                                                  mask))[:len(idx)]
-    return out
+    return embed_in_buckets(ids, self.dim, self.batch_size, self.max_length, self.mesh,
+                            lambda tokens, mask: last_token_embedding(self.config, self.params,
+                                                                      tokens, mask))
 
   def encode(self, texts: Sequence[str], kind: str = "passage") -> np.ndarray:
     """Embeddings [n, D] float32 (L2-normalised) of queries or passages."""

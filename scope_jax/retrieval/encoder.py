@@ -177,6 +177,31 @@ def file_sha256(path, limit: int | None = None) -> str:
   return h.hexdigest()
 
 
+def embed_in_buckets(ids: Sequence[Sequence[int]], dim: int, batch_size: int, max_length: int,
+                     mesh, embed_fn) -> np.ndarray:
+  """[n, dim] float32 from `embed_fn(tokens, mask)` over right-padded batches of similar
+  lengths (few compiled widths); on a mesh the rows are a multiple of its batch shards."""
+  out = np.zeros((len(ids), dim), np.float32)
+  order = np.argsort([len(x) for x in ids])  # similar lengths share a bucket
+  rows = batch_size
+  if mesh is not None:
+    mult = shd.batch_shards(mesh)
+    rows = -(-rows // mult) * mult
+  for start in range(0, len(ids), rows):
+    idx = order[start:start + rows]
+    width = min(length_bucket(max(len(ids[i]) for i in idx), 16), max_length)
+    tokens = np.zeros((rows, width), np.int32)
+    mask = np.zeros((rows, width), np.int32)
+    for r, i in enumerate(idx):
+      row = list(ids[i])[:width]
+      tokens[r, :len(row)], mask[r, :len(row)] = row, 1
+    mask[len(idx):, 0] = 1  # padding rows hold one token, so no row is empty
+    if mesh is not None:
+      tokens, mask = shd.shard_batch((tokens, mask), mesh)
+    out[idx] = shd.to_host(embed_fn(tokens, mask))[:len(idx)]
+  return out
+
+
 class TextEncoder:
   """Loads an E5/MiniLM checkpoint directory and embeds queries and passages."""
 
@@ -222,20 +247,5 @@ class TextEncoder:
       raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}.")
     prefix = self.query_prefix if kind == "query" else self.passage_prefix
     ids = self.tokenize([prefix + t for t in texts])
-    out = np.zeros((len(ids), self.dim), np.float32)
-    order = np.argsort([len(x) for x in ids])  # similar lengths share a bucket
-    rows = self.batch_size
-    if self.mesh is not None:
-      mult = shd.batch_shards(self.mesh)
-      rows = -(-rows // mult) * mult
-    for start in range(0, len(ids), rows):
-      idx = order[start:start + rows]
-      width = min(length_bucket(max(len(ids[i]) for i in idx), 16), self.max_length)
-      tokens = np.zeros((rows, width), np.int32)
-      mask = np.zeros((rows, width), np.int32)
-      for r, i in enumerate(idx):
-        tokens[r, :len(ids[i])], mask[r, :len(ids[i])] = ids[i], 1
-      if self.mesh is not None:
-        tokens, mask = shd.shard_batch((tokens, mask), self.mesh)
-      out[idx] = shd.to_host(embed(self.config, self.params, tokens, mask))[:len(idx)]
-    return out
+    return embed_in_buckets(ids, self.dim, self.batch_size, self.max_length, self.mesh,
+                            lambda tokens, mask: embed(self.config, self.params, tokens, mask))
