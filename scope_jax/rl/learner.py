@@ -19,7 +19,6 @@ import numpy as np
 from absl import logging
 
 from scope_jax import sharding as shd
-from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.rl import batch as batch_lib
 from scope_jax.rl import train_step
@@ -89,12 +88,9 @@ class Learner:
     optimizer = optimizer or self.optimizer
     key = (loss, micro, optimizer)
     if key not in self._steps:
-      grad_shardings = None if self.mesh is None else transformer.param_shardings(
-          self.model_config, self.mesh, self.rules)
       self._steps[key] = train_step.make_train_step(self.model_config, loss, optimizer,
                                                     dtype=self.dtype, remat=self.remat,
-                                                    micro_batches=micro,
-                                                    grad_shardings=grad_shardings)
+                                                    micro_batches=micro)
     return self._steps[key]
 
   @property
