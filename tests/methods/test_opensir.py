@@ -48,6 +48,9 @@ def test_every_preset_loads(preset):
     assert (c.loss.kl_beta, c.loss.kl_kind, c.loss.agg_mode) == (1e-4, "k3", "token-mean")
     assert (c.opensir.roles.student.temperature, c.opensir.roles.student.max_new_tokens) == (1.0, 2048)
     assert (c.rollout.max_prompt_tokens, c.total_steps) == (1024, 200)
+    assert c.loss.recompute_old_logp  # TRL with one iteration: the trainer's own log-probs
+    assert (o.math_timeout, o.initial_pool.size, tuple(o.initial_pool.solve_rate_band)) == (
+        5, 512, (0.5, 0.9))
     assert c.model.source == {"paper": "preset:llama3.2-3b",
                               "paper_gemma2": "preset:gemma2-2b"}[preset]
 
