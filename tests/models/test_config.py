@@ -61,7 +61,7 @@ def test_unknown_preset_lists_choices():
 @pytest.mark.parametrize("bad,match", [
     (dict(num_heads=6, num_kv_heads=4), "multiple of num_kv_heads"),
     (dict(rope_scaling=RopeScaling("longrope")), "Unsupported rope_type 'longrope'"),
-    (dict(model_type="mistral"), "Unsupported model_type 'mistral'")])
+    (dict(model_type="phi3"), "Unsupported model_type 'phi3'")])
 def test_invalid_configs(bad, match):
   base = dict(model_type="llama", vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
               num_heads=4, num_kv_heads=2, head_dim=2)

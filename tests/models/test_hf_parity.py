@@ -117,7 +117,7 @@ def test_bfloat16_checkpoint_and_compute(tmp_path):
 # ------------------------------------------------------------------------------- bad input
 
 def test_unsupported_model_type():
-  with pytest.raises(ValueError, match="Unsupported model_type 'gpt2'.*llama, qwen2, qwen3, qwen3_moe, gemma2"):
+  with pytest.raises(ValueError, match="Unsupported model_type .gpt2.*llama, mistral, qwen2, qwen3, qwen3_moe, gemma2"):
     from scope_jax.models import ModelConfig
     ModelConfig.from_hf_config({"model_type": "gpt2", "vocab_size": 10})
 
