@@ -73,6 +73,10 @@ def test_grm_agreement_reward():
     ("<answer>conclusion: correct/wrong</answer>", None),  # the placeholder copied
     ("conclusion: correct", None),  # outside <answer>
     ("<answer>It is right.</answer>", None),
+    ("<answer>\ncorrect\n</answer>", 1),  # a bare verdict (the real 0.5B model writes this)
+    ("<answer>Wrong.</answer>", 0),
+    ("<answer>correct or wrong</answer>", None),
+    ("<answer>correct/wrong</answer>", None),
     ("", None),
     (None, None),
 ])

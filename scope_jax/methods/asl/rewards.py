@@ -78,9 +78,12 @@ def parse_verdict(text: str | None) -> int | None:
   if body is None:
     return None
   found = _VERDICT.search(body[:MAX_ANSWER_CHARS])
-  if found is None:
-    return None
-  return int(found.group(1).lower() == "correct")
+  if found is not None:
+    return int(found.group(1).lower() == "correct")
+  # A bare verdict, `<answer>correct</answer>`: the released code matches the word in the
+  # answer without the "conclusion:" label, so it counts here too.
+  bare = body.strip().strip(".!*").strip().lower()
+  return {"correct": 1, "wrong": 0, "incorrect": 0}.get(bare)
 
 
 def score(verdict: int | None) -> int:
