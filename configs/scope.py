@@ -11,7 +11,8 @@ Presets:
                its MiniLM index; about 9 minutes on 2 CPU cores the first time, then under 2.
   paper        Table 9 for Qwen2.5-7B-Instruct (XML <search> syntax).
   paper_qwen3  Table 9 for Qwen3-8B (native <tool_call> syntax, per-turn datums).
-  paper_olmo3  Table 9 for OLMo-3-7B, the paper's third model (XML <search> syntax).
+  paper_olmo3  Table 9 for OLMo-3-7B, the paper's third model (its <function_calls> search
+               syntax, as the released run).
 """
 
 import ml_collections
@@ -41,7 +42,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.task_types = ("longform_qa", "summarisation", "planning", "writing")  # + creative_writing
   s.search_choices = (1, 2, 3)  # required searches per Challenger prompt
   s.search_ratio = (4, 3, 2)  # stratified 4:3:2 over search_choices
-  s.syntax = "xml"  # search action: 'xml' (<search>) or 'qwen' (<tool_call>)
+  s.syntax = "xml"  # search action: 'xml' (<search>), 'qwen' (<tool_call>) or 'function_calls'
+  # (<function_calls>search(query="…"), OLMo-3's, the released function_calls_xml format)
   s.prompt_style = "paper"  # 'paper' (App. H prompts) or 'compact' (short ones for small models)
   s.per_turn_datums = False  # thinking models: one datum per assistant turn (earlier <think> cut)
   s.max_doc_chars = 4000  # source document characters shown to the Challenger and Judge
@@ -60,10 +62,17 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # it opens with <think>; its tool score nets out invalid calls; an unreadable task or a
   # malformed rubric zeroes its reward; ḡ averages only the Solver rollouts that answered.
   s.rewards_as_released = True
+  s.task_form = "plain"  # released: the <task> text is the task; 'question': a <question> inside
+  s.rubric_sees_searches = True  # released: the rubric Judge reads the Challenger's search
+  # results after the source document (the paper's text: the document alone)
+  s.stage1_solver_sampling = (0.7, 0.9)  # (T, top-p) of the Solver rollouts behind a Stage-1
+  # ḡ, as released (they are not trained on); () = the Solver role's own settings
   s.task_set = ml_collections.ConfigDict()
   s.task_set.size = 0  # target tasks per iteration (0 = solver_batch × solver_steps)
   s.task_set.window = (0.2, 0.8)  # keep tasks with ḡ in [low, high]
   s.task_set.solver_rollouts = 4  # N Solver rollouts per candidate for the filter
+  s.task_set.samples_per_document = 4  # Challenger samples per document, at most one task kept
+  # (released: N_ROLLOUTS=4, MAX_TASKS_PER_PROMPT=1)
   s.task_set.candidates_per_round = 2000  # Challenger tasks generated per round (released)
   s.task_set.max_rounds = 20  # stop after this many rounds even if the set is short (released)
   s.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
@@ -110,7 +119,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     s.max_doc_chars = 200
     s.max_answer_chars = 400
     s.task_set.solver_rollouts = 2
+    s.task_set.samples_per_document = 1
     s.task_set.candidates_per_round = 4
+    s.task_form = "question"  # the format the demo model was warmed on
+    s.rubric_sees_searches = False
+    s.stage1_solver_sampling = ()
     s.task_set.max_rounds = 2
     base.demo_warmup(c)
     base.demo_rollout(c)
@@ -139,6 +152,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       s.syntax = "qwen"
       s.per_turn_datums = True
     if preset == "paper_olmo3":
+      s.syntax = "function_calls"
       # OLMo-3-7B's 32 KV heads (no grouping) make 64 slots × 16K positions 512 GiB of KV cache:
       # 32 slots, planned on a v5p-32 (`python -m scope_jax.plan`, launch/README.md).
       c.rollout.slots = 32

@@ -47,8 +47,9 @@ _MAX_CONTEXT = flags.DEFINE_integer("max_context", 4096, "Prompt + answer tokens
                                     "rollout.max_context when left at 4096).")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Questions per batched rollout.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-_SYNTAX = flags.DEFINE_string("syntax", "", "Search-call syntax, xml (<search>) or qwen "
-                               "(<tool_call>); default: the run's, else xml.")
+_SYNTAX = flags.DEFINE_string("syntax", "", "Search-call syntax, xml (<search>), qwen "
+                               "(<tool_call>) or function_calls (OLMo-3's); default: the run's, "
+                               "else xml.")
 _KS = flags.DEFINE_list("ks", None, "k of pass@k and maj@k (default 1,2,4,... <= n, and n).")
 _INDEX = flags.DEFINE_string("index", None, "Local faiss index directory (qa_search).")
 _ENCODER = flags.DEFINE_string("encoder", "minilm", "Query encoder of --index.")

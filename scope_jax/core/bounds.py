@@ -113,7 +113,7 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     # check's to report (it says where the setting goes), not a count.
     ("*_loss.*", None), ("*_optim.*", None),
     # Everything else a method counts: batches, steps, samples, store sizes, rounds.
-    ("scope.stage1_grader_temperature", NONNEGATIVE),
+    ("scope.stage1_grader_temperature", NONNEGATIVE), ("scope.stage1_solver_sampling", NONNEGATIVE),
     ("spell.*", SIZE), ("scope.*", SIZE), ("opensir.*", SIZE), ("asl.*", SIZE),
     ("piplay.*", SIZE),
 )

@@ -10,7 +10,6 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 import numpy as np
 
-from scope_jax.core.runtime import SYNTAXES
 from scope_jax.retrieval import search
 from scope_jax.rollout.types import Trajectory
 
@@ -51,6 +50,7 @@ class Method:
   at_least_one: fields of `config.<method>` (dotted for nested) that must be at least 1;
   choices: field → its valid values (every element, for a list-valued field);
   searches: its roles call the search tool (`config.retrieval` and `<method>.syntax` are checked);
+  syntaxes: the search syntaxes its prompts can ask for (one of them is `<method>.syntax`);
   smoke: the sizes of a smoke run — batch and group sizes 2, one step per phase (core/smoke.py).
   `check(config)` adds the rules that relate several fields.
   """
@@ -60,6 +60,7 @@ class Method:
   at_least_one: tuple[str, ...] = ()
   choices: Mapping[str, Sequence] = {}
   searches: bool = False
+  syntaxes: tuple[str, ...] = ("xml", "qwen")
   smoke: Mapping[str, Any] = {}  # --config.smoke=True: sizes (dotted from the config's root)
   bounds: tuple = ()  # (dotted pattern, core.bounds.Bound) of the method's own numeric fields
   host_local_keys: tuple[str, ...] = ()  # host_state() entries that measure this host (wall
@@ -91,7 +92,7 @@ class Method:
     if cls.searches and data:
       search.validate(config.retrieval)
     if cls.searches:
-      check_choice(f"{cls.name}.syntax", section.syntax, SYNTAXES)
+      check_choice(f"{cls.name}.syntax", section.syntax, cls.syntaxes)
     for role, settings in section.get("roles", {}).items():
       own = settings.get("syntax")
       if own is not None and own != section.get("syntax", "xml"):

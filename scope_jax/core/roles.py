@@ -74,7 +74,8 @@ class Role:
     return len(render_chat(self.tokenizer, self._messages(text)))
 
   # ---------------------------------------------------------------------------- rollouts
-  def rollout_config(self, temperature: float | None = None) -> RolloutConfig:
+  def rollout_config(self, temperature: float | None = None,
+                     top_p: float | None = None) -> RolloutConfig:
     s = self.settings
     return RolloutConfig(syntax=self.syntax, final_tags=self.final_tags,
                          max_turns=s.get("max_turns", 0) if self.tool is not None else 0,
@@ -82,7 +83,8 @@ class Role:
                          max_obs_tokens=s.get("max_obs_tokens", 500),
                          max_total_tokens=self.max_context,
                          temperature=s.temperature if temperature is None else temperature,
-                         top_p=s.top_p, top_k=s.get("top_k", 0), strip_think=self.strip_think)
+                         top_p=s.top_p if top_p is None else top_p, top_k=s.get("top_k", 0),
+                         strip_think=self.strip_think)
 
   def next_seed(self) -> int:
     """Seeds differ per role, runner step and call, and repeat exactly on a resumed run."""
@@ -91,14 +93,15 @@ class Role:
     return int(np.random.SeedSequence(key).generate_state(1)[0] % (2**31))
 
   def generate(self, prompts: Sequence[Sequence[int]], *, num_samples: int = 1,
-               temperature: float | None = None) -> list[Trajectory]:
+               temperature: float | None = None, top_p: float | None = None) -> list[Trajectory]:
     """`num_samples` rollouts per prompt (prompt-major), single- or multi-turn with the tool; at
-    the role's temperature unless a call needs another (SCOPE grades greedily in Stage 1)."""
+    the role's temperature and top-p unless a call needs others (SCOPE grades greedily in
+    Stage 1). Rollouts that train keep the role's: the loss reads the sampling temperature."""
     if not prompts:
       return []
     start = time.perf_counter()
     trajs = run_rollout(self.sampler, self.tokenizer, prompts, self.tool,
-                        self.rollout_config(temperature),
+                        self.rollout_config(temperature, top_p),
                         num_samples=num_samples, seed=self.next_seed(), progress=self.progress)
     seconds = time.perf_counter() - start
     if self.timer is not None:

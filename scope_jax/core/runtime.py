@@ -35,7 +35,8 @@ from scope_jax.sampling import Engine, Sampler
 from scope_jax.sampling import engine as engine_lib
 
 LOSS_ONLY_RUNNER_KEYS = ("micro_batch_rows", "recompute_old_logp")
-SYNTAXES = ("xml", "qwen")  # search actions: <search> or Qwen's <tool_call>
+SYNTAXES = ("xml", "qwen", "function_calls")  # search actions: <search>, Qwen's <tool_call>,
+# OLMo-3's <function_calls>search(query=…) (each method lists the ones its prompts can ask for)
 
 
 def method_syntax(config: ml_collections.ConfigDict) -> str:

@@ -48,7 +48,8 @@ class Settings:
   max_context: int = 4096
   batch_size: int = 16  # examples per rollout call (each with num_samples rows)
   seed: int = 0
-  syntax: str = ""  # search syntax: 'xml' (<search>), 'qwen' (<tool_call>); '' = a run's, or xml
+  syntax: str = ""  # search syntax: 'xml' (<search>), 'qwen' (<tool_call>), 'function_calls'
+  # (OLMo-3's); '' = a run's, or xml
   judge_style: str = "spell"  # the judge prompt: SPELL's verifier or SCOPE's grader
   judge_max_tokens: int = 512
   ks: tuple[int, ...] = ()  # k of pass@k and maj@k (default 1, 2, 4, … ≤ n, and n)
@@ -70,8 +71,8 @@ class Settings:
                        f"within max_context={self.max_context}.")
     if self.judge_style not in JUDGE_STYLES:
       raise ValueError(f"judge_style={self.judge_style!r}: choose one of {JUDGE_STYLES}.")
-    if self.syntax not in ("", "xml", "qwen"):
-      raise ValueError(f"syntax={self.syntax!r}: choose 'xml' or 'qwen'.")
+    if self.syntax not in ("", "xml", "qwen", "function_calls"):
+      raise ValueError(f"syntax={self.syntax!r}: choose 'xml', 'qwen' or 'function_calls'.")
     if any(not 1 <= k <= self.num_samples for k in self.ks):
       raise ValueError(f"ks={list(self.ks)}: every k of pass@k / maj@k must be between 1 and "
                        f"num_samples={self.num_samples}.")
@@ -116,8 +117,8 @@ class Evaluator:
   # ------------------------------------------------------------------------------- prompts
   def template(self, kind: str) -> str:
     """The answer prompt of a benchmark type (qa_search's names the search syntax)."""
-    if kind == "qa_search" and self.syntax == "qwen":
-      kind = "qa_search_qwen"
+    if kind == "qa_search" and self.syntax != "xml":
+      kind = f"qa_search_{self.syntax}"
     return self.templates.get(kind) or prompts_lib.load("eval", kind)
 
   def prompt(self, template: str, tokenizer=None, **fields) -> list[int]:

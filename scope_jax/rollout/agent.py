@@ -31,13 +31,17 @@ INVALID_ACTION_QWEN = (
     "<tool_call> and </tool_call> as {\"name\": \"search\", \"arguments\": {\"query\": ...}}. If I "
     "want to give the final answer, I should put it between <answer> and </answer>. Let me try "
     "again.\n")
+INVALID_ACTION_FUNCTION_CALLS = (
+    "\nMy previous action is invalid. If I want to search, I should write "
+    "<function_calls>search(query=\"my query\")</function_calls>. If I want to give the final "
+    "output, I should put it between its tags, such as <answer> and </answer>. Let me try again.\n")
 MAX_CHARS_PER_TOKEN = 64  # observations are cut to this many characters per token of budget
 TOOL_ERROR = "The search tool failed for this query ({}). Try a different query or answer."
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-  syntax: str = "xml"  # 'xml' (<search>) or 'qwen' (<tool_call>)
+  syntax: str = "xml"  # 'xml' (<search>), 'qwen' (<tool_call>) or 'function_calls' (OLMo-3)
   final_tags: tuple[str, ...] = ("answer",)  # elements that end a trajectory
   max_turns: int = 4  # searches allowed before the final, search-free turn
   max_turn_tokens: int = 512  # new tokens per generated turn
@@ -56,12 +60,13 @@ class RolloutConfig:
   obs_suffix_qwen: str = "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
   def observation_wrappers(self) -> tuple[str, str]:
-    if self.syntax == "xml":
+    if self.syntax in ("xml", "function_calls"):  # results inside <information>, as released
       return self.obs_prefix_xml, self.obs_suffix_xml
     return self.obs_prefix_qwen, self.obs_suffix_qwen
 
   def invalid_message(self) -> str:
-    return INVALID_ACTION_XML if self.syntax == "xml" else INVALID_ACTION_QWEN
+    return {"xml": INVALID_ACTION_XML, "qwen": INVALID_ACTION_QWEN,
+            "function_calls": INVALID_ACTION_FUNCTION_CALLS}[self.syntax]
 
 
 @dataclasses.dataclass

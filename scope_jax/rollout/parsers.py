@@ -1,9 +1,11 @@
 """Action parsing for one generated turn. Model output is untrusted: regexes and bounded JSON only.
 
-Two search syntaxes:
+Three search syntaxes:
   'xml':  <search> query </search>                                   (Search-R1, Qwen2.5 prompts)
   'qwen': <tool_call>{"name": "search", "arguments": {"query": ...}}</tool_call>   (Qwen3 native),
           arguments may also be {"query_list": [...]}.
+  'function_calls': <function_calls>search(query="...")</function_calls>     (OLMo-3's calls, as
+          SCOPE's released `function_calls_xml` format writes them; answers stay XML elements).
 A turn ends at the first closing tag, so the action is the element that tag closes.
 """
 
@@ -11,12 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Sequence
 
 MAX_QUERY_CHARS = 1000
 MAX_QUERIES = 8
 MAX_JSON_CHARS = 20_000
-SYNTAXES = ("xml", "qwen")
+SYNTAXES = ("xml", "qwen", "function_calls")
+MAX_CALL_CHARS = 4 * MAX_QUERY_CHARS  # a longer function call is invalid, not parsed
+_SEARCH_CALL = re.compile(r"\s*search\s*\(\s*query\s*=\s*([\"'])(.+?)\1\s*\)\s*", re.S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +34,7 @@ class Action:
 
 
 def search_stop(syntax: str) -> str:
-  return {"xml": "</search>", "qwen": "</tool_call>"}[syntax]
+  return {"xml": "</search>", "qwen": "</tool_call>", "function_calls": "</function_calls>"}[syntax]
 
 
 def _last_element(text: str, tag: str) -> str | None:
@@ -70,6 +75,24 @@ def _tool_call_queries(body: str) -> tuple[tuple[str, ...], str | None]:
   return _clean_queries(queries)
 
 
+def _function_call_queries(body: str) -> tuple[tuple[str, ...], str | None]:
+  """`search(query="...")` (or single quotes); a double-quoted query is read as a JSON string
+  when it is one (escaped quotes inside), else taken as written."""
+  if len(body) > MAX_CALL_CHARS:
+    return (), "function call too long"
+  m = _SEARCH_CALL.fullmatch(body)
+  if m is None:
+    return (), 'function call must be search(query="...")'
+  quote, query = m.groups()
+  if quote == '"':
+    try:
+      decoded = json.loads(f'"{query}"')
+      query = decoded if isinstance(decoded, str) else query
+    except ValueError:
+      pass
+  return _clean_queries([query])
+
+
 def _clean_queries(queries: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
   queries = [q.strip() for q in queries if q.strip()]
   if not queries:
@@ -96,11 +119,16 @@ def parse_action(text: str, *, syntax: str = "xml", final_tags: Sequence[str] = 
       if body is None:
         return Action("invalid", error="</search> without <search>")
       queries, err = _clean_queries([body])
-    else:
+    elif syntax == "qwen":
       body = _last_element(text, "tool_call")
       if body is None:
         return Action("invalid", error="</tool_call> without <tool_call>")
       queries, err = _tool_call_queries(body)
+    else:
+      body = _last_element(text, "function_calls")
+      if body is None:
+        return Action("invalid", error="</function_calls> without <function_calls>")
+      queries, err = _function_call_queries(body)
     return Action("invalid", error=err) if err else Action("search", queries=queries)
   if last_final >= 0:
     tag = max(ends, key=ends.get)

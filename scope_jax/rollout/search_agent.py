@@ -15,14 +15,18 @@ from scope_jax.rollout.agent import RolloutConfig
 
 
 def search_instructions(syntax: str) -> str:
-  """How to call the search tool in `syntax` ('xml' <search> or 'qwen' <tool_call>)."""
+  """How to call the search tool in `syntax` ('xml' <search>, 'qwen' <tool_call> or
+  'function_calls' <function_calls>search(query=…))."""
   return prompts.load("search", syntax)
 
 
 def search_action(query: str, syntax: str) -> str:
-  """A search call in the rollout's syntax ('xml' <search> or 'qwen' <tool_call>)."""
+  """A search call in the rollout's syntax ('xml' <search>, 'qwen' <tool_call> or
+  'function_calls')."""
   if syntax == "xml":
     return f"<search>{query}</search>"
+  if syntax == "function_calls":
+    return f"<function_calls>search(query={json.dumps(query)})</function_calls>"
   return ('<tool_call>{"name": "search", "arguments": {"query": ' + json.dumps(query) +
           "}}</tool_call>")
 

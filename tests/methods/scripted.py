@@ -12,7 +12,10 @@ from scope_jax.sampling.stops import find_stop
 
 def search_call(query: str, prompt: str) -> str:
   """A search as a model that follows `prompt` writes it: Qwen's <tool_call> with the tool name
-  and argument the prompt describes (ASL's `retrieve`, π-Play's `query_list`), else <search>."""
+  and argument the prompt describes (ASL's `retrieve`, π-Play's `query_list`), OLMo-3's
+  <function_calls>, else <search>."""
+  if "<function_calls>" in prompt:
+    return f"<function_calls>search(query={json.dumps(query)})</function_calls>"
   if "<tool_call>" not in prompt:
     return f"<search>{query}</search>"
   name = "retrieve" if "Name:retrieve" in prompt else "search"
@@ -22,13 +25,15 @@ def search_call(query: str, prompt: str) -> str:
 
 def last_query(response: str) -> str | None:
   """The query of the last search call in either syntax."""
-  calls = re.findall(r"<search>(.*?)</search>|<tool_call>\s*(\{.*?\})\s*</tool_call>", response,
-                     re.S)
+  calls = re.findall(r"<search>(.*?)</search>|<tool_call>\s*(\{.*?\})\s*</tool_call>|"
+                     r"<function_calls>search\(query=(\".*?\")\)</function_calls>", response, re.S)
   if not calls:
     return None
-  xml, js = calls[-1]
+  xml, js, fc = calls[-1]
   if xml:
     return xml.strip()
+  if fc:
+    return json.loads(fc)
   args = json.loads(js)["arguments"]
   return args["query_list"][0] if "query_list" in args else args["query"]
 
@@ -135,7 +140,9 @@ class ScriptedScopeSampler(ScriptedSampler):
       if len(found) < need:
         query = found[-1] if found else title
         return f"<think>Look up {query}.</think>\n{search_call(query, prompt)}"
-      task = f"<question>Explain how {title} relates to {found[-1]}.</question>"
+      task = f"Explain how {title} relates to {found[-1]}."
+      if "<question>" in prompt:  # the form the prompt asks for (scope.task_form)
+        task = f"<question>{task}</question>"
       if self.untagged and rng.random() < self.untagged:
         return f"<think>Enough.</think>\n{task}"
       return f"<think>Enough.</think>\n<task>\n{task}\n</task>"

@@ -84,8 +84,10 @@ def test_every_preset_loads(preset):
     assert (s.roles.solver.max_obs_tokens, c.retrieval.topk, c.rollout.max_context) == (500, 3, 16384)
     assert s.search_ratio == (4, 3, 2) and s.search_choices == (1, 2, 3)
     assert c.total_steps == 120 and c.warmup.steps == 0
-    assert (s.syntax, s.per_turn_datums) == (("qwen", True) if preset == "paper_qwen3"
-                                             else ("xml", False))
+    assert (s.task_form, s.rubric_sees_searches, s.stage1_solver_sampling,
+            s.task_set.samples_per_document) == ("plain", True, (0.7, 0.9), 4)
+    assert (s.syntax, s.per_turn_datums) == {"paper": ("xml", False), "paper_qwen3": ("qwen", True),
+                                             "paper_olmo3": ("function_calls", False)}[preset]
     assert c.model.source == {"paper": "preset:qwen2.5-7b", "paper_qwen3": "preset:qwen3-8b",
                               "paper_olmo3": "preset:olmo3-7b"}[preset]
 
@@ -122,7 +124,7 @@ def test_validation_names_the_fix(tmp_path):
 
 
 @pytest.mark.parametrize("style", sorted(P.STYLES))
-@pytest.mark.parametrize("syntax", ["xml", "qwen"])
+@pytest.mark.parametrize("syntax", ["xml", "qwen", "function_calls"])
 def test_prompt_styles_carry_the_same_fields_and_tags(style, syntax):
   doc = demo.demo_passages()[0]
   p = P.Prompts(style, syntax, max_doc_chars=50)
@@ -205,6 +207,57 @@ def test_challenger_step_uses_the_index_judge_and_solver(tmp_path):
   chex.assert_trees_all_equal(judge_before, leaves(m.rt.frozen["judge"]))
 
 
+class RecordingScopeSampler(ScriptedScopeSampler):
+  """The scripted SCOPE roles, recording each call's prompts and sampling settings."""
+
+  def __init__(self, tokenizer):
+    super().__init__(tokenizer)
+    self.log = []
+
+  def generate(self, prompts, **kw):
+    texts = [self.tok.decode(p) for p in prompts]
+    self.log.append((texts, kw.get("temperature"), kw.get("top_p")))
+    return super().generate(prompts, **kw)
+
+
+def test_stage1_as_released(tmp_path):
+  """The released Stage 1: a plain <task> is the task, the rubric Judge reads the Challenger's
+  search results after the document, and the Solver rollouts behind ḡ sample at T 0.7, top-p
+  0.9 (the Solver role's own 1.0/1.0 trains); the paper's text does none of these."""
+  c = small_config(**{"scope.task_form": "plain", "scope.rubric_sees_searches": True,
+                      "scope.stage1_solver_sampling": (0.7, 0.9)})
+  c.scope.roles.solver.temperature = c.scope.roles.solver.top_p = 1.0
+  rt = runtime.Runtime(c, str(tmp_path))
+  m = scope.Scope(rt)
+  sampler = RecordingScopeSampler(rt.tokenizer)
+  play_all_roles(rt, sampler)
+  cands = m.propose(m.stage1_prompts(0)[:2], 2)
+  for cand in cands:
+    assert cand.question.startswith("Explain how ") and "<question>" not in cand.question
+    assert cand.fmt == pytest.approx(1.0)
+  m.evaluate(cands, 2, scope.GradeStats(), c.scope.stage1_solver_sampling)
+  rubric_calls = [t for texts, *_ in sampler.log for t in texts if "writing the grading rubric" in t]
+  assert len(rubric_calls) == len(cands)
+  for cand, text in zip(cands, rubric_calls):
+    for call in cand.traj.tool_calls:
+      assert call.result.strip()[:80] in text  # each search result the Challenger read
+  solver_calls = [(t, p) for texts, t, p in sampler.log if "Complete the task" in texts[0]]
+  assert solver_calls and all(s == (0.7, 0.9) for s in solver_calls)
+  plain = small_config()  # the paper's text: <question> required, document only, role sampling
+  rt2 = runtime.Runtime(plain, str(tmp_path / "text"))
+  m2 = scope.Scope(rt2)
+  sampler2 = RecordingScopeSampler(rt2.tokenizer)
+  play_all_roles(rt2, sampler2)
+  cands2 = m2.propose(m2.stage1_prompts(0)[:2], 2)
+  assert all(R.task_question([x.traj.turn_texts()[-1].replace("<question>", "")], "question")
+             is None for x in cands2)  # a plain task is not a task in that form
+  m2.evaluate(cands2, 2, scope.GradeStats())
+  rubric2 = [t for texts, *_ in sampler2.log for t in texts if "writing the grading rubric" in t]
+  assert rubric2 and not any("Doc 1(Title: " in t for t in rubric2)
+  assert {(t, p) for texts, t, p in sampler2.log if "Complete the task" in texts[0]} == {
+      (plain.scope.roles.solver.temperature, plain.scope.roles.solver.top_p)}
+
+
 def test_task_set_and_solver_step(tmp_path):
   rt = runtime.Runtime(small_config(), str(tmp_path))
   m = scripted(rt)
@@ -225,6 +278,18 @@ def test_task_set_and_solver_step(tmp_path):
     chex.assert_trees_all_equal(solver_before, leaves(m.solver.state.params))
   m.step(3)  # same iteration: reuses the set
   assert m.task_sets["0"] == tasks
+
+
+def test_task_set_samples_each_document_several_times(tmp_path):
+  """As released (N_ROLLOUTS=4, MAX_TASKS_PER_PROMPT=1): k Challenger samples per document, at
+  most one task kept per document."""
+  c = small_config(**{"scope.task_set.samples_per_document": 3, "scope.task_set.max_rounds": 1})
+  rt = runtime.Runtime(c, str(tmp_path))
+  m = scripted(rt)
+  metrics = {}
+  tasks = m.build_task_set(0, metrics)
+  assert metrics["taskset/candidates"] == 3 * c.scope.task_set.candidates_per_round
+  assert len({t["doc_id"] for t in tasks}) == len(tasks)
 
 
 def test_solver_reward_parts_by_hand(tmp_path):

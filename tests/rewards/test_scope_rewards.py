@@ -124,3 +124,15 @@ def test_mean_grade_leaves_out_unanswered_rollouts_as_released():
   assert S.mean_grade(grades, answered) == pytest.approx(0.5)  # (1 + 0 + 0.5) / 3
   assert S.mean_grade(grades, answered, answered_only=True) == pytest.approx(0.75)  # (1 + 0.5)/2
   assert S.mean_grade([0.0], [False], answered_only=True) is None
+
+
+def test_task_forms_by_hand():
+  plain, nested = "<think>ok</think><task>\n Plan a trip. \n</task>", \
+      "<task><question>Plan a trip.</question></task>"
+  assert S.task_text(plain, "plain") == "Plan a trip."  # the released extract_task
+  assert S.task_text(plain, "question") is None  # the paper's text needs a <question>
+  assert S.task_text(nested, "question") == "Plan a trip."
+  assert S.task_text(nested, "plain") == "<question>Plan a trip.</question>"
+  assert S.task_text("<task> </task>", "plain") is None
+  assert S.task_question(["<search>x</search>", plain], "plain") == "Plan a trip."
+  assert S.task_question([], "plain") is None

@@ -8,7 +8,8 @@ import numpy as np
 from scope_jax.models import init_params, tiny_config
 from scope_jax.models.transformer import forward_jit
 from scope_jax.rollout import RolloutConfig, run_rollout
-from scope_jax.rollout.agent import INVALID_ACTION_QWEN, INVALID_ACTION_XML, TOOL_ERROR
+from scope_jax.rollout.agent import (INVALID_ACTION_FUNCTION_CALLS, INVALID_ACTION_QWEN,
+                                    INVALID_ACTION_XML, TOOL_ERROR)
 from scope_jax.sampling import Sampler
 from tests.rollout.fakes import CharTokenizer, DictTool, ScriptedSampler
 
@@ -74,6 +75,23 @@ def test_malformed_actions_and_tool_errors_become_observations():
   assert t.num_searches == 0 and t.num_invalid == 1 and t.answer == "done"
   for s in t.spans:
     assert set(t.loss_mask[s.start:s.end]) <= ({1} if s.kind == "generated" else {0})
+
+
+def test_function_calls_episode():
+  """OLMo-3's <function_calls>search(query=…): the turn stops at </function_calls>, results come
+  back inside <information>, a malformed call gets the syntax's own correction, <task> ends it."""
+  cfg = RolloutConfig(syntax="function_calls", max_turns=3, max_obs_tokens=20,
+                      final_tags=("task",))
+  scripts = [['<think>a</think><function_calls>search(query="capital of France")</function_calls>',
+              "<function_calls>task(x)</function_calls>", "<task>Compare them.</task>"]]
+  tool = DictTool({"capital of France": DOC})
+  sampler = ScriptedSampler(scripts, TOK)
+  (t,) = run_rollout(sampler, TOK, [TOK.encode("Q")], tool, cfg)
+  assert sampler.calls[0]["stop"] == ["</task>", "</function_calls>"]
+  assert _layout(t)[2] == ("observation", "\n\n<information>" + DOC[:20] + "</information>\n\n")
+  assert _layout(t)[4] == ("observation", INVALID_ACTION_FUNCTION_CALLS)
+  assert (t.num_searches, t.num_invalid, t.final_tag, t.answer) == (1, 1, "task", "Compare them.")
+  assert tool.calls == [["capital of France"]]
 
 
 def test_eos_without_tag_and_text_after_stop():

@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from scope_jax.rollout import extract_tag, parse_action
 
 TAGS = ["<search>", "</search>", "<answer>", "</answer>", "<tool_call>", "</tool_call>", "<task>",
-        "</task>", "{", "}", '"query"', '"query_list"', '"name": "search"', '"arguments":', "[", "]",
+        "</task>", "<function_calls>", "</function_calls>", "search(", "query=", ")", "'", "{", "}", '"query"', '"query_list"', '"name": "search"', '"arguments":', "[", "]",
         ":", ",", '"', "\\", "\x00", "é"]
 
 
@@ -33,6 +33,22 @@ def test_qwen_cases():
     assert parse_action(bad, syntax="qwen").kind == "invalid", bad
 
 
+def test_function_calls_cases():
+  """OLMo-3's calls as SCOPE's released parser reads them: search(query="…") in either quote."""
+  fc = lambda body: parse_action(f"<think>x</think><function_calls>{body}</function_calls>",
+                                 syntax="function_calls", final_tags=("answer", "task"))
+  assert fc('search(query="Eiffel Tower")').queries == ("Eiffel Tower",)
+  assert fc(" search ( query = 'a b' ) ").queries == ("a b",)
+  assert fc('search(query="say \\"hi\\"")').queries == ('say "hi"',)  # a JSON-escaped quote
+  for bad in ['search()', 'task(task_prompt="x")', 'search(query="")', 'search(q="x")',
+              'search(query="' + "x" * 5000 + '")', 'search(query="x")) + rm']:
+    assert fc(bad).kind == "invalid", bad
+  a = parse_action('<function_calls>search(query="x")</function_calls> then <task>T</task>',
+                   syntax="function_calls", final_tags=("task",))
+  assert (a.kind, a.content) == ("final", "T")  # the last element decides, as in every syntax
+  assert parse_action("<search>x</search>", syntax="function_calls").kind == "none"
+
+
 def test_extract_tag():
   assert extract_tag("<q>a</q> <q> b </q>", "q") == "b"
   assert extract_tag("<q>a", "q") is None
@@ -40,7 +56,7 @@ def test_extract_tag():
 
 @settings(max_examples=3000, deadline=None)
 @given(st.lists(st.one_of(st.sampled_from(TAGS), st.text(max_size=8)), max_size=30),
-       st.sampled_from(["xml", "qwen"]), st.booleans())
+       st.sampled_from(["xml", "qwen", "function_calls"]), st.booleans())
 def test_parsers_never_raise(parts, syntax, allowed):
   text = "".join(parts)
   a = parse_action(text, syntax=syntax, final_tags=("answer", "task"), search_allowed=allowed)

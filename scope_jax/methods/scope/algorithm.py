@@ -84,8 +84,9 @@ class Scope(Method):
   at_least_one = ("challenger_steps", "solver_steps", "challenger_batch", "solver_batch",
                   "group_size")
   choices = {"prompt_style": tuple(P.STYLES), "task_types": tuple(P.TASK_TYPES),
-             "adv_std": adv_lib.STD_KINDS}
+             "adv_std": adv_lib.STD_KINDS, "task_form": R.TASK_FORMS}
   searches = True
+  syntaxes = ("xml", "qwen", "function_calls")  # OLMo-3's calls: the released paper_olmo3
   smoke = {"scope.iterations": 1, "scope.challenger_steps": 1, "scope.solver_steps": 1,
            "scope.challenger_batch": 2, "scope.solver_batch": 2, "scope.group_size": 2,
            "scope.solver_rollouts_train": 2, "scope.task_set.solver_rollouts": 2,
@@ -113,6 +114,10 @@ class Scope(Method):
                        "0 <= low <= high <= 1.")
     if not 1 <= s.min_criteria <= s.max_criteria:
       raise ValueError("scope.min_criteria must be at least 1 and at most scope.max_criteria.")
+    sampling = tuple(s.stage1_solver_sampling)
+    if sampling and (len(sampling) != 2 or not 0.0 < sampling[1] <= 1.0):
+      raise ValueError(f"scope.stage1_solver_sampling={sampling} must be (temperature, top_p) "
+                       "with top_p in (0, 1], or () for the Solver role's own settings.")
     if s.roles.challenger.max_turns < max(s.search_choices):
       raise ValueError(f"scope.roles.challenger.max_turns={s.roles.challenger.max_turns} is below "
                        f"the largest required search count {max(s.search_choices)}.")
@@ -121,7 +126,7 @@ class Scope(Method):
     super().__init__(rt)
     self.cfg = cfg = rt.config.scope
     self.passages, self.tool = search.from_config(rt.config.retrieval)
-    self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax, cfg.max_doc_chars)
+    self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax, cfg.max_doc_chars, cfg.task_form)
     self.task_sets: dict[str, list[dict]] = {}  # iteration → the Solver's task set
     self.clock = StageClock()
     self.schedule = Schedule((("challenger", cfg.challenger_steps), ("solver", cfg.solver_steps)))
@@ -185,8 +190,9 @@ class Scope(Method):
       d, t, k = picks[traj.prompt_index]
       c = Candidate(d, t, k, traj)
       c.fmt = self.guard(R.challenger_format, traj, k, self.cfg.rewards_as_released,
-                         malformed=0.0)
-      c.question = self.guard(R.task_question, traj.turn_texts(), malformed=None)
+                         self.cfg.task_form, malformed=0.0)
+      c.question = self.guard(R.task_question, traj.turn_texts(), self.cfg.task_form,
+                              malformed=None)
       out.append(c)
     return out
 
@@ -195,11 +201,15 @@ class Scope(Method):
     judge = self.roles[role]
     return judge.texts([judge.prompt(p) for p in prompts], temperature=temperature)
 
-  def solve(self, questions: Sequence[str], num_samples: int) -> list[Trajectory]:
+  def solve(self, questions: Sequence[str], num_samples: int,
+            sampling: Sequence[float] = ()) -> list[Trajectory]:
+    """Solver rollouts at the role's sampling settings, or at (temperature, top-p) `sampling`
+    for rollouts that only score a task (they are not trained on)."""
     role = self.roles["solver"]
     turns = self.cfg.roles.solver.max_turns
+    temperature, top_p = tuple(sampling) or (None, None)
     return role.generate([role.prompt(self.prompts.solver(q, turns)) for q in questions],
-                         num_samples=num_samples)
+                         num_samples=num_samples, temperature=temperature, top_p=top_p)
 
   def grade(self, items: Sequence[tuple[str, Sequence[R.Criterion], Trajectory]],
             stats: GradeStats, temperature: float | None = None) -> list[float | None]:
@@ -230,8 +240,10 @@ class Scope(Method):
       grades.append(g)
     return grades
 
-  def evaluate(self, cands: Sequence[Candidate], num_rollouts: int, stats: GradeStats) -> None:
-    """Quality gates → rubrics → `num_rollouts` Solver rollouts → grades → ḡ (in place)."""
+  def evaluate(self, cands: Sequence[Candidate], num_rollouts: int, stats: GradeStats,
+               sampling: Sequence[float] = ()) -> None:
+    """Quality gates → rubrics → `num_rollouts` Solver rollouts (at `sampling`'s temperature and
+    top-p if given) → grades → ḡ (in place)."""
     cfg = self.cfg
     live = [c for c in cands if c.fmt > 0 and c.question]
     gate_texts = [g for c in live for g in self.prompts.gates(c.question, c.doc)]
@@ -240,7 +252,8 @@ class Scope(Method):
     for i, c in enumerate(live):
       c.gate, c.gate_malformed = R.quality_gate(verdicts[2 * i], verdicts[2 * i + 1])
     gated = [c for c in live if c.gate]
-    rubric_texts = self.judge([self.prompts.rubric(c.question, c.doc) for c in gated], "rubric")
+    rubric_texts = self.judge([self.prompts.rubric(c.question, c.doc, self._found(c))
+                               for c in gated], "rubric")
     for c, text in zip(gated, rubric_texts):
       c.rubric_text = text
       c.criteria = self.guard(R.parse_rubrics, text, cfg.min_criteria, cfg.max_criteria,
@@ -248,7 +261,7 @@ class Scope(Method):
     ready = [c for c in gated if c.criteria]
     if not ready:
       return
-    rollouts = self.solve([c.question for c in ready], num_rollouts)
+    rollouts = self.solve([c.question for c in ready], num_rollouts, sampling)
     grades = self.grade([(ready[t.prompt_index].question, ready[t.prompt_index].criteria, t)
                          for t in rollouts], stats, cfg.stage1_grader_temperature)
     for t, g in zip(rollouts, grades):
@@ -258,6 +271,12 @@ class Scope(Method):
     for c in ready:
       c.g_bar = R.mean_grade(c.grades, [bool(t.final("answer")) for t in c.rollouts],
                              answered_only=cfg.rewards_as_released)
+
+  def _found(self, c: Candidate) -> list[str]:
+    """The search results the Challenger read, for the rubric Judge (`scope.rubric_sees_searches`)."""
+    if not self.cfg.rubric_sees_searches:
+      return []
+    return [call.result for call in c.traj.tool_calls if call.error is None and call.result]
 
   # ------------------------------------------------------------------------------ stages
   def step(self, step: int) -> dict[str, float]:
@@ -279,7 +298,7 @@ class Scope(Method):
     picks = self.stage1_prompts(it)[k * b:(k + 1) * b]
     cands = self.propose(picks, cfg.group_size)
     stats = GradeStats()
-    self.evaluate(cands, cfg.solver_rollouts_train, stats)
+    self.evaluate(cands, cfg.solver_rollouts_train, stats, cfg.stage1_solver_sampling)
     for c in cands:
       formed = c.question is not None and (not c.gate or bool(c.criteria))
       c.reward = R.challenger_reward(c.fmt, c.gate, c.g_bar,
@@ -333,7 +352,7 @@ class Scope(Method):
     rounds = 0
     while len(tasks) < target and rounds < ts.max_rounds:
       picks = pool[rounds * ts.candidates_per_round:(rounds + 1) * ts.candidates_per_round]
-      cands = self.propose(picks, 1)
+      cands = self.propose(picks, ts.samples_per_document)
       self.evaluate(cands, ts.solver_rollouts, stats)
       for c in cands:
         if c.gate and c.g_bar is not None and R.in_difficulty_window(c.g_bar, lo, hi) \

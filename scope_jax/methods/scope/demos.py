@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from scope_jax.methods.scope import prompts as P
 from scope_jax.retrieval.corpus import Passage
 from scope_jax.rl import sft
 from scope_jax.rollout.search_agent import observation_ids, search_action
@@ -87,8 +88,8 @@ class _Demos:
       pieces += [("generated", f"<think>Search for the task.</think>\n"
                                f"{search_action(q, self.cfg.syntax)}"),
                  ("observation", self.observation(hits))]
-    pieces.append(("generated", f"<think>Write the task.</think>\n<task>\n<question>{question}"
-                                "</question>\n</task>" + self.eos))
+    pieces.append(("generated", "<think>Write the task.</think>\n" +
+                   P.task_output(question, self.prompts.task_form) + self.eos))
     prompt = self.prompt("challenger", self.prompts.challenger(doc, task_type, k))
     return sft.demonstration(prompt, pieces, self.tok)
 

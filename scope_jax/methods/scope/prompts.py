@@ -7,6 +7,8 @@ Only the search action differs between syntaxes ('xml' `<search>` for Qwen2.5, '
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from scope_jax import prompts
 from scope_jax.retrieval.corpus import Passage
 from scope_jax.rollout.search_agent import search_instructions
@@ -22,6 +24,16 @@ DEFAULT_TASK_TYPES = ("longform_qa", "summarisation", "planning", "writing")
 
 
 STYLES = {"paper": "scope", "compact": "scope_compact"}  # prompt style → template directory
+TASK_PLACEHOLDER = {"paper": "the complete task, as the assistant will read it",
+                    "compact": "the task"}
+
+
+def task_output(text: str, form: str) -> str:
+  """A task as the Challenger writes it: the released plain `<task>` or one holding a
+  `<question>` (`scope.task_form`)."""
+  if form == "plain":
+    return f"<task>\n{text}\n</task>"
+  return f"<task>\n<question>{text}</question>\n</task>"
 
 
 def _shared(name: str) -> str:
@@ -35,10 +47,12 @@ class Prompts:
   and put the title it copies close to where it writes). Each returns a `Prompt` whose inserted
   content (documents, tasks, answers) a role may cut to its prompt limit, never the template."""
 
-  def __init__(self, style: str = "paper", syntax: str = "xml", max_doc_chars: int = 4000):
+  def __init__(self, style: str = "paper", syntax: str = "xml", max_doc_chars: int = 4000,
+               task_form: str = "question"):
     if style not in STYLES:
       raise ValueError(f"Unknown prompt style {style!r}; use one of {sorted(STYLES)}.")
     self.style, self.syntax, self.max_doc_chars = style, syntax, max_doc_chars
+    self.task_form = task_form
 
   def _prompt(self, name: str, fit: tuple[str, ...], **fields) -> prompts.Prompt:
     return prompts.Prompt(prompts.load(STYLES[self.style], name), fields, fit)
@@ -50,7 +64,8 @@ class Prompts:
     return self._prompt("challenger", ("document",), task_type=TASK_TYPES[task_type],
                         task_description=_shared(f"task_{task_type}"), title=passage.title,
                         document=self.document(passage), num_searches=num_searches,
-                        search_instructions=search_instructions(self.syntax))
+                        search_instructions=search_instructions(self.syntax),
+                        task_block=task_output(TASK_PLACEHOLDER[self.style], self.task_form))
 
   def solver(self, question: str, max_searches: int) -> prompts.Prompt:
     return self._prompt("solver", ("question",), question=question, max_searches=max_searches,
@@ -62,9 +77,12 @@ class Prompts:
             self._prompt("gate_source", ("document", "task"), task=task, title=passage.title,
                          document=self.document(passage)))
 
-  def rubric(self, task: str, passage: Passage) -> prompts.Prompt:
+  def rubric(self, task: str, passage: Passage, found: Sequence[str] = ()) -> prompts.Prompt:
+    """The rubric Judge's prompt: the source document and, as released, the search results the
+    Challenger read (`found`; the paper's text gives it the document alone)."""
+    document = "\n\n---\n\n".join([self.document(passage), *found])
     return self._prompt("rubric", ("document", "task"), task=task, title=passage.title,
-                        document=self.document(passage))
+                        document=document)
 
   def grader(self, task: str, criterion: str, response: str) -> prompts.Prompt:
     return self._prompt("grader", ("response", "task", "criterion"), task=task,

@@ -67,19 +67,29 @@ def _has_think(text: str) -> bool:
   return start >= 0 and text.find("</think>", start + len("<think>")) >= 0
 
 
-def well_formed_task(text: str) -> bool:
+TASK_FORMS = ("plain", "question")  # the released <task>text</task>; <task><question>…</question>
+
+
+def task_text(text: str, form: str = "question") -> str | None:
+  """The task a Challenger turn wrote: the text of its last <task> ('plain', as the released
+  `extract_task` reads it) or that <task>'s <question> ('question'); None if absent or empty."""
   task = extract_tag(text[-MAX_TEXT:], "task")
-  return bool(task) and bool(extract_tag(task, "question"))
+  if task and form == "question":
+    task = extract_tag(task, "question")
+  return task or None
 
 
-def task_question(turns: Sequence[str]) -> str | None:
-  """The <question> of a well-formed <task> in the last turn (None otherwise)."""
-  if not turns or not well_formed_task(turns[-1]):
-    return None
-  return extract_tag(extract_tag(turns[-1][-MAX_TEXT:], "task"), "question")
+def well_formed_task(text: str, form: str = "question") -> bool:
+  return task_text(text, form) is not None
 
 
-def challenger_format(traj: Trajectory, required_searches: int, released: bool = False) -> float:
+def task_question(turns: Sequence[str], form: str = "question") -> str | None:
+  """The task of a well-formed <task> in the last turn (None otherwise)."""
+  return task_text(turns[-1], form) if turns else None
+
+
+def challenger_format(traj: Trajectory, required_searches: int, released: bool = False,
+                      form: str = "question") -> float:
   """(think + tool + structure) / 3; tool = valid searches / required, clamped to [0, 1]. As
   released: a turn thinks when it opens with <think>, and tool = max(valid − invalid, 0) /
   required (an invalid call or a failed search cancels a valid one)."""
@@ -89,7 +99,7 @@ def challenger_format(traj: Trajectory, required_searches: int, released: bool =
     invalid = traj.num_invalid + sum(c.error is not None for c in traj.tool_calls)
     searches = max(searches - invalid, 0)
   tool = min(max(searches / max(required_searches, 1), 0.0), 1.0)
-  structure = float(bool(turns) and well_formed_task(turns[-1]))
+  structure = float(bool(turns) and well_formed_task(turns[-1], form))
   return (think_share(turns, opening=released) + tool + structure) / 3.0
 
 
