@@ -124,6 +124,48 @@ def test_prompt_styles_carry_the_same_fields_and_tags(style, syntax):
   assert "Haifa" in texts["grm"] and "conclusion: correct" in texts["grm"]
 
 
+# The released run's retrieval system prompt (asl3.py's RETRIEVAL_SYS), verbatim.
+RELEASED_RETRIEVAL_SYS = """You are Qwen, created by Alibaba Cloud. You are a helpful assistant.
+## Tools
+You are provided with function signatures within <tools></tools> tags:
+<tools>
+Name:retrieve
+Description: Retrieve relevant information from the locally deployed knowledge base based on the provided list of search terms.
+Input:{'query': {'Optional/Required': 'required', 'Parameter Description': 'search terms', 'Parameter Type': 'str'}}
+</tools>
+For each function call, you should call and then include the json format inputs within <tool_call></tool_call> tags, for example:
+<tool_call>{
+  "name": tool['name'],
+  "arguments": tool['arguments']
+}</tool_call>
+For each function call, the result will be returned in the <tool_response></tool_response> tags.
+## Formats
+Your output should be a combination of the following formats:
+1. <think>your reasoning thoughts</think>
+2. <tool_call>
+{
+    "name": "retrieve",
+    "arguments": {
+        "query": "Beijing cuisine"
+    }
+}
+</tool_call>
+3. <answer>YOUR ANSWER</answer>
+## Tasks
+Answer the user's question.
+You can use <think></think> and <tool_call></tool_call> as many times as you want, but you must use <answer></answer> once and only once at the end of your response.
+Your answer should be concise and to the point, without detailed illustrations. For example, <answer>Beijing</answer>."""
+
+
+def test_paper_system_prompts_are_the_released_text():
+  p = P.Prompts("paper", "qwen")
+  assert p.system("pm") == p.system("grm") == RELEASED_RETRIEVAL_SYS
+  pg = p.system("pg")
+  assert pg.startswith("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n")
+  assert pg.endswith("4. <answer>THE ANSWER TO THE GENERATED QUESTION</answer>")
+  assert RELEASED_RETRIEVAL_SYS.split("## Formats")[0] in pg  # the same identity and tools
+
+
 def test_topics_shipped_corpus_and_file(tmp_path):
   shipped = P.load_topics("")
   assert len(shipped) >= 50 and "Olympic Games" in shipped

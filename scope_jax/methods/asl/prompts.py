@@ -25,8 +25,8 @@ SYNTAXES = ("xml", "qwen")
 SHIPPED_TOPICS = ASL_TOPICS
 SEARCH_EXAMPLE = {
     "xml": "<search>Beijing cuisine</search>",
-    "qwen": '<tool_call>\n{\n  "name": "retrieve",\n  "arguments": {"query": "Beijing cuisine"}\n}'
-            "\n</tool_call>"}
+    "qwen": '<tool_call>\n{\n    "name": "retrieve",\n    "arguments": {\n        "query": '
+            '"Beijing cuisine"\n    }\n}\n</tool_call>'}
 SEARCH_TAGS = {"xml": "<search></search>", "qwen": "<tool_call></tool_call>"}
 # Fig. 11's {question_constraint} and {demo} per flag; the example is Fig. 16's evolved question.
 HOP = {
