@@ -31,6 +31,7 @@ setup(
         "requests>=2.31",
         "math-verify>=0.8",
         "pyarrow>=15",  # parquet benchmark files (Search-R1's NQ/HotpotQA sets)
+        "matplotlib>=3.8",  # learning.png (scope_jax.report)
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "torch==2.13.0", "gguf>=0.10",

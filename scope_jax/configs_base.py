@@ -72,6 +72,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.warmup.batch_rows = 8  # demonstrations per warm-up step
   c.warmup.documents = 48  # corpus documents the demonstrations are built from
 
+  c.world = ml_collections.ConfigDict()  # the synthetic world (scope_jax.world)
+  c.world.seed = 0  # which world: retrieval.corpus='world' and 'world:<set>' benchmarks read it
+
+  c.eval = ml_collections.ConfigDict()  # held-out evaluation during training (core/evals.py)
+  c.eval.every = 0  # evaluate at step 0, every this many steps and at the end (0 = never)
+  c.eval.benchmarks = ""  # as `scope_jax.evaluate --benchmarks`, or 'world:<set>' (doc, hop1,
+  # hop2, arith: the held-out gold sets of world `world.seed`)
+  c.eval.role = ""  # the trained role that answers ('' = the method's: see core/evals.py)
+  c.eval.limit = 0  # the first N questions of each benchmark (0 = all)
+  c.eval.max_new_tokens = 256  # per generated turn (greedy)
+  c.eval.max_turns = 4  # searches before the final turn (qa_search)
+  c.eval.batch_size = 64  # questions per rollout call
+
+  c.control = ""  # 'shuffled_rewards': each update's advantages permuted across its rows (no
+  # signal, the same distribution), the control a learning claim is measured against
+
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_context = 8192  # prompt + response tokens per sequence
   c.rollout.max_prompt_tokens = 6144  # longer prompts keep their last tokens
@@ -92,7 +108,8 @@ def retrieval() -> ml_collections.ConfigDict:
   """The search tool of the methods that search (SCOPE, ASL, π-Play): the bundled demo index by
   default; a prebuilt index directory or a running Search-R1 server for real corpora."""
   r = ml_collections.ConfigDict()
-  r.corpus = "demo"  # source documents: 'demo' (bundled) or the JSONL corpus the index holds
+  r.corpus = "demo"  # source documents: 'demo' (bundled), 'world' (the synthetic world
+  # `world.seed`, scope_jax.world) or the JSONL corpus the index holds
   r.index = ""  # prebuilt index dir (scope_jax.retrieval.build_index); '' = demo index
   r.encoder = "minilm"  # query encoder: asset name or checkpoint dir (E5-base-v2 in the papers)
   r.url = ""  # use a running Search-R1 retrieval server instead of an in-process index

@@ -86,6 +86,8 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     ("*.roles.*.max_context", COUNT), ("*.roles.*.*", SIZE),
     # Retrieval and corpora.
     ("retrieval.topk", SIZE), ("retrieval.max_documents", COUNT),
+    ("world.seed", Bound(0, integer=True, why="a non-negative seed")),
+    ("eval.every", COUNT), ("eval.limit", COUNT), ("eval.max_turns", COUNT), ("eval.*", SIZE),
     ("data.max_cluster_size", COUNT), ("data.max_passages", COUNT), ("data.num_clusters", COUNT),
     ("data.cluster_size", COUNT), ("data.min_cluster_size", COUNT),
     ("data.*", SIZE), ("*.max_doc_chars", COUNT), ("*.data.size", COUNT),

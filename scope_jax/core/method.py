@@ -51,6 +51,7 @@ class Method:
   choices: field → its valid values (every element, for a list-valued field);
   searches: its roles call the search tool (`config.retrieval` and `<method>.syntax` are checked);
   syntaxes: the search syntaxes its prompts can ask for (one of them is `<method>.syntax`);
+  answering_role: the trained role that answers questions, scored by held-out evaluation (`eval`);
   smoke: the sizes of a smoke run — batch and group sizes 2, one step per phase (core/smoke.py).
   `check(config)` adds the rules that relate several fields.
   """
@@ -61,6 +62,7 @@ class Method:
   choices: Mapping[str, Sequence] = {}
   searches: bool = False
   syntaxes: tuple[str, ...] = ("xml", "qwen")
+  answering_role: str = ""
   smoke: Mapping[str, Any] = {}  # --config.smoke=True: sizes (dotted from the config's root)
   bounds: tuple = ()  # (dotted pattern, core.bounds.Bound) of the method's own numeric fields
   host_local_keys: tuple[str, ...] = ()  # host_state() entries that measure this host (wall

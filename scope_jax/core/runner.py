@@ -20,16 +20,18 @@ from tqdm import tqdm
 
 from scope_jax import checkpoint as ckpt_lib
 from scope_jax import distributed
+from scope_jax import report
 from scope_jax import metrics as metrics_lib
 from scope_jax import run_record
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
 from scope_jax.core import bounds
+from scope_jax.core import evals as evals_lib
 from scope_jax.core import health as health_lib
 from scope_jax.core import smoke
 from scope_jax.core import warmup as warmup_lib
 from scope_jax.core.method import check_choice
-from scope_jax.core.runtime import Runtime, loss_config, role_context
+from scope_jax.core.runtime import CONTROLS, Runtime, loss_config, role_context
 from scope_jax.models import load as load_lib
 from scope_jax.models import transformer
 from scope_jax.rl import optim
@@ -94,6 +96,8 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   warmup_lib.validate(config)
   module.METHOD.validate(config, data=data)
   check_policies(module.METHOD, config)
+  check_choice("control", config.get("control", ""), CONTROLS)
+  evals_lib.validate(config, module.METHOD)
   return module
 
 
@@ -165,6 +169,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     method.load_host_state(host)
     start = step + 1
   rt.metrics.start(start - 1 if restored is not None else None, overwrite=config.overwrite)
+  evaluations = evals_lib.Evaluations(rt, method) if evals_lib.due(0, config) else None
+
+  def evaluate(updates: int) -> None:  # held-out scores after `updates` updates (config.eval)
+    if evaluations is not None and evals_lib.due(updates, config):
+      engine_lib.free_caches()
+      rt.metrics.write(updates, evaluations.run(updates))
+
+  if start < config.total_steps:
+    evaluate(start)
   last: dict[str, float] = {}
   health = health_lib.Health()  # counts updates that could not teach (this process's steps)
   run_start = time.perf_counter()
@@ -190,12 +203,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                             {k: v for k, v in host.items() if k not in method.host_local_keys})
     if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.total_steps:
       checkpointer.save(step, rt.device_state(), host)
+    evaluate(step + 1)
     bar.set_postfix({k.split("/")[0]: f"{v:.3g}" for k, v in last.items()
                      if k.endswith("reward/mean")}, refresh=False)
     bar.update(1)
   bar.close()
   checkpointer.close()
   rt.metrics.close()
+  if evaluations is not None and distributed.is_primary():
+    logging.info("Learning curves: %s", report.plot(workdir))
   wall = time.perf_counter() - run_start
   if not distributed.is_primary():  # the summary is printed once
     return last

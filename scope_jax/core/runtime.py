@@ -15,11 +15,13 @@ before an update, and the `train/` prefix of the update's metrics.
 
 from __future__ import annotations
 
-from typing import Any
+import zlib
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from absl import logging
 
 from scope_jax import metrics as metrics_lib
@@ -33,6 +35,16 @@ from scope_jax.rl import learner as learner_lib
 from scope_jax.rl import optim, train_step
 from scope_jax.sampling import Engine, Sampler
 from scope_jax.sampling import engine as engine_lib
+
+CONTROLS = ("", "shuffled_rewards")
+
+
+def shuffled(advantages: Sequence[float], seed) -> list[float]:
+  """The control's update signal: the same advantages, permuted across the update's rows, so
+  each row is pushed by another row's reward (the same distribution, no signal)."""
+  order = np.random.default_rng(seed).permutation(len(advantages))
+  return [advantages[i] for i in order]
+
 
 LOSS_ONLY_RUNNER_KEYS = ("micro_batch_rows", "recompute_old_logp")
 SYNTAXES = ("xml", "qwen", "function_calls")  # search actions: <search>, Qwen's <tool_call>,
@@ -285,6 +297,9 @@ class Runtime:
     ref = self.reference() if loss.kl_beta > 0 else None
     teacher_params = self.frozen[teacher] if teacher is not None and teacher_prompts else None
     trajectories, advantages = list(trajectories), list(advantages)
+    if self.config.get("control", "") == "shuffled_rewards":
+      advantages = shuffled(advantages, [self.config.seed, getattr(self, "step", 0),
+                                         zlib.crc32(policy.name.encode())])
     stats = health.update_stats(trajectories, advantages)
     with self.timer("train"):
       out = self.learner.train(policy, list(trajectories), list(advantages), loss=loss,

@@ -145,7 +145,8 @@ class Session:
       if run_retrieval is not None and not (o.index or o.retrieval_url):
         section = run_retrieval  # the run searched this index; evaluate against the same one
       search.validate(section)
-      _, self._tool = search.from_config(section)
+      world = self.record.config.get("world", {}).get("seed", 0) if self.record is not None else 0
+      _, self._tool = search.from_config(section, world)
     return self._tool
 
   def judge(self):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ml_collections
+from absl import logging
 
+from scope_jax import assets
 from scope_jax.retrieval import demo_corpus as demo
 from scope_jax.retrieval.corpus import load_corpus
 from scope_jax.retrieval.index import DenseIndex, SearchTool
@@ -15,16 +17,18 @@ def validate(r: ml_collections.ConfigDict) -> None:
   if not r.url and not r.encoder:
     raise ValueError("retrieval.encoder is empty: set it to the query encoder's checkpoint "
                      "directory (E5-base-v2 in the paper) or an asset name such as 'minilm'.")
-  if not r.url and not r.index and r.corpus != "demo":
+  if not r.url and not r.index and r.corpus not in ("demo", "world"):
     raise ValueError("Searching needs an index: set --config.retrieval.index to a directory "
                      "built with `python -m scope_jax.retrieval.build_index` (or retrieval.url to "
-                     "a running retrieval server, with retrieval.corpus), or use the demo corpus.")
+                     "a running retrieval server, with retrieval.corpus), or use the demo or "
+                     "world corpus.")
 
 
-def from_config(r: ml_collections.ConfigDict):
+def from_config(r: ml_collections.ConfigDict, world_seed: int = 0):
   """(source documents, search tool): the bundled demo index, a prebuilt index directory, or a
   running Search-R1-compatible server (`retrieval.url`) with the corpus it serves; from a
-  `retrieval` config section (SCOPE, ASL and π-Play search the same way)."""
+  `retrieval` config section (SCOPE, ASL and π-Play search the same way); `world_seed` is the
+  world of `corpus='world'` (the run's `world.seed`)."""
   if r.url:
     passages = demo.demo_passages() if r.corpus == "demo" else load_corpus(r.corpus)
     return passages, RetrievalClient(r.url, topk=r.topk)
@@ -33,11 +37,29 @@ def from_config(r: ml_collections.ConfigDict):
     index = DenseIndex.load(r.index, encoder.identity)
   elif r.corpus == "demo":
     index = demo.demo_index(encoder)
+  elif r.corpus == "world":
+    index = world_index(world_seed, encoder)
   else:
     raise ValueError(f"retrieval.corpus={r.corpus!r} needs a prebuilt index: build one with "
                      "`python -m scope_jax.retrieval.build_index --corpus=... --out=DIR` and set "
                      "--config.retrieval.index=DIR (or serve it and set retrieval.url).")
-  passages = index.passages if r.corpus in ("demo", "") else load_corpus(r.corpus)
+  passages = index.passages if r.corpus in ("demo", "world", "") else load_corpus(r.corpus)
   if r.max_documents:
     passages = passages[:r.max_documents]
   return passages, SearchTool(index, encoder, topk=r.topk)
+
+
+def world_index(seed: int, encoder) -> DenseIndex:
+  """The dense index over world `seed`'s documents, built once into the asset cache."""
+  from scope_jax.world import World  # the world renders passages; retrieval does not need it
+  passages = World(seed).documents
+  out = assets.cache_dir() / f"world_{seed}_index"
+  if (out / "meta.json").exists():
+    try:
+      index = DenseIndex.load(out, encoder.identity)
+      if index.passages == passages:
+        return index
+    except ValueError as e:
+      logging.info("Rebuilding the world index: %s", e)
+  logging.info("Building the index of world %d (%d documents) in %s", seed, len(passages), out)
+  return DenseIndex.build(passages, encoder, out, chunk_size=512, progress=False)

@@ -74,6 +74,7 @@ def final_answer(traj: Trajectory) -> str | None:
 class Asl(Method):
   name = "asl"
   roles = ("pg", "grm", "pm")
+  answering_role = "pm"  # held-out evaluation scores it (config.eval)
   at_least_one = ("pg_batch", "grm_batch", "pm_batch", "group_size", "validity_samples",
                   "pm_samples", "pm_target_first", "pm_target", "stores.pg", "stores.pm",
                   "stores.grm")
@@ -132,7 +133,7 @@ class Asl(Method):
   def __init__(self, rt: Runtime):
     super().__init__(rt)
     self.cfg = cfg = rt.config.asl
-    self.passages, self.tool = search.from_config(rt.config.retrieval)
+    self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed)
     self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax)
     self.topics = P.load_topics(cfg.topics)
     self.verification = load_verification(cfg.verification_data) \

@@ -76,6 +76,7 @@ class Question:
 class PiPlay(Method):
   name = "piplay"
   roles = ("examiner", "student", "teacher")
+  answering_role = "student"  # held-out evaluation scores it (config.eval)
   at_least_one = ("iterations", "examiner_steps", "student_steps", "examiner_batch",
                   "student_batch", "group_size")
   choices = {"prompt_style": tuple(P.STYLES), "variant": P.VARIANTS, "teacher": R.PRIVILEGED,
@@ -127,7 +128,7 @@ class PiPlay(Method):
   def __init__(self, rt: Runtime):
     super().__init__(rt)
     self.cfg = cfg = rt.config.piplay
-    self.passages, self.tool = search.from_config(rt.config.retrieval)
+    self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed)
     self.prompts = P.Prompts(cfg.prompt_style, cfg.variant, cfg.syntax, cfg.max_doc_chars)
     self.guard = ParseGuard()
     self.datasets: dict[str, list[dict]] = {}  # iteration → its (q, privileged info, o*) records

@@ -81,6 +81,7 @@ class GradeStats:
 class Scope(Method):
   name = "scope"
   roles = ("challenger", "solver", "gate", "rubric", "grader")
+  answering_role = "solver"  # held-out evaluation scores it (config.eval)
   at_least_one = ("challenger_steps", "solver_steps", "challenger_batch", "solver_batch",
                   "group_size")
   choices = {"prompt_style": tuple(P.STYLES), "task_types": tuple(P.TASK_TYPES),
@@ -125,7 +126,7 @@ class Scope(Method):
   def __init__(self, rt: Runtime):
     super().__init__(rt)
     self.cfg = cfg = rt.config.scope
-    self.passages, self.tool = search.from_config(rt.config.retrieval)
+    self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed)
     self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax, cfg.max_doc_chars, cfg.task_form)
     self.task_sets: dict[str, list[dict]] = {}  # iteration → the Solver's task set
     self.clock = StageClock()

@@ -54,6 +54,7 @@ class Question:
 class Spell(Method):
   name = "spell"
   roles = ("questioner", "responder", "verifier")
+  answering_role = "responder"  # held-out evaluation scores it (config.eval)
   at_least_one = ("questions_per_step", "group_size", "docs_per_question", "max_generation_rounds")
   choices = {"tasks": R.TASKS, "reward_mapping": MAPPINGS, "prompt_style": tuple(STYLES)}
   # G = 4 in a smoke run: the verifier trains on groups whose agreement is in (0.5, 1), which

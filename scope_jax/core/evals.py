@@ -1,0 +1,110 @@
+"""Held-out evaluation during training (`config.eval`): the trained role that answers is scored
+on held-out benchmarks before the first update, every `eval.every` updates and after the last.
+
+It reuses the evaluate CLI's machinery (`evaluation.evaluator`): the same prompts, rollouts and
+scoring, greedy, with the run's search syntax and tool. Results go where the CLI puts them,
+`<workdir>/eval/<benchmark>/{base,step_<N>}/` (N: the training step the params come from), and
+into metrics.jsonl and TensorBoard as `eval/<benchmark>/<metric>` in a row whose step is the
+number of updates done, with `eval/updates` set in it.
+
+    --config.eval.every=10 --config.eval.benchmarks=world:hop1,file:/data/nq.jsonl:qa_search
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from absl import logging
+from etils import epath
+
+from scope_jax.evaluation import benchmarks as bench_lib
+from scope_jax.evaluation import evaluator as eval_lib
+
+WORLD_PREFIX = "world:"
+
+
+def world_specs(spec: str, seed: int, root) -> str:
+  """`world:<set>` items of a benchmark list as `file:` items of world `seed`'s gold sets,
+  written under `root` (once); other items unchanged."""
+  items = [s.strip() for s in str(spec).split(",") if s.strip()]
+  if not any(i.startswith(WORLD_PREFIX) for i in items):
+    return spec
+  from scope_jax.world import World  # only runs that name the world build it
+  world, out = World(seed), epath.Path(root)
+  if not (out / "corpus.jsonl").exists():
+    world.write(out)
+  return ",".join(world.benchmark(out, i[len(WORLD_PREFIX):]) if i.startswith(WORLD_PREFIX) else i
+                  for i in items)
+
+
+def due(updates: int, config: ml_collections.ConfigDict) -> bool:
+  """Evaluate after `updates` updates: at 0, every `eval.every` and at the last step."""
+  every = config.eval.every
+  return bool(every) and bool(config.eval.benchmarks) and (
+      updates % every == 0 or updates == config.total_steps)
+
+
+def validate(config: ml_collections.ConfigDict, method_cls) -> None:
+  """One-line errors for an eval section that cannot run, before any model loads."""
+  e = config.eval
+  if not e.every:
+    return
+  if not e.benchmarks:
+    raise ValueError(f"eval.every={e.every} needs eval.benchmarks (built-ins, "
+                     "file:<path>:<type> or world:<set>).")
+  names = [s.strip() for s in str(e.benchmarks).split(",") if s.strip()]
+  for n in names:
+    if n.startswith(WORLD_PREFIX):
+      from scope_jax.world import GOLD_SETS
+      if n[len(WORLD_PREFIX):] not in GOLD_SETS:
+        raise ValueError(f"eval.benchmarks: {n!r} is not a world gold set; choose from "
+                         f"{', '.join(WORLD_PREFIX + s for s in GOLD_SETS)}.")
+    else:
+      bench_lib.parse_specs(n)
+  role = e.role or method_cls.answering_role
+  if role not in method_cls.roles:
+    raise ValueError(f"eval.role={role!r} is not a role of {method_cls.name}; choose one of "
+                     f"{', '.join(method_cls.roles)}.")
+
+
+class Evaluations:
+  """The benchmarks, evaluator and role of a run's held-out evaluations."""
+
+  def __init__(self, rt, method):
+    config = rt.config
+    self.rt, self.config = rt, config
+    e = config.eval
+    self.role = rt.roles[e.role or type(method).answering_role]
+    if self.role.frozen is not None:
+      raise ValueError(f"eval.role={self.role.name!r} is played by frozen params, which training "
+                       "never changes: evaluate a trained role.")
+    spec = world_specs(e.benchmarks, config.world.seed, f"{rt.workdir}/world")
+    self.benches = [bench_lib.load(s, limit=e.limit or None) for s in bench_lib.parse_specs(spec)]
+    tool = self.role.tool or getattr(method, "tool", None)
+    if tool is None and any(b.type == "qa_search" for b in self.benches):
+      from scope_jax.retrieval import search
+      if "retrieval" not in config:
+        raise ValueError("eval.benchmarks has a qa_search benchmark but the run has no search "
+                         "tool: add a retrieval section or evaluate without search.")
+      _, tool = search.from_config(config.retrieval, config.world.seed)
+    settings = eval_lib.Settings(
+        max_new_tokens=e.max_new_tokens, max_turns=e.max_turns, batch_size=e.batch_size,
+        max_prompt_tokens=self.role.max_prompt_tokens, max_context=self.role.max_context,
+        max_obs_tokens=self.role.settings.get("max_obs_tokens", 500), syntax=rt.syntax,
+        seed=config.seed)
+    self.evaluator = eval_lib.Evaluator(rt.tokenizer, settings, tool=tool, progress=False)
+
+  def run(self, updates: int) -> dict[str, float]:
+    """Scores the role's current params; returns `eval/<benchmark>/<metric>` metrics."""
+    label = "base" if updates == 0 else f"step_{updates - 1}"
+    out: dict[str, float] = {"eval/updates": float(updates)}
+    for bench in self.benches:
+      metrics, records = self.evaluator.evaluate(self.role.sampler, bench,
+                                                 desc=f"eval {bench.name}")
+      eval_lib.write_results(f"{self.rt.workdir}/eval/{bench.name}/{label}", bench, metrics,
+                             records, step=None if updates == 0 else updates - 1, label=label,
+                             extra={"role": self.role.name, "updates": updates})
+      out.update({f"eval/{bench.name}/{k}": v for k, v in metrics.items()})
+      logging.info("eval after %d updates: %s %s", updates, bench.name,
+                   ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())
+                             if not k.startswith("time/")))
+    return out

@@ -1,0 +1,108 @@
+"""`python -m scope_jax.report --run=<workdir>`: a run's learning curves as `learning.png` — the
+reward of each role and the held-out accuracy (`eval/<benchmark>/pass@1`) against updates, with a
+control run's curves dashed — and the held-out numbers, start → end, printed. Runs may be local
+or on gs://; a run with held-out evaluation (`config.eval.every`) draws it when it finishes.
+
+    python -m scope_jax.report --run=runs/spell_learn --control=runs/spell_learn_control
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Sequence
+
+from absl import app, flags
+from etils import epath
+
+from scope_jax import metrics as metrics_lib
+
+REWARD = re.compile(r"^(?:(.+)/)?reward(?:/mean)?$")
+ACCURACY = re.compile(r"^eval/(.+)/pass@1$")
+
+
+def curves(rows: Sequence[dict]) -> dict[str, dict[str, list[tuple[float, float]]]]:
+  """{'reward': {role: [(step, value)]}, 'accuracy': {benchmark: [(updates, value)]}} from a
+  run's metrics rows (training rows by step, evaluation rows by `eval/updates`)."""
+  out: dict[str, dict[str, list[tuple[float, float]]]] = {"reward": {}, "accuracy": {}}
+  for r in rows:
+    if "eval/updates" in r:
+      for k, v in r.items():
+        if m := ACCURACY.match(k):
+          out["accuracy"].setdefault(m.group(1), []).append((r["eval/updates"], v))
+      continue
+    for k, v in r.items():
+      if (m := REWARD.match(k)) and not k.startswith("eval/"):
+        out["reward"].setdefault(m.group(1) or "policy", []).append((r["step"], v))
+  return out
+
+
+def read(run) -> list[dict]:
+  path = epath.Path(run) / "metrics.jsonl"
+  if not path.exists():
+    raise FileNotFoundError(f"No metrics.jsonl in {run}: is it a run's --workdir?")
+  return metrics_lib.read_jsonl(path)
+
+
+def held_out(run_curves: dict) -> dict[str, tuple[float, float]]:
+  """Benchmark → (accuracy before training, after the last update)."""
+  return {name: (points[0][1], points[-1][1])
+          for name, points in run_curves["accuracy"].items() if points}
+
+
+def plot(run, control=None, out=None) -> epath.Path:
+  """Draws `run`'s curves (and `control`'s, dashed) into `out` (default `<run>/learning.png`)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  runs = [("", curves(read(run)))] + ([(" (control)", curves(read(control)))] if control else [])
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  for suffix, c in runs:
+    style = "--" if suffix else "-"
+    for role, pts in sorted(c["reward"].items()):
+      left.plot(*zip(*pts), style, label=role + suffix)
+    for name, pts in sorted(c["accuracy"].items()):
+      right.plot(*zip(*pts), style, marker="o", label=name + suffix)
+  left.set(title="reward per role", xlabel="step", ylabel="mean reward")
+  right.set(title="held-out accuracy (pass@1)", xlabel="updates", ylabel="accuracy", ylim=(0, 1))
+  for ax in (left, right):
+    if ax.lines:
+      ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+  fig.suptitle(str(run))
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=100)
+  plt.close(fig)
+  path = epath.Path(out) if out else epath.Path(run) / "learning.png"
+  path.write_bytes(buf.getvalue())
+  return path
+
+
+def summary(run, control=None) -> str:
+  lines = []
+  for name, (start, end) in sorted(held_out(curves(read(run))).items()):
+    line = f"{name}: {100 * start:.1f} → {100 * end:.1f}"
+    if control:
+      c = held_out(curves(read(control))).get(name)
+      line += f" (control {100 * c[0]:.1f} → {100 * c[1]:.1f})" if c else ""
+    lines.append(line)
+  return "\n".join(lines)
+
+
+_RUN = flags.DEFINE_string("run", None, "The run's workdir (local or gs://).")
+_CONTROL = flags.DEFINE_string("control", None, "A control run's workdir, drawn dashed.")
+_OUT = flags.DEFINE_string("out", None, "Where to write the picture (default <run>/learning.png).")
+
+
+def main(argv):
+  del argv
+  if not _RUN.value:
+    raise app.UsageError("--run=<workdir> is required.")
+  path = plot(_RUN.value, _CONTROL.value, _OUT.value)
+  text = summary(_RUN.value, _CONTROL.value)
+  print(f"Wrote {path}" + (f"\nheld-out accuracy (%), start → end:\n{text}" if text else ""))
+
+
+if __name__ == "__main__":
+  app.run(main)

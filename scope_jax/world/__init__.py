@@ -1,0 +1,86 @@
+"""A bundled, seeded synthetic world: what a method learns from on one CPU, and held-out gold sets
+that show whether it did.
+
+`World(seed)` generates (never downloads) entities with invented names, one document per entity
+(the corpus the search methods index and SPELL's clusters read), arithmetic word problems over
+the same names for OpenSIR, and four held-out gold sets:
+
+  doc     the entity's document is in the question; answer a fact from it        ('qa')
+  hop1    one search finds the document that answers                             ('qa_search')
+  hop2    two searches: the first answer names the entity the second is about    ('qa_search')
+  arith   word problems with an integer answer                                   ('math')
+
+Gold sets are for evaluation only: no training input holds a gold question (the arithmetic
+problems a method trains on are drawn apart from `arith` and checked against it).
+
+    w = World(0); w.write("runs/world0")   # corpus.jsonl and gold/<set>.jsonl
+    python -m scope_jax.evaluate --benchmarks=file:runs/world0/gold/hop1.jsonl:qa_search ...
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import numpy as np
+from etils import epath
+
+from scope_jax.retrieval.corpus import Passage
+from scope_jax.world import entities as E
+from scope_jax.world import render as R
+
+GOLD_SETS = {"doc": "qa", "hop1": "qa_search", "hop2": "qa_search", "arith": "math"}
+GOLD_SIZE = 400  # questions per gold set (at least 300, the smallest a held-out claim may use)
+
+
+class World:
+  """World `seed`: entities, documents, gold sets and training problems, all from the seed."""
+
+  def __init__(self, seed: int = 0, gold_size: int = GOLD_SIZE):
+    if seed < 0:
+      raise ValueError(f"world.seed={seed}: use a non-negative integer.")
+    self.seed, self.gold_size = int(seed), int(gold_size)
+    self.entities = E.generate(self.seed)
+
+  @functools.cached_property
+  def documents(self) -> list[Passage]:
+    return R.documents(self.entities, self.seed)
+
+  @functools.cached_property
+  def gold(self) -> dict[str, list[dict]]:
+    """The held-out sets, by name (`GOLD_SETS`)."""
+    n, w = self.gold_size, self.entities
+    return {"doc": R.doc_questions(w, self.documents, self.seed, n),
+            "hop1": R.hop_questions(w, R.HOP1, self.seed, n, "hop1"),
+            "hop2": R.hop_questions(w, R.HOP2, self.seed, n, "hop2"),
+            "arith": R.arithmetic(w, np.random.default_rng([self.seed, 0xA7]), n, "arith")}
+
+  def training_problems(self, count: int) -> list[dict]:
+    """Arithmetic problems to train on (OpenSIR's seed problems), none of them a gold question."""
+    held_out = {q["question"] for q in self.gold["arith"]}
+    rng = np.random.default_rng([self.seed, 0x7A])
+    out, seen = [], set(held_out)
+    while len(out) < count:
+      for q in R.arithmetic(self.entities, rng, count, "train"):
+        if q["question"] not in seen and len(out) < count:
+          seen.add(q["question"])
+          out.append(dict(q, id=f"train-{len(out)}"))
+    return out
+
+  def write(self, directory) -> epath.Path:
+    """`corpus.jsonl` (id, title, text, contents) and `gold/<set>.jsonl`, under `directory`."""
+    root = epath.Path(directory)
+    (root / "gold").mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"id": d.id, "title": d.title, "text": d.text, "contents": d.contents})
+             for d in self.documents]
+    (root / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    for name, records in self.gold.items():
+      (root / "gold" / f"{name}.jsonl").write_text(
+          "\n".join(json.dumps(r) for r in records) + "\n")
+    return root
+
+  def benchmark(self, directory, name: str) -> str:
+    """The `file:` benchmark spec of gold set `name` written under `directory`."""
+    if name not in GOLD_SETS:
+      raise ValueError(f"Unknown world gold set {name!r}; choose from {', '.join(GOLD_SETS)}.")
+    return f"file:{epath.Path(directory) / 'gold' / f'{name}.jsonl'}:{GOLD_SETS[name]}"

@@ -1,0 +1,128 @@
+"""Held-out evaluation during training (config.eval) on a two-step run of the example method, and
+the shuffled-rewards control: the same advantages, permuted across an update's rows."""
+
+import json
+import pathlib
+import re
+
+import numpy as np
+import pytest
+
+from scope_jax import configs_base, report
+from scope_jax.core import evals, runner, runtime
+from scope_jax.rl import learner as learner_lib
+from scope_jax.world import World
+from tests.methods.scripted import ScriptedSampler, play_all_roles
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def config(**overrides):
+  c = configs_base.load_file(ROOT / "examples" / "copy_qa_config.py")
+  c.progress = False
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+class FirstNumber(ScriptedSampler):
+  """Copy QA: two words by a coin. Evaluation: the first number of a math question (right when
+  the gold answer happens to be it), and 'nobody' between answer tags for a QA question."""
+
+  def _answer(self, text, rng):
+    cue = re.search(r'come right after "(.*?)" in this text', text)
+    if cue:
+      tail = text.split(cue.group(1), 1)[1].split()
+      return "<answer>" + (" ".join(tail[:2]) if rng.random() < 0.5 else "wrong") + "</answer>"
+    if "\\boxed{}" in text:
+      return "So \\boxed{" + re.search(r"\d+", text).group(0) + "}."
+    return "<answer>nobody</answer>"
+
+
+def _run(tmp_path, monkeypatch, sampler_cls=FirstNumber, **overrides):
+  module = runner.load_method(config())
+
+  def make(rt):
+    method = module.CopyQA(rt)
+    play_all_roles(rt, sampler_cls(rt.tokenizer))
+    return method
+
+  monkeypatch.setattr(module, "make_method", make)
+  return runner.run(config(**overrides), str(tmp_path))
+
+
+def test_evaluation_before_during_and_after_training(tmp_path, monkeypatch):
+  _run(tmp_path, monkeypatch, total_steps=2, **{
+      "eval.every": 1, "eval.benchmarks": "world:arith,world:doc", "eval.limit": 12,
+      "eval.role": "answerer", "eval.max_new_tokens": 16, "world.seed": 3})
+  rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  evals_ = [r for r in rows if "eval/updates" in r]
+  assert [(r["step"], r["eval/updates"]) for r in evals_] == [(0, 0.0), (1, 1.0), (2, 2.0)]
+  gold = World(3).gold["arith"][:12]
+  expected = np.mean([g["gold"][0] == re.search(r"\d+", g["question"]).group(0) for g in gold])
+  for r in evals_:
+    assert r["eval/arith/pass@1"] == pytest.approx(expected)
+    assert r["eval/doc/pass@1"] == 0.0 and r["eval/doc/num_examples"] == 12.0
+  for label in ("base", "step_0", "step_1"):
+    result = json.loads((tmp_path / "eval" / "arith" / label / "results.json").read_text())
+    assert result["num_examples"] == 12 and result["role"] == "answerer"
+    assert result["metrics"]["pass@1"] == pytest.approx(expected)
+  assert (tmp_path / "world" / "gold" / "hop2.jsonl").exists()
+  assert [r["step"] for r in rows if "train/loss" in r] == [0, 1]
+  assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  text = report.summary(tmp_path, control=tmp_path)
+  assert f"arith: {100 * expected:.1f} → {100 * expected:.1f} (control" in text
+
+
+def test_curves_by_hand():
+  rows = [{"step": 0, "eval/updates": 0.0, "eval/hop1/pass@1": 0.1, "eval/hop1/pass@2": 0.3},
+          {"step": 0, "questioner/reward/mean": 0.5, "responder/reward/mean": 0.2},
+          {"step": 1, "questioner/reward/mean": 0.7, "eval/x": 1.0},
+          {"step": 1, "eval/updates": 2.0, "eval/hop1/pass@1": 0.4}]
+  c = report.curves(rows)
+  assert c["accuracy"] == {"hop1": [(0.0, 0.1), (2.0, 0.4)]}
+  assert c["reward"] == {"questioner": [(0, 0.5), (1, 0.7)], "responder": [(0, 0.2)]}
+  assert report.held_out(c) == {"hop1": (0.1, 0.4)}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"eval.every": 2}, "eval.every=2 needs eval.benchmarks"),
+    ({"eval.every": 1, "eval.benchmarks": "world:hop3"}, "'world:hop3' is not a world gold set"),
+    ({"eval.every": 1, "eval.benchmarks": "world:doc", "eval.role": "judge"},
+     "eval.role='judge' is not a role of copy_qa"),
+    ({"eval.every": 1, "eval.benchmarks": "world:doc"}, "eval.role='' is not a role"),
+    ({"control": "shuffle"}, "control='shuffle' is not valid"),
+])
+def test_bad_eval_or_control_settings_name_the_fix(overrides, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    runner.validate(config(**overrides))
+
+
+def test_world_specs_become_files(tmp_path):
+  spec = evals.world_specs("gsm8k,world:hop1", 0, tmp_path)
+  assert spec == f"gsm8k,file:{tmp_path}/gold/hop1.jsonl:qa_search"
+  assert evals.world_specs("gsm8k", 0, tmp_path / "none") == "gsm8k"
+  assert not (tmp_path / "none").exists()
+
+
+def test_shuffled_is_a_seeded_permutation():
+  a = [0.5, -1.0, 2.0, 0.0, -1.5]
+  s = runtime.shuffled(a, [0, 1, 2])
+  assert sorted(s) == sorted(a) and s != a and s == runtime.shuffled(a, [0, 1, 2])
+  assert runtime.shuffled(a, [0, 1, 3]) != s
+
+
+def test_the_control_trains_on_permuted_advantages(tmp_path, monkeypatch):
+  seen = []
+  train = learner_lib.Learner.train
+
+  def spy(self, policy, trajectories, advantages, **kw):
+    seen.append((list(advantages), [t.final("answer") for t in trajectories]))
+    return train(self, policy, trajectories, advantages, **kw)
+
+  monkeypatch.setattr(learner_lib.Learner, "train", spy)
+  _run(tmp_path / "plain", monkeypatch, total_steps=1)
+  _run(tmp_path / "control", monkeypatch, total_steps=1, control="shuffled_rewards")
+  (plain, answers), (control, answers2) = seen
+  assert answers == answers2  # the same rollouts (same seeds)
+  assert sorted(plain) == sorted(control) and plain != control
+  assert control == runtime.shuffled(plain, [0, 0, __import__("zlib").crc32(b"policy")])

@@ -1,0 +1,105 @@
+"""The synthetic world: the same seed gives the same world, every gold answer can be read off the
+documents by following the question's chain, and no gold question is a training input."""
+
+import json
+import re
+
+import pytest
+
+from scope_jax.evaluation import benchmarks as bench_lib
+from scope_jax.world import GOLD_SETS, World
+from scope_jax.world import render as R
+
+
+@pytest.fixture(scope="module")
+def world():
+  return World(0)
+
+
+def test_a_seed_is_a_world(world):
+  again = World(0)
+  assert again.documents == world.documents and again.gold == world.gold
+  other = World(1)
+  assert {d.title for d in other.documents}.isdisjoint({d.title for d in world.documents}) or \
+      other.documents != world.documents
+  assert other.gold["hop1"] != world.gold["hop1"]
+
+
+def test_gold_sets_are_large_and_unique(world):
+  assert set(world.gold) == set(GOLD_SETS)
+  for name, records in world.gold.items():
+    assert len(records) >= 300, name
+    assert len({r["question"] for r in records}) == len(records), name
+    assert all(r["gold"] and r["gold"][0] for r in records), name
+
+
+def _doc_of(world, name):
+  return next(d for d in world.documents if d.title == name)
+
+
+def test_gold_answers_are_derivable_from_the_documents(world):
+  by_id = {d.id: d for d in world.documents}
+  for name in ("hop1", "hop2", "doc"):
+    for r in world.gold[name]:
+      chain = [by_id[i] for i in r["support"]]
+      assert len(chain) == (2 if name == "hop2" else 1)
+      assert chain[0].title in r["question"]  # the question names where to start
+      for here, nxt in zip(chain, chain[1:]):
+        assert nxt.title in here.text  # the first document names the bridge entity
+      assert re.search(rf"\b{re.escape(r['gold'][0])}\b", chain[-1].text), (r, chain[-1].text)
+  for r in world.gold["doc"]:
+    assert by_id[r["support"][0]].text in r["question"]  # the document is given
+
+
+def test_arithmetic_answers_by_hand():
+  text, f = R.ARITHMETIC[0]
+  assert f(4, 6, 5) == 19  # 4 crates × 6 bottles − 5 sold
+  assert R.ARITHMETIC[3][1](7, 3, 1) == 7  # 21 coins shared by 3
+  w = World(2, gold_size=50)
+  for r in w.gold["arith"]:
+    assert int(r["gold"][0]) >= 0 and r["gold"][0].isdigit()
+
+
+def test_no_gold_question_is_a_training_input(world):
+  train = world.training_problems(500)
+  assert len(train) == 500 and len({t["question"] for t in train}) == 500
+  gold = {r["question"] for records in world.gold.values() for r in records}
+  assert not gold & {t["question"] for t in train}
+  corpus = " ".join(d.text for d in world.documents)
+  assert not any(r["question"] in corpus for r in world.gold["hop1"] + world.gold["hop2"])
+
+
+def test_written_sets_load_as_file_benchmarks(world, tmp_path):
+  world.write(tmp_path)
+  lines = (tmp_path / "corpus.jsonl").read_text().splitlines()
+  assert len(lines) == len(world.documents) and json.loads(lines[0])["contents"]
+  for name, kind in GOLD_SETS.items():
+    spec = world.benchmark(tmp_path, name)
+    (item,) = bench_lib.parse_specs(spec)
+    bench = bench_lib.load(item)
+    assert bench.type == kind and len(bench.examples) == len(world.gold[name])
+    assert bench.examples[0].gold == tuple(world.gold[name][0]["gold"])
+  with pytest.raises(ValueError, match="Unknown world gold set 'hop3'"):
+    world.benchmark(tmp_path, "hop3")
+  with pytest.raises(ValueError, match="world.seed=-1"):
+    World(-1)
+
+
+def test_the_world_index_finds_the_document_a_question_names(tmp_path, monkeypatch):
+  """retrieval.corpus='world': the world's documents indexed with the bundled MiniLM; a 1-hop
+  question's own entity document is among the top 3 for most questions."""
+  import ml_collections
+  from scope_jax import assets
+  from scope_jax.configs_base import retrieval
+  from scope_jax.retrieval import search
+  monkeypatch.setattr(assets, "cache_dir", lambda: tmp_path)
+  r = retrieval()
+  r.corpus = "world"
+  search.validate(r)
+  passages, tool = search.from_config(ml_collections.ConfigDict(r), world_seed=4)
+  w = World(4, gold_size=60)
+  assert passages == w.documents and (tmp_path / "world_4_index" / "meta.json").exists()
+  hop1 = w.gold["hop1"]
+  found = tool([q["question"] for q in hop1])
+  hits = [q["support"][0].split(":", 1)[1] in text for q, text in zip(hop1, found)]
+  assert sum(hits) / len(hits) >= 0.8, sum(hits) / len(hits)
