@@ -50,7 +50,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.opensir.mask_concepts = True  # <concepts> tokens out of the teacher's loss
   # The starting pool (the released generate_initial_problems.py): `size` problems the policy
   # writes from the seed and solves at a rate within the band, before step 0 (0: the seed alone),
-  # or the problems of a JSONL `file`.
+  # or the problems of a JSONL `file` (`world`: world `world.seed`'s training problems).
   c.opensir.initial_pool = ml_collections.ConfigDict(dict(
       size=0, file="", candidates=160, max_rounds=100, solve_rate_band=(0.5, 0.9), min_chars=30))
   c.opensir.math_timeout = 5  # seconds per math-verify parse (the released parse's default)

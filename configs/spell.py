@@ -25,7 +25,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.preset = preset
 
   c.data = ml_collections.ConfigDict()
-  c.data.corpus = "demo"  # 'demo' (bundled Wikipedia leads) or a JSONL corpus path
+  c.data.corpus = "demo"  # 'demo' (bundled Wikipedia leads), 'world' (scope_jax.world, the
+  # world `world.seed`) or a JSONL corpus path
   c.data.max_passages = 0  # use only the first N passages (0 = all)
   c.data.encoder = "minilm"  # encoder for clustering (asset name or checkpoint dir)
   c.data.num_clusters = 0  # k-means clusters (0 = corpus size / cluster_size)

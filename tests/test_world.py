@@ -103,3 +103,20 @@ def test_the_world_index_finds_the_document_a_question_names(tmp_path, monkeypat
   found = tool([q["question"] for q in hop1])
   hits = [q["support"][0].split(":", 1)[1] in text for q, text in zip(hop1, found)]
   assert sum(hits) / len(hits) >= 0.8, sum(hits) / len(hits)
+
+
+def test_methods_read_the_world():
+  """SPELL's clusters (data.corpus='world') hold the world's documents; OpenSIR's starting pool
+  (initial_pool.file='world') is its training problems, no gold question among them."""
+  import ml_collections
+  from configs import spell as spell_config
+  from scope_jax.methods.opensir import bootstrap
+  from scope_jax.methods.spell import clusters
+  data = ml_collections.ConfigDict(spell_config.get_config("demo").data)
+  data.corpus, data.max_passages = "world", 0
+  passages, groups = clusters.from_config(data, seed=0, world_seed=5)
+  assert passages == World(5).documents
+  assert sorted(i for g in groups for i in g) == sorted(set(i for g in groups for i in g))
+  problems = bootstrap.from_world(5, 40)
+  gold = {q["question"] for q in World(5).gold["arith"]}
+  assert len(problems) == 40 and not gold & {p.text for p in problems}

@@ -137,7 +137,7 @@ class OpenSir(Method):
                        "directory (the paper's Linq-Embed-Mistral, or an E5/BERT one) or an "
                        "asset name such as 'minilm'.")
     path = c.opensir.initial_pool.file
-    if path and not epath.Path(path).exists():
+    if path and path != bootstrap.WORLD and not epath.Path(path).exists():
       raise ValueError(f"opensir.initial_pool.file={path!r}: no such file (a JSONL of "
                        "'problem' lines), or leave it empty to generate the starting pool.")
 
@@ -264,7 +264,9 @@ class OpenSir(Method):
     """The pool training starts from: the seed alone, a file's problems, or `initial_pool.size`
     problems generated and rated by the policy (the released bootstrap), before step 0."""
     init, counts, problems = self.cfg.initial_pool, {}, []
-    if init.file:
+    if init.file == bootstrap.WORLD:
+      problems = bootstrap.from_world(self.rt.config.world.seed, init.size or bootstrap.WORLD_SIZE)
+    elif init.file:
       problems = bootstrap.load(init.file)
     elif init.size:
       problems, counts = bootstrap.generate(self, init.size)

@@ -44,6 +44,16 @@ def rejection(problem: str, majority: str | None, rate: float | None,
   return None
 
 
+WORLD = "world"  # initial_pool.file: the synthetic world's training problems (scope_jax.world)
+WORLD_SIZE = 64  # problems taken from the world when initial_pool.size is 0
+
+
+def from_world(seed: int, size: int) -> list[R.Problem]:
+  """`size` arithmetic problems of world `seed` to train from, none of them a gold question."""
+  from scope_jax.world import World  # only runs that name the world build it
+  return [R.Problem(q["question"], ()) for q in World(seed).training_problems(size)]
+
+
 def load(path: str) -> list[R.Problem]:
   """Problems from a JSONL file: each line has 'problem' (or 'question') and optional
   'concepts' (a list, or a comma-separated string)."""

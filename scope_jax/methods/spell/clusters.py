@@ -89,11 +89,15 @@ class HistoryMemory:
     return mem
 
 
-def from_config(data, seed: int = 0):
+def from_config(data, seed: int = 0, world_seed: int = 0):
   """The corpus (bundled demo corpus by default) and its document clusters: k-means into
   `num_clusters` groups, or groups of about `cluster_size` documents when num_clusters is 0
-  (from a `data` config section)."""
-  passages = demo.demo_passages() if data.corpus == "demo" else load_corpus(data.corpus)
+  (from a `data` config section); `data.corpus='world'` is world `world_seed`'s documents."""
+  if data.corpus == "world":
+    from scope_jax.world import World  # only runs that name the world build it
+    passages = World(world_seed).documents
+  else:
+    passages = demo.demo_passages() if data.corpus == "demo" else load_corpus(data.corpus)
   if data.max_passages:
     passages = passages[:data.max_passages]
   k = data.num_clusters or max(len(passages) // data.cluster_size, 1)
