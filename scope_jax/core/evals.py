@@ -16,6 +16,7 @@ import ml_collections
 from absl import logging
 from etils import epath
 
+from scope_jax import distributed
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import evaluator as eval_lib
 
@@ -100,9 +101,10 @@ class Evaluations:
     for bench in self.benches:
       metrics, records = self.evaluator.evaluate(self.role.sampler, bench,
                                                  desc=f"eval {bench.name}")
-      eval_lib.write_results(f"{self.rt.workdir}/eval/{bench.name}/{label}", bench, metrics,
-                             records, step=None if updates == 0 else updates - 1, label=label,
-                             extra={"role": self.role.name, "updates": updates})
+      if distributed.is_primary():  # every host ran the rollouts; one writes
+        eval_lib.write_results(f"{self.rt.workdir}/eval/{bench.name}/{label}", bench, metrics,
+                               records, step=None if updates == 0 else updates - 1, label=label,
+                               extra={"role": self.role.name, "updates": updates})
       out.update({f"eval/{bench.name}/{k}": v for k, v in metrics.items()})
       logging.info("eval after %d updates: %s %s", updates, bench.name,
                    ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())

@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 from scope_jax import checkpoint as ckpt_lib
 from scope_jax import distributed
-from scope_jax import report
 from scope_jax import metrics as metrics_lib
+from scope_jax import report
 from scope_jax import run_record
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
