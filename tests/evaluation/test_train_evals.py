@@ -2,26 +2,17 @@
 the shuffled-rewards control: the same advantages, permuted across an update's rows."""
 
 import json
-import pathlib
 import re
 
 import numpy as np
 import pytest
 
-from scope_jax import configs_base, report
+from scope_jax import report
 from scope_jax.core import evals, runner, runtime
 from scope_jax.rl import learner as learner_lib
 from scope_jax.world import World
 from tests.methods.scripted import ScriptedSampler, play_all_roles
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def config(**overrides):
-  c = configs_base.load_file(ROOT / "examples" / "copy_qa_config.py")
-  c.progress = False
-  c.update_from_flattened_dict(overrides)
-  return c
+from tests.methods.test_adding_a_method import config  # the example method, Copy QA
 
 
 class FirstNumber(ScriptedSampler):
