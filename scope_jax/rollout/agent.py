@@ -34,7 +34,8 @@ INVALID_ACTION_QWEN = (
 INVALID_ACTION_FUNCTION_CALLS = (
     "\nMy previous action is invalid. If I want to search, I should write "
     "<function_calls>search(query=\"my query\")</function_calls>. If I want to give the final "
-    "output, I should put it between its tags, such as <answer> and </answer>. Let me try again.\n")
+    "output, I should put it between <answer> and </answer> or <task> and </task>. Let me try "
+    "again.\n")
 MAX_CHARS_PER_TOKEN = 64  # observations are cut to this many characters per token of budget
 TOOL_ERROR = "The search tool failed for this query ({}). Try a different query or answer."
 
