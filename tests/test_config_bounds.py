@@ -111,3 +111,12 @@ def test_a_smoke_run_is_checked_after_it_shrinks():
   config.asl.roles.pg.temperature = -1.0
   with pytest.raises(ValueError, match="asl.roles.pg.temperature=-1.0"):
     runner.validate(config)
+
+
+@pytest.mark.parametrize("method", ["piplay", "scope"])
+def test_a_smoke_run_saves_one_checkpoint_at_the_end(method, tmp_path):
+  config = _module(method).get_config("paper")
+  config.smoke, config.model.tokenizer = True, "demo"
+  config.retrieval.encoder = "minilm"
+  runner.validate(config, data=False)
+  assert config.checkpoint_every == config.total_steps == 2
