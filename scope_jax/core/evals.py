@@ -19,6 +19,8 @@ from etils import epath
 from scope_jax import distributed
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import evaluator as eval_lib
+from scope_jax.retrieval import search
+from scope_jax.world import GOLD_SETS, World
 
 WORLD_PREFIX = "world:"
 
@@ -29,7 +31,6 @@ def world_specs(spec: str, seed: int, root) -> str:
   items = [s.strip() for s in str(spec).split(",") if s.strip()]
   if not any(i.startswith(WORLD_PREFIX) for i in items):
     return spec
-  from scope_jax.world import World  # only runs that name the world build it
   world, out = World(seed), epath.Path(root)
   if not (out / "corpus.jsonl").exists():
     world.write(out)
@@ -55,7 +56,6 @@ def validate(config: ml_collections.ConfigDict, method_cls) -> None:
   names = [s.strip() for s in str(e.benchmarks).split(",") if s.strip()]
   for n in names:
     if n.startswith(WORLD_PREFIX):
-      from scope_jax.world import GOLD_SETS
       if n[len(WORLD_PREFIX):] not in GOLD_SETS:
         raise ValueError(f"eval.benchmarks: {n!r} is not a world gold set; choose from "
                          f"{', '.join(WORLD_PREFIX + s for s in GOLD_SETS)}.")
@@ -82,7 +82,6 @@ class Evaluations:
     self.benches = [bench_lib.load(s, limit=e.limit or None) for s in bench_lib.parse_specs(spec)]
     tool = self.role.tool or getattr(method, "tool", None)
     if tool is None and any(b.type == "qa_search" for b in self.benches):
-      from scope_jax.retrieval import search
       if "retrieval" not in config:
         raise ValueError("eval.benchmarks has a qa_search benchmark but the run has no search "
                          "tool: add a retrieval section or evaluate without search.")

@@ -10,6 +10,7 @@ from scope_jax.retrieval import demo_corpus as demo
 from scope_jax.retrieval.corpus import load_corpus
 from scope_jax.retrieval.index import DenseIndex, SearchTool
 from scope_jax.retrieval.service import RetrievalClient, load_encoder
+from scope_jax.world import World
 
 
 def validate(r: ml_collections.ConfigDict) -> None:
@@ -51,7 +52,6 @@ def from_config(r: ml_collections.ConfigDict, world_seed: int = 0):
 
 def world_index(seed: int, encoder) -> DenseIndex:
   """The dense index over world `seed`'s documents, built once into the asset cache."""
-  from scope_jax.world import World  # the world renders passages; retrieval does not need it
   passages = World(seed).documents
   out = assets.cache_dir() / f"world_{seed}_index"
   if (out / "meta.json").exists():

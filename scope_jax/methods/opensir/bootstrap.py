@@ -22,6 +22,7 @@ from etils import epath
 
 from scope_jax.methods.opensir import rewards as R
 from scope_jax.rewards import match
+from scope_jax.world import World
 
 _XML_TAG = re.compile(r"</?[A-Za-z_][\w-]{0,40}>")
 
@@ -50,7 +51,6 @@ WORLD_SIZE = 64  # problems taken from the world when initial_pool.size is 0
 
 def from_world(seed: int, size: int) -> list[R.Problem]:
   """`size` arithmetic problems of world `seed` to train from, none of them a gold question."""
-  from scope_jax.world import World  # only runs that name the world build it
   return [R.Problem(q["question"], ()) for q in World(seed).training_problems(size)]
 
 

@@ -12,6 +12,7 @@ from scope_jax.retrieval import demo_corpus as demo
 from scope_jax.retrieval.corpus import Passage, load_corpus
 from scope_jax.retrieval.service import load_encoder
 from scope_jax.rewards.match import numbers
+from scope_jax.world import World
 
 
 def kmeans_clusters(vectors: np.ndarray, num_clusters: int, *, seed: int = 0, min_size: int = 2,
@@ -94,7 +95,6 @@ def from_config(data, seed: int = 0, world_seed: int = 0):
   `num_clusters` groups, or groups of about `cluster_size` documents when num_clusters is 0
   (from a `data` config section); `data.corpus='world'` is world `world_seed`'s documents."""
   if data.corpus == "world":
-    from scope_jax.world import World  # only runs that name the world build it
     passages = World(world_seed).documents
   else:
     passages = demo.demo_passages() if data.corpus == "demo" else load_corpus(data.corpus)
