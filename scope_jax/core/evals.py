@@ -68,7 +68,9 @@ def validate(config: ml_collections.ConfigDict, method_cls) -> None:
 
 
 class Evaluations:
-  """The benchmarks, evaluator and role of a run's held-out evaluations."""
+  """The benchmarks, evaluators and role of a run's held-out evaluations. A world question
+  searches the world (the run's own corpus when it trains on the world); any other search
+  question searches the run's tool."""
 
   def __init__(self, rt, method):
     config = rt.config
@@ -80,26 +82,46 @@ class Evaluations:
                        "never changes: evaluate a trained role.")
     spec = world_specs(e.benchmarks, config.world.seed, f"{rt.workdir}/world")
     self.benches = [bench_lib.load(s, limit=e.limit or None) for s in bench_lib.parse_specs(spec)]
-    tool = self.role.tool or getattr(method, "tool", None)
-    if tool is None and any(b.type == "qa_search" for b in self.benches):
-      if "retrieval" not in config:
-        raise ValueError("eval.benchmarks has a qa_search benchmark but the run has no search "
-                         "tool: add a retrieval section or evaluate without search.")
-      _, tool = search.from_config(config.retrieval, config.world.seed)
+    items = [i.strip() for i in str(e.benchmarks).split(",")]
+    world_names = {i[len(WORLD_PREFIX):] for i in items if i.startswith(WORLD_PREFIX)}
+    own = self.role.tool or getattr(method, "tool", None)
     settings = eval_lib.Settings(
         max_new_tokens=e.max_new_tokens, max_turns=e.max_turns, batch_size=e.batch_size,
         max_prompt_tokens=self.role.max_prompt_tokens, max_context=self.role.max_context,
         max_obs_tokens=self.role.settings.get("max_obs_tokens", 500), syntax=rt.syntax,
         seed=config.seed)
-    self.evaluator = eval_lib.Evaluator(rt.tokenizer, settings, tool=tool, progress=False)
+    tools = {}  # a world question searches the world, whatever corpus the run trains on
+
+    def tool_for(bench):
+      if bench.type != "qa_search":
+        return None
+      if bench.name in world_names and config.get("retrieval", {}).get("corpus") != "world":
+        if "world" not in tools:
+          world = ml_collections.ConfigDict(dict(url="", index="", corpus="world", max_documents=0,
+                                                 encoder=config.get("retrieval", {}).get(
+                                                     "encoder", "minilm") or "minilm",
+                                                 topk=config.get("retrieval", {}).get("topk", 3)))
+          tools["world"] = search.from_config(world, config.world.seed)[1]
+        return tools["world"]
+      if own is not None:
+        return own
+      if "retrieval" not in config:
+        raise ValueError(f"eval.benchmarks: {bench.name} (qa_search) needs a search tool and the "
+                         "run has none: add a retrieval section or evaluate without search.")
+      if "run" not in tools:
+        tools["run"] = search.from_config(config.retrieval, config.world.seed)[1]
+      return tools["run"]
+
+    self.evaluators = {b.name: eval_lib.Evaluator(rt.tokenizer, settings, tool=tool_for(b),
+                                                  progress=False) for b in self.benches}
 
   def run(self, updates: int) -> dict[str, float]:
     """Scores the role's current params; returns `eval/<benchmark>/<metric>` metrics."""
     label = "base" if updates == 0 else f"step_{updates - 1}"
     out: dict[str, float] = {"eval/updates": float(updates)}
     for bench in self.benches:
-      metrics, records = self.evaluator.evaluate(self.role.sampler, bench,
-                                                 desc=f"eval {bench.name}")
+      metrics, records = self.evaluators[bench.name].evaluate(self.role.sampler, bench,
+                                                              desc=f"eval {bench.name}")
       if distributed.is_primary():  # every host ran the rollouts; one writes
         eval_lib.write_results(f"{self.rt.workdir}/eval/{bench.name}/{label}", bench, metrics,
                                records, step=None if updates == 0 else updates - 1, label=label,

@@ -43,7 +43,7 @@ def _run(tmp_path, monkeypatch, sampler_cls=FirstNumber, **overrides):
 
 def test_evaluation_before_during_and_after_training(tmp_path, monkeypatch):
   _run(tmp_path, monkeypatch, total_steps=2, **{
-      "eval.every": 1, "eval.benchmarks": "world:arith,world:doc", "eval.limit": 12,
+      "eval.every": 1, "eval.benchmarks": "world:arith,world:doc,world:hop1", "eval.limit": 12,
       "eval.role": "answerer", "eval.max_new_tokens": 16, "world.seed": 3})
   rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   evals_ = [r for r in rows if "eval/updates" in r]
@@ -53,6 +53,7 @@ def test_evaluation_before_during_and_after_training(tmp_path, monkeypatch):
   for r in evals_:
     assert r["eval/arith/pass@1"] == pytest.approx(expected)
     assert r["eval/doc/pass@1"] == 0.0 and r["eval/doc/num_examples"] == 12.0
+    assert r["eval/hop1/num_examples"] == 12.0  # searches the world (the run has no tool)
   for label in ("base", "step_0", "step_1"):
     result = json.loads((tmp_path / "eval" / "arith" / label / "results.json").read_text())
     assert result["num_examples"] == 12 and result["role"] == "answerer"
