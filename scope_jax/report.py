@@ -17,7 +17,7 @@ from etils import epath
 
 from scope_jax import metrics as metrics_lib
 
-REWARD = re.compile(r"^(?:(.+)/)?reward(?:/mean)?$")
+REWARD = re.compile(r"^(?:(.+)/)?(?:reward|outcome)(?:/mean)?$")  # π-Play's student: outcome
 ACCURACY = re.compile(r"^eval/(.+)/pass@1$")
 
 

@@ -68,11 +68,12 @@ def test_evaluation_before_during_and_after_training(tmp_path, monkeypatch):
 def test_curves_by_hand():
   rows = [{"step": 0, "eval/updates": 0.0, "eval/hop1/pass@1": 0.1, "eval/hop1/pass@2": 0.3},
           {"step": 0, "questioner/reward/mean": 0.5, "responder/reward/mean": 0.2},
-          {"step": 1, "questioner/reward/mean": 0.7, "eval/x": 1.0},
+          {"step": 1, "questioner/reward/mean": 0.7, "eval/x": 1.0, "student/outcome/mean": 0.25},
           {"step": 1, "eval/updates": 2.0, "eval/hop1/pass@1": 0.4}]
   c = report.curves(rows)
   assert c["accuracy"] == {"hop1": [(0.0, 0.1), (2.0, 0.4)]}
-  assert c["reward"] == {"questioner": [(0, 0.5), (1, 0.7)], "responder": [(0, 0.2)]}
+  assert c["reward"] == {"questioner": [(0, 0.5), (1, 0.7)], "responder": [(0, 0.2)],
+                         "student": [(1, 0.25)]}
   assert report.held_out(c) == {"hop1": (0.1, 0.4)}
 
 
