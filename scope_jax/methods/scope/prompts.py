@@ -2,7 +2,9 @@
 and its prompt mix: task types and the 4:3:2 stratified number of required searches (App. G).
 
 Only the search action differs between syntaxes ('xml' `<search>` for Qwen2.5, 'qwen'
-`<tool_call>` for Qwen3); tasks, answers and every Judge prompt use the same XML tags.
+`<tool_call>` for Qwen3, 'function_calls' for OLMo-3); tasks, answers and every Judge prompt use
+the same XML tags. The Challenger's task is the plain `<task>` text (as released) or a
+`<question>` inside it (`scope.task_form`).
 """
 
 from __future__ import annotations
