@@ -38,7 +38,7 @@ class Role:
     self.templates, self.policy, self.timer, self.progress = templates, policy, timer, progress
     self.strip_think, self.system = strip_think, system  # system: a system message, if any
     self.frozen = frozen  # the name of the frozen params that play the role (None: a policy)
-    self.syntax = syntax  # the search action its prompts ask for (runtime.SYNTAXES)
+    self.syntax = syntax  # the search action its prompts ask for (rollout.parsers.SYNTAXES)
     self._calls, self._step = 0, 0
     self._stats: dict[str, list[float]] = collections.defaultdict(list)
     self._finish: collections.Counter = collections.Counter()

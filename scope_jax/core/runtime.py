@@ -47,8 +47,6 @@ def shuffled(advantages: Sequence[float], seed) -> list[float]:
 
 
 LOSS_ONLY_RUNNER_KEYS = ("micro_batch_rows", "recompute_old_logp")
-SYNTAXES = ("xml", "qwen", "function_calls")  # search actions: <search>, Qwen's <tool_call>,
-# OLMo-3's <function_calls>search(query=…) (each method lists the ones its prompts can ask for)
 
 
 def method_syntax(config: ml_collections.ConfigDict) -> str:
