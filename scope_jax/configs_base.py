@@ -71,6 +71,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.warmup.lr = 5e-3  # Adam learning rate of the warm-up
   c.warmup.batch_rows = 8  # demonstrations per warm-up step
   c.warmup.documents = 48  # corpus documents the demonstrations are built from
+  c.warmup.world_seed = -1  # ≥ 0: demonstrate on this world's questions instead (the `learn`
+  # presets: another world than world.seed, so formats are right and facts wrong)
+  c.warmup.worlds = 1  # ... from this many worlds (seeds world_seed, world_seed + 1, …)
 
   c.world = ml_collections.ConfigDict()  # the synthetic world (scope_jax.world)
   c.world.seed = 0  # which world: retrieval.corpus='world' and 'world:<set>' benchmarks read it
@@ -84,6 +87,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.max_new_tokens = 256  # per generated turn (greedy)
   c.eval.max_turns = 4  # searches before the final turn (qa_search)
   c.eval.batch_size = 64  # questions per rollout call
+  c.eval.prompt = "benchmark"  # the evaluator's prompt per benchmark type, or 'role': the
+  # answering role's own training prompt (a small model knows no other)
 
   c.control = ""  # 'shuffled_rewards': each update's advantages permuted across its rows (no
   # signal, the same distribution), the control a learning claim is measured against

@@ -4,6 +4,7 @@ documents by following the question's chain, and no gold question is a training 
 import json
 import re
 
+import numpy as np
 import pytest
 
 from scope_jax.evaluation import benchmarks as bench_lib
@@ -67,6 +68,17 @@ def test_no_gold_question_is_a_training_input(world):
   assert not gold & {t["question"] for t in train}
   corpus = " ".join(d.text for d in world.documents)
   assert not any(r["question"] in corpus for r in world.gold["hop1"] + world.gold["hop2"])
+
+
+def test_questions_to_demonstrate_are_never_gold_and_answer_from_their_document(world):
+  every = world.questions(10 ** 4, np.random.default_rng(0))
+  gold = {r["question"] for r in world.gold["hop1"]}
+  assert len(every) >= 300 and not gold & {q["question"] for q in every}
+  again = world.questions(20, np.random.default_rng(0))
+  assert again == world.questions(20, np.random.default_rng(0)) and len(again) == 20
+  docs = {d.id: d.text for d in world.documents}
+  for q in every:
+    assert re.search(rf"\b{re.escape(q['gold'][0])}\b", docs[q["support"][0]]), q
 
 
 def test_written_sets_load_as_file_benchmarks(world, tmp_path):

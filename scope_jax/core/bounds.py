@@ -76,7 +76,9 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     ("*loss.distill_topk", COUNT),
     # The model (a random-init preset) and the warm-up.
     ("model.tiny.rope_theta", POSITIVE), ("model.tiny.*", SIZE),
-    ("warmup.lr", POSITIVE), ("warmup.steps", COUNT), ("warmup.*", SIZE),
+    ("warmup.lr", POSITIVE), ("warmup.steps", COUNT),
+    ("warmup.world_seed", Bound(-1, integer=True, why="a world's seed; -1 demonstrates on the "
+                                "method's own data")), ("warmup.*", SIZE),
     # Rollouts: the engine hangs or loops on a size of 0.
     ("rollout.*", SIZE),
     ("*.roles.*.temperature", Bound(0, why="0 is greedy")),

@@ -61,10 +61,23 @@ def validate(config: ml_collections.ConfigDict, method_cls) -> None:
                          f"{', '.join(WORLD_PREFIX + s for s in GOLD_SETS)}.")
     else:
       bench_lib.parse_specs(n)
+  if e.get("prompt", "benchmark") not in ("benchmark", "role"):
+    raise ValueError(f"eval.prompt={e.prompt!r}: choose 'benchmark' (the evaluator's prompts) or "
+                     "'role' (the answering role's own).")
   role = e.role or method_cls.answering_role
   if role not in method_cls.roles:
     raise ValueError(f"eval.role={role!r} is not a role of {method_cls.name}; choose one of "
                      f"{', '.join(method_cls.roles)}.")
+
+
+def role_templates(method, syntax: str) -> dict[str, str]:
+  """The evaluator's templates replaced by the answering role's own prompt (`eval.prompt=role`)."""
+  template = method.answer_template()
+  if template is None:
+    raise ValueError(f"eval.prompt='role': {type(method).name} has no answering prompt of its "
+                     "own; use eval.prompt='benchmark'.")
+  search_kind = "qa_search" if syntax in ("", "xml") else f"qa_search_{syntax}"
+  return {"qa": template, search_kind: template}
 
 
 class Evaluations:
@@ -112,8 +125,10 @@ class Evaluations:
         tools["run"] = search.from_config(config.retrieval, config.world.seed)[1]
       return tools["run"]
 
+    templates = role_templates(method, rt.syntax) if e.prompt == "role" else None
     self.evaluators = {b.name: eval_lib.Evaluator(rt.tokenizer, settings, tool=tool_for(b),
-                                                  progress=False) for b in self.benches}
+                                                  templates=templates, progress=False)
+                       for b in self.benches}
 
   def run(self, updates: int) -> dict[str, float]:
     """Scores the role's current params; returns `eval/<benchmark>/<metric>` metrics."""

@@ -126,6 +126,11 @@ class Method:
     raise NotImplementedError(f"{type(self).__name__} has no format demonstrations; set "
                               "--config.warmup.steps=0.")
 
+  def answer_template(self) -> str | None:
+    """The answering role's own question prompt (a template with `{question}`), which held-out
+    evaluation uses with `eval.prompt='role'`; None when the method has none."""
+    return None
+
   def step(self, step: int) -> dict[str, float]:
     raise NotImplementedError
 

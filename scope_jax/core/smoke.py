@@ -6,7 +6,7 @@ stores, losses, the shape of the schedule) and shrinks only sizes: the method's 
 sizes to 2 and each phase or stage to one step (the method's `Method.smoke` declaration), at most
 128 new tokens per turn, documents cut to about 1,000 characters, contexts to 4K, one device's
 mesh, 4 engine slots on one 1K cache window (each compiled program costs tens of seconds on a
-CPU), one checkpoint at the end. The base params are released when nothing reads them
+CPU), one checkpoint at the end, 4 questions per held-out evaluation. The base params are released when nothing reads them
 (`Runtime.release_base`). Where the preset names no real model (a `preset:` random init, or no
 tokenizer) it runs the real Qwen2.5-Coder-0.5B-Instruct (the GGUF asset) in float32, its
 embeddings tied as in the released model (the GGUF stores the matrix twice; the more precise copy
@@ -28,6 +28,7 @@ MAX_PROMPT = 3072
 MICRO_BATCH_ROWS = 2
 SLOTS = 4  # a group of 2 for 2 prompts at once: few row buckets, so few programs to compile
 MIN_WINDOW = 1024  # most smoke contexts fit one cache window: one program per shape, not three
+EVAL_QUESTIONS = 4  # held-out questions per benchmark of a smoke run's evaluations
 DOC_FIELDS = ("max_doc_chars",)  # method fields that cut documents (0 = whole documents)
 
 
@@ -62,9 +63,11 @@ def shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> None:
     r = config.retrieval
     if not r.encoder:
       r.encoder = "minilm"
-    if not (r.index or r.url):
+    if not (r.index or r.url) and r.corpus != "world":  # the world is generated, never missing
       r.corpus = "demo"
   config.warmup.steps = 0
+  if config.eval.every:
+    config.eval.limit = min(config.eval.limit or EVAL_QUESTIONS, EVAL_QUESTIONS)
   # One checkpoint, at the end: the path is exercised once, and a 0.5B model's params and
   # moments (6 GB a policy) are not written after every step of a 2-step run.
   config.checkpoint_every = max(int(config.checkpoint_every), int(config.total_steps))

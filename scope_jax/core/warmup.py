@@ -49,6 +49,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for name in ("lr", "batch_rows", "documents"):
     if w[name] <= 0:
       raise ValueError(f"warmup.{name} must be positive when warmup.steps > 0, got {w[name]}.")
+  seeds = range(w.get("world_seed", -1), w.get("world_seed", -1) + w.get("worlds", 1))
+  if w.get("world_seed", -1) >= 0 and config.world.seed in seeds:
+    raise ValueError(f"warmup.world_seed={w.world_seed} with warmup.worlds={w.worlds} includes "
+                     f"the run's world.seed={config.world.seed}: demonstrations from the world "
+                     "being learned teach its facts; use seeds apart from it.")
 
 
 def _model_fields(model_config) -> dict:
@@ -59,10 +64,14 @@ def _model_fields(model_config) -> dict:
 
 
 def settings_key(config: ml_collections.ConfigDict, model_config) -> str:
-  """What the fit depends on besides the demonstrations: model, warm-up settings, seed, dtypes."""
+  """What the fit depends on besides the demonstrations: model (and the weights it starts from),
+  warm-up settings, seed, dtypes."""
   w = config.warmup
-  blob = json.dumps([_model_fields(model_config), [w.steps, w.lr, w.batch_rows], config.seed,
-                     config.model.param_dtype, config.model.dtype], default=str, sort_keys=True)
+  fields = [_model_fields(model_config), [w.steps, w.lr, w.batch_rows], config.seed,
+            config.model.param_dtype, config.model.dtype]
+  if config.model.source != "tiny":  # the fit starts from these weights, not a random init
+    fields.append(config.model.source)
+  blob = json.dumps(fields, default=str, sort_keys=True)
   return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

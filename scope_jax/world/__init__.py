@@ -67,6 +67,14 @@ class World:
           out.append(dict(q, id=f"train-{len(out)}"))
     return out
 
+  def questions(self, count: int, rng: np.random.Generator) -> list[dict]:
+    """Up to `count` one-hop questions of this world that are not in its `hop1` gold set (what a
+    warm-up from another world's seed demonstrates), in `rng`'s order."""
+    held_out = {q["question"] for q in self.gold["hop1"]}
+    every = R.hop_questions(self.entities, R.HOP1, self.seed + 7, 10 ** 6, "world")
+    pool = [q for q in every if q["question"] not in held_out]
+    return [pool[int(i)] for i in rng.permutation(len(pool))[:count]]
+
   def write(self, directory) -> epath.Path:
     """`corpus.jsonl` (id, title, text, contents) and `gold/<set>.jsonl`, under `directory`."""
     root = epath.Path(directory)

@@ -211,7 +211,8 @@ class ScriptedPiPlaySampler(ScriptedSampler):
     found = re.findall(r"Doc 1\(Title: .*?\) (.*)", response)
     if found:
       return found[0]
-    page = re.findall(r"Question: In (.*?), which word", prompt)[-1]
+    pages = re.findall(r"Question: In (.*?), which word", prompt)
+    page = pages[-1] if pages else re.findall(r"Question: (.*)", prompt)[-1]  # a held-out one
     return f"<think>Search.</think>\n{search_call(f' {page} ', prompt)}"
 
   def _answer(self, text, rng):

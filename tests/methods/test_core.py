@@ -23,6 +23,7 @@ from scope_jax.core import runtime
 from scope_jax.methods.scope import algorithm as scope
 from scope_jax.methods.spell import algorithm as spell
 from scope_jax.core import warmup
+from scope_jax.models import load
 from tests.methods.scripted import ScriptedSpellSampler, play_all_roles
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -163,6 +164,18 @@ def test_generic_warm_up_fits_caches_and_reloads(tmp_path, monkeypatch):
     info = warmup.warm_start(rt2, spell.Spell(rt2))
     assert info.get(source) == 1.0 and "warmup/seconds" not in info
     chex.assert_trees_all_equal(warmed, jax.tree.map(np.asarray, rt2.base_params))
+
+
+def test_a_warm_start_from_other_weights_is_another_fit():
+  """A warm-up that starts from a checkpoint (a `learn` preset starts from the demo model) is
+  not the fit of a random init of the same shape; a random init's key is unchanged."""
+  c = importlib.import_module("configs.piplay").get_config("demo")
+  model_config = load.model_config(c.model)
+  tiny = warmup.settings_key(c, model_config)
+  c.model.source = "hf:/some/checkpoint"
+  assert warmup.settings_key(c, model_config) != tiny
+  c.model.source = "tiny"
+  assert warmup.settings_key(c, model_config) == tiny
 
 
 @pytest.mark.parametrize("method", runner.METHODS)

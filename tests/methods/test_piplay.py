@@ -5,6 +5,7 @@ resumes, and the CLI demo."""
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -28,6 +29,7 @@ from scope_jax.methods.piplay import prompts as P
 from scope_jax.methods.piplay import rewards as R
 from scope_jax.rl import learner as learner_lib
 from scope_jax.rollout.types import Trajectory
+from scope_jax.world import World
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedPiPlaySampler, play_all_roles
 
@@ -412,6 +414,38 @@ def test_demonstrations_cover_every_role_with_real_search_results(tmp_path):
     assert "</answer>" in final and d.loss_mask[-1] == 1
     if "You are the examiner" in t:
       assert R.parse_examiner(final).malformed is None
+
+
+def test_world_demonstrations_come_from_other_worlds(tmp_path):
+  """A `learn` warm-up demonstrates on other worlds: each question is one of theirs (never the
+  run's world's), asked by the examiner about its entity's document, searched by name and
+  answered with that world's fact from that world's own search results."""
+  c = small_config(**{"retrieval.corpus": "world", "retrieval.topk": 2, "warmup.world_seed": 7,
+                      "warmup.worlds": 2, "warmup.documents": 3, "piplay.syntax": "qwen",
+                      "piplay.hop_choices": (1,), "piplay.hop_ratio": (1,)})
+  rt = runtime.Runtime(c, str(tmp_path))
+  method = piplay.PiPlay(rt)
+  demos = piplay_demos.demonstrations(method, np.random.default_rng(0))
+  worlds = [World(7), World(8)]
+  answers = {q["question"]: q["gold"][0] for w in worlds for q in w.questions(10 ** 4,
+                                                                          np.random.default_rng(0))}
+  titles = {d.title for w in worlds for d in w.documents}
+  own = {q["question"] for q in World(0).questions(10 ** 4, np.random.default_rng(0))}
+  text = [rt.tokenizer.decode(list(d.tokens)) for d in demos]
+  assert sum("You are the examiner" in t for t in text) == 6
+  assert sum("You are the teacher" in t for t in text) >= 4
+  students = [(d, t) for d, t in zip(demos, text) if t.count("Answer the question.")]
+  assert len(students) >= 4
+  for d, t in students:
+    question = re.search(r"Question: (.*?\?)", t).group(1)
+    assert question in answers and question not in own, question
+    call = d.spans[1].text
+    assert '{"name": "search", "arguments": {"query": "' in call
+    entity = re.search(r'"query": "(.*?)"', call).group(1)
+    assert entity in question and entity in titles
+    obs = [s.text for s in d.spans if s.kind == "observation"][0]
+    assert all(x in titles for x in _titles(obs)) and entity == _titles(obs)[0]
+    assert f"<answer>{answers[question]}</answer>" in d.spans[-1].text
 
 
 def _titles(text):

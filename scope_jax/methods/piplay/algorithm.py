@@ -152,6 +152,9 @@ class PiPlay(Method):
   def demonstrations(self, rng):
     return piplay_demos.demonstrations(self, rng)
 
+  def answer_template(self) -> str:
+    return self.prompts.template("student")
+
   # ------------------------------------------------------------------------------ schedule
   def locate(self, step: int) -> tuple[int, str, int]:
     """Global step → (iteration, phase, step within the phase)."""

@@ -15,12 +15,14 @@ import re
 
 import numpy as np
 
+from scope_jax.retrieval import search
 from scope_jax.retrieval.corpus import Passage
 from scope_jax.rewards import match
 from scope_jax.methods.piplay import rewards as R
 from scope_jax.rl import sft
 from scope_jax.rollout.search_agent import observation_ids, search_action
 from scope_jax.rollout.types import Trajectory
+from scope_jax.world import World
 
 PHRASE_START = 8  # the question's three words start within the first words of a text
 _PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-]*$")
@@ -118,9 +120,57 @@ class _Demos:
     return out
 
 
+class _WorldDemos(_Demos):
+  """Demonstrations from other worlds (`warmup.worlds` of them from seed `warmup.world_seed`):
+  one-hop questions about their entities, searched and answered from each world's own index.
+  The formats carry over to the run's world; the facts do not. Several worlds, so that a small
+  model cannot memorise their names and must copy them from its context."""
+
+  def build(self, num_docs: int) -> list[Trajectory]:
+    w = self.rt.config.warmup
+    worlds = max(int(w.get("worlds", 1)), 1)
+    out = []
+    for k in range(worlds):
+      world = World(w.world_seed + k)
+      _, self.tool = search.from_config(self.rt.config.retrieval, world.seed)
+      by_id = {d.id: d for d in world.documents}
+      for q in world.questions(-(-num_docs // worlds), self.rng):
+        out += self.question(by_id[q["support"][0]], q["question"], q["gold"][0])
+    return out
+
+  def search(self, query: str) -> tuple[list[Passage], list[int]]:
+    hits = [p for p, _ in self.tool.retrieve([query])[0]]
+    return hits, observation_ids(self.tok, hits, self.cfg.syntax, self.max_obs)
+
+  def question(self, doc: Passage, question: str, answer: str) -> list[Trajectory]:
+    """The examiner asking `question` about `doc`; the student and the teacher answering it."""
+    prompt = self.m.roles["examiner"].prompt(self.prompts.examiner(doc, 1))
+    exam = sft.demonstration(prompt, [self.act("Ask about it.", (
+        f"<question>{question}</question>\n<answer>{answer}</answer>{self.eos}"))], self.tok)
+    response = self.answer(question, answer, doc)
+    if response is None:
+      return [exam]
+    student = self.m.roles["student"].prompt(self.prompts.student(question))
+    qcp = [self.prompts.qcp_header(doc, 1) + "\n"] + [s.text for s in exam.spans[1:]]
+    privileged = R.privileged_text("qcp", qcp, answer, 1)
+    teacher = self.m.roles["teacher"].prompt(self.prompts.teacher(privileged, question))
+    return [exam, sft.demonstration(student, response, self.tok),
+            sft.demonstration(teacher, response, self.tok)]
+
+  def answer(self, question: str, answer: str, target: Passage):
+    """Search the entity's name, copy the answer (None when the search misses its page)."""
+    hits, obs = self.search(target.title)
+    if not hits or hits[0].id != target.id:
+      return None
+    return [self.act("Search.", search_action(target.title, self.cfg.syntax)),
+            ("observation", obs), self.act("Answer.", f"<answer>{answer}</answer>{self.eos}")]
+
+
 DOCUMENTS_PER_WARMUP_DOCUMENT = 2  # three roles that copy from search results: twice the share
 
 
 def demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
-  return _Demos(method, rng).build(DOCUMENTS_PER_WARMUP_DOCUMENT *
-                                   method.rt.config.warmup.documents)
+  n = DOCUMENTS_PER_WARMUP_DOCUMENT * method.rt.config.warmup.documents
+  if method.rt.config.warmup.get("world_seed", -1) >= 0:
+    return _WorldDemos(method, rng).build(n)
+  return _Demos(method, rng).build(n)
