@@ -71,8 +71,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.warmup.lr = 5e-3  # Adam learning rate of the warm-up
   c.warmup.batch_rows = 8  # demonstrations per warm-up step
   c.warmup.documents = 48  # corpus documents the demonstrations are built from
-  c.warmup.world_seed = -1  # ≥ 0: demonstrate on this world's questions instead (the `learn`
-  # presets: another world than world.seed, so formats are right and facts wrong)
+  c.warmup.world_seed = -1  # ≥ 0: demonstrate on this world's questions instead (π-Play's
+  # `learn` preset: other worlds than world.seed, so formats are right and facts unknown)
   c.warmup.worlds = 1  # ... from this many worlds (seeds world_seed, world_seed + 1, …)
 
   c.world = ml_collections.ConfigDict()  # the synthetic world (scope_jax.world)

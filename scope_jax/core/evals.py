@@ -1,8 +1,9 @@
 """Held-out evaluation during training (`config.eval`): the trained role that answers is scored
 on held-out benchmarks before the first update, every `eval.every` updates and after the last.
 
-It reuses the evaluate CLI's machinery (`evaluation.evaluator`): the same prompts, rollouts and
-scoring, greedy, with the run's search syntax and tool. Results go where the CLI puts them,
+It reuses the evaluate CLI's machinery (`evaluation.evaluator`): the same prompts (or, with
+`eval.prompt='role'`, the answering role's own for search questions), rollouts and scoring,
+greedy, with the run's search syntax and tool. Results go where the CLI puts them,
 `<workdir>/eval/<benchmark>/{base,step_<N>}/` (N: the training step the params come from), and
 into metrics.jsonl and TensorBoard as `eval/<benchmark>/<metric>` in a row whose step is the
 number of updates done, with `eval/updates` set in it.
@@ -61,23 +62,20 @@ def validate(config: ml_collections.ConfigDict, method_cls) -> None:
                          f"{', '.join(WORLD_PREFIX + s for s in GOLD_SETS)}.")
     else:
       bench_lib.parse_specs(n)
-  if e.get("prompt", "benchmark") not in ("benchmark", "role"):
-    raise ValueError(f"eval.prompt={e.prompt!r}: choose 'benchmark' (the evaluator's prompts) or "
+  prompt = e.get("prompt", "benchmark")
+  if prompt not in ("benchmark", "role"):
+    raise ValueError(f"eval.prompt={prompt!r}: choose 'benchmark' (the evaluator's prompts) or "
                      "'role' (the answering role's own).")
+  if prompt == "role" and not method_cls.has_answer_prompt():
+    raise ValueError(f"eval.prompt='role': {method_cls.name} has no answering prompt of its own; "
+                     "use eval.prompt='benchmark'.")
+  if prompt == "role" and e.role not in ("", method_cls.answering_role):
+    raise ValueError(f"eval.prompt='role' asks in the {method_cls.answering_role}'s prompt; "
+                     f"evaluate eval.role={e.role!r} with eval.prompt='benchmark'.")
   role = e.role or method_cls.answering_role
   if role not in method_cls.roles:
     raise ValueError(f"eval.role={role!r} is not a role of {method_cls.name}; choose one of "
                      f"{', '.join(method_cls.roles)}.")
-
-
-def role_templates(method, syntax: str) -> dict[str, str]:
-  """The evaluator's templates replaced by the answering role's own prompt (`eval.prompt=role`)."""
-  template = method.answer_template()
-  if template is None:
-    raise ValueError(f"eval.prompt='role': {type(method).name} has no answering prompt of its "
-                     "own; use eval.prompt='benchmark'.")
-  search_kind = "qa_search" if syntax in ("", "xml") else f"qa_search_{syntax}"
-  return {"qa": template, search_kind: template}
 
 
 class Evaluations:
@@ -125,9 +123,11 @@ class Evaluations:
         tools["run"] = search.from_config(config.retrieval, config.world.seed)[1]
       return tools["run"]
 
-    templates = role_templates(method, rt.syntax) if e.prompt == "role" else None
+    # eval.prompt='role': a search question is asked as the role is asked in training (its
+    # template, system prompt and chat encoding); other types keep the evaluator's prompts.
+    ask = (lambda q: self.role.prompt(method.answer_prompt(q))) if e.prompt == "role" else None
     self.evaluators = {b.name: eval_lib.Evaluator(rt.tokenizer, settings, tool=tool_for(b),
-                                                  templates=templates, progress=False)
+                                                  search_prompt=ask, progress=False)
                        for b in self.benches}
 
   def run(self, updates: int) -> dict[str, float]:

@@ -52,6 +52,7 @@ class Method:
   searches: its roles call the search tool (`config.retrieval` and `<method>.syntax` are checked);
   syntaxes: the search syntaxes its prompts can ask for (one of them is `<method>.syntax`);
   answering_role: the trained role that answers questions, scored by held-out evaluation (`eval`);
+  world_demonstrations: its warm-up can demonstrate on other worlds' questions (warmup.world_seed);
   smoke: the sizes of a smoke run — batch and group sizes 2, one step per phase (core/smoke.py).
   `check(config)` adds the rules that relate several fields.
   """
@@ -63,6 +64,7 @@ class Method:
   searches: bool = False
   syntaxes: tuple[str, ...] = ("xml", "qwen")
   answering_role: str = ""
+  world_demonstrations: bool = False  # warm-up on other worlds (warmup.world_seed) is possible
   smoke: Mapping[str, Any] = {}  # --config.smoke=True: sizes (dotted from the config's root)
   bounds: tuple = ()  # (dotted pattern, core.bounds.Bound) of the method's own numeric fields
   host_local_keys: tuple[str, ...] = ()  # host_state() entries that measure this host (wall
@@ -126,10 +128,16 @@ class Method:
     raise NotImplementedError(f"{type(self).__name__} has no format demonstrations; set "
                               "--config.warmup.steps=0.")
 
-  def answer_template(self) -> str | None:
-    """The answering role's own question prompt (a template with `{question}`), which held-out
-    evaluation uses with `eval.prompt='role'`; None when the method has none."""
-    return None
+  def answer_prompt(self, question: str):
+    """The answering role's own prompt (a `prompts.Prompt`) for a search question, which
+    held-out evaluation asks in with `eval.prompt='role'`; methods without one do not override
+    it (`has_answer_prompt`)."""
+    raise NotImplementedError(f"{type(self).__name__} has no answering prompt of its own; use "
+                              "eval.prompt='benchmark'.")
+
+  @classmethod
+  def has_answer_prompt(cls) -> bool:
+    return cls.answer_prompt is not Method.answer_prompt
 
   def step(self, step: int) -> dict[str, float]:
     raise NotImplementedError

@@ -93,7 +93,7 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
                        f"a response within the role's context of {context} tokens "
                        "(rollout.max_context, or the role's own max_context).")
   load_lib.check_source(config.model.source, config.model.tie_embeddings)
-  warmup_lib.validate(config)
+  warmup_lib.validate(config, module.METHOD)
   module.METHOD.validate(config, data=data)
   check_policies(module.METHOD, config)
   check_choice("control", config.get("control", ""), CONTROLS)

@@ -42,13 +42,17 @@ from scope_jax.rollout.types import Trajectory
 BUNDLED = DEMO_MODEL
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def validate(config: ml_collections.ConfigDict, method_cls=None) -> None:
   w = config.get("warmup")
   if w is None or not w.steps:
     return
   for name in ("lr", "batch_rows", "documents"):
     if w[name] <= 0:
       raise ValueError(f"warmup.{name} must be positive when warmup.steps > 0, got {w[name]}.")
+  if (w.get("world_seed", -1) >= 0 and method_cls is not None
+      and not method_cls.world_demonstrations):
+    raise ValueError(f"warmup.world_seed={w.world_seed}: {method_cls.name}'s warm-up has no "
+                     "demonstrations from other worlds; set it to -1.")
   seeds = range(w.get("world_seed", -1), w.get("world_seed", -1) + w.get("worlds", 1))
   if w.get("world_seed", -1) >= 0 and config.world.seed in seeds:
     raise ValueError(f"warmup.world_seed={w.world_seed} with warmup.worlds={w.worlds} includes "
@@ -69,8 +73,11 @@ def settings_key(config: ml_collections.ConfigDict, model_config) -> str:
   w = config.warmup
   fields = [_model_fields(model_config), [w.steps, w.lr, w.batch_rows], config.seed,
             config.model.param_dtype, config.model.dtype]
-  if config.model.source != "tiny":  # the fit starts from these weights, not a random init
-    fields.append(config.model.source)
+  source = config.model.source
+  if source.startswith("hf:") and _same_path(source[len("hf:"):], BUNDLED):
+    fields.append(["bundled demo model", _bundled_meta()])  # its fit, wherever it is installed
+  elif not (source == "tiny" or source.startswith("preset:")):  # these weights, not a random init
+    fields.append(source)
   blob = json.dumps(fields, default=str, sort_keys=True)
   return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -136,6 +143,10 @@ def warm_start(rt, method) -> dict[str, float]:
   rt.rebase(params)
   out["warmup/demonstrations"] = float(len(demos))
   return out
+
+
+def _same_path(a, b) -> bool:
+  return os.path.realpath(str(a)) == os.path.realpath(str(b))
 
 
 def _bundled_meta() -> dict:

@@ -86,30 +86,14 @@ def test_curves_by_hand():
     ({"control": "shuffle"}, "control='shuffle' is not valid"),
     ({"eval.every": 1, "eval.benchmarks": "world:doc", "eval.prompt": "mine"},
      "eval.prompt='mine': choose 'benchmark'"),
-    ({"warmup.steps": 5, "warmup.world_seed": 3, "warmup.worlds": 2, "world.seed": 4},
-     "warmup.world_seed=3 with warmup.worlds=2 includes the run's world.seed=4"),
+    ({"warmup.steps": 5, "warmup.world_seed": 3}, "copy_qa's warm-up has no demonstrations "
+     "from other worlds"),
+    ({"eval.every": 1, "eval.benchmarks": "world:hop1", "eval.prompt": "role"},
+     "copy_qa has no answering prompt of its own"),
 ])
 def test_bad_eval_or_control_settings_name_the_fix(overrides, message):
   with pytest.raises(ValueError, match=re.escape(message)):
     runner.validate(config(**overrides))
-
-
-class _Answers:
-  name = "stub"
-
-  def __init__(self, template):
-    self.template = template
-
-  def answer_template(self):
-    return self.template
-
-
-def test_role_prompt_replaces_the_evaluators_templates():
-  t = "Answer it. {question}"
-  assert evals.role_templates(_Answers(t), "qwen") == {"qa": t, "qa_search_qwen": t}
-  assert evals.role_templates(_Answers(t), "xml") == {"qa": t, "qa_search": t}
-  with pytest.raises(ValueError, match="stub has no answering prompt of its own"):
-    evals.role_templates(_Answers(None), "xml")
 
 
 def test_world_specs_become_files(tmp_path):

@@ -174,6 +174,11 @@ def test_a_warm_start_from_other_weights_is_another_fit():
   tiny = warmup.settings_key(c, model_config)
   c.model.source = "hf:/some/checkpoint"
   assert warmup.settings_key(c, model_config) != tiny
+  c.model.source = f"hf:{warmup.BUNDLED}"
+  bundled = warmup.settings_key(c, model_config)
+  assert bundled != tiny
+  c.model.source = f"hf:{warmup.BUNDLED}/../demo_model"  # the same weights by another path
+  assert warmup.settings_key(c, model_config) == bundled
   c.model.source = "tiny"
   assert warmup.settings_key(c, model_config) == tiny
 

@@ -23,6 +23,7 @@ from scope_jax import run_record
 from scope_jax.retrieval import demo_corpus as demo
 from scope_jax.methods.piplay import algorithm as piplay
 from scope_jax.methods.piplay import demos as piplay_demos
+from scope_jax.core import evals
 from scope_jax.core import runner
 from scope_jax.core import runtime
 from scope_jax.methods.piplay import prompts as P
@@ -98,8 +99,10 @@ def test_validation_names_the_fix():
                              ("piplay.attempts", 1, "at least 2"),
                              ("piplay.roles.examiner.max_turns", 1, "largest hop count"),
                              ("piplay.restart_optimizer", ("teacher",), "the policies are"),
-                             ("piplay.adv_std", "sample", "piplay.adv_std")]:
-    c = small_config()
+                             ("piplay.adv_std", "sample", "piplay.adv_std"),
+                             ("warmup.world_seed", 0, "includes the run's world.seed=0"),
+                             ("eval.prompt", "question", "eval.prompt='question'")]:
+    c = small_config(**{"warmup.steps": 5, "eval.every": 1, "eval.benchmarks": "world:hop1"})
     c.update_from_flattened_dict({key: value})
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace("]", r"\]")):
       runner.validate(c)
@@ -446,6 +449,18 @@ def test_world_demonstrations_come_from_other_worlds(tmp_path):
     obs = [s.text for s in d.spans if s.kind == "observation"][0]
     assert all(x in titles for x in _titles(obs)) and entity == _titles(obs)[0]
     assert f"<answer>{answers[question]}</answer>" in d.spans[-1].text
+
+
+def test_role_prompt_evaluation_asks_as_the_student_is_asked(tmp_path):
+  c = small_config(**{"eval.every": 1, "eval.benchmarks": "world:hop1",
+                      "eval.prompt": "role", "eval.limit": 2})
+  rt = runtime.Runtime(c, str(tmp_path))
+  method = piplay.PiPlay(rt)
+  ev = evals.Evaluations(rt, method)
+  by_type = {b.type: ev.evaluators[b.name] for b in ev.benches}
+  question = "Who founded Migra Guild?"
+  assert by_type["qa_search"].search_prompt(question) == rt.roles["student"].prompt(
+      method.prompts.student(question))
 
 
 def _titles(text):

@@ -77,6 +77,7 @@ class PiPlay(Method):
   name = "piplay"
   roles = ("examiner", "student", "teacher")
   answering_role = "student"  # held-out evaluation scores it (config.eval)
+  world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
   at_least_one = ("iterations", "examiner_steps", "student_steps", "examiner_batch",
                   "student_batch", "group_size")
   choices = {"prompt_style": tuple(P.STYLES), "variant": P.VARIANTS, "teacher": R.PRIVILEGED,
@@ -152,8 +153,8 @@ class PiPlay(Method):
   def demonstrations(self, rng):
     return piplay_demos.demonstrations(self, rng)
 
-  def answer_template(self) -> str:
-    return self.prompts.template("student")
+  def answer_prompt(self, question: str):
+    return self.prompts.student(question)
 
   # ------------------------------------------------------------------------------ schedule
   def locate(self, step: int) -> tuple[int, str, int]:

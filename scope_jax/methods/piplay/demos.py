@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+import ml_collections
 import numpy as np
 
 from scope_jax.retrieval import search
@@ -123,19 +124,28 @@ class _Demos:
 class _WorldDemos(_Demos):
   """Demonstrations from other worlds (`warmup.worlds` of them from seed `warmup.world_seed`):
   one-hop questions about their entities, searched and answered from each world's own index.
-  The formats carry over to the run's world; the facts do not. Several worlds, so that a small
-  model cannot memorise their names and must copy them from its context."""
+  The formats carry over to the run's world; the facts do not (a question whose entity or answer
+  is also a name in the run's world is left out). Several worlds, so that a small model cannot
+  memorise their names and must copy them from its context."""
 
   def build(self, num_docs: int) -> list[Trajectory]:
-    w = self.rt.config.warmup
+    config = self.rt.config
+    w, r = config.warmup, config.retrieval
     worlds = max(int(w.get("worlds", 1)), 1)
+    taken = set(World(config.world.seed).entities.by_name())  # never a name of the run's world
+    # Each world's own index, whatever corpus, index or server the run itself searches.
+    tool_config = ml_collections.ConfigDict(dict(url="", index="", corpus="world", max_documents=0,
+                                                 encoder=r.encoder or "minilm", topk=r.topk))
     out = []
     for k in range(worlds):
       world = World(w.world_seed + k)
-      _, self.tool = search.from_config(self.rt.config.retrieval, world.seed)
+      _, self.tool = search.from_config(tool_config, world.seed)
       by_id = {d.id: d for d in world.documents}
       for q in world.questions(-(-num_docs // worlds), self.rng):
-        out += self.question(by_id[q["support"][0]], q["question"], q["gold"][0])
+        doc = by_id[q["support"][0]]
+        if doc.title in taken or q["gold"][0] in taken:
+          continue
+        out += self.question(doc, q["question"], q["gold"][0])
     return out
 
   def search(self, query: str) -> tuple[list[Passage], list[int]]:
