@@ -422,12 +422,19 @@ def test_demonstrations_cover_every_role_with_real_search_results(tmp_path):
 def test_world_demonstrations_come_from_other_worlds(tmp_path):
   """A `learn` warm-up demonstrates on other worlds: each question is one of theirs (never the
   run's world's), asked by the examiner about its entity's document, searched by name and
-  answered with that world's fact from that world's own search results."""
+  answered with that world's fact from that world's own search results. Its held-out questions
+  are asked in the student's own prompt (eval.prompt='role')."""
   c = small_config(**{"retrieval.corpus": "world", "retrieval.topk": 2, "warmup.world_seed": 7,
                       "warmup.worlds": 2, "warmup.documents": 3, "piplay.syntax": "qwen",
-                      "piplay.hop_choices": (1,), "piplay.hop_ratio": (1,)})
+                      "piplay.hop_choices": (1,), "piplay.hop_ratio": (1,), "eval.every": 1,
+                      "eval.benchmarks": "world:hop1", "eval.prompt": "role", "eval.limit": 2})
   rt = runtime.Runtime(c, str(tmp_path))
   method = piplay.PiPlay(rt)
+  # eval.prompt='role': a held-out question is asked exactly as the student is asked.
+  ev = evals.Evaluations(rt, method)
+  question = "Who founded Migra Guild?"
+  assert ev.evaluators[ev.benches[0].name].search_prompt(question) == \
+      rt.roles["student"].prompt(method.prompts.student(question))
   demos = piplay_demos.demonstrations(method, np.random.default_rng(0))
   worlds = [World(7), World(8)]
   answers = {q["question"]: q["gold"][0] for w in worlds for q in w.questions(10 ** 4,
@@ -449,18 +456,6 @@ def test_world_demonstrations_come_from_other_worlds(tmp_path):
     obs = [s.text for s in d.spans if s.kind == "observation"][0]
     assert all(x in titles for x in _titles(obs)) and entity == _titles(obs)[0]
     assert f"<answer>{answers[question]}</answer>" in d.spans[-1].text
-
-
-def test_role_prompt_evaluation_asks_as_the_student_is_asked(tmp_path):
-  c = small_config(**{"eval.every": 1, "eval.benchmarks": "world:hop1",
-                      "eval.prompt": "role", "eval.limit": 2})
-  rt = runtime.Runtime(c, str(tmp_path))
-  method = piplay.PiPlay(rt)
-  ev = evals.Evaluations(rt, method)
-  by_type = {b.type: ev.evaluators[b.name] for b in ev.benches}
-  question = "Who founded Migra Guild?"
-  assert by_type["qa_search"].search_prompt(question) == rt.roles["student"].prompt(
-      method.prompts.student(question))
 
 
 def _titles(text):
