@@ -127,7 +127,6 @@ def test_the_control_trains_on_permuted_advantages(tmp_path, monkeypatch):
   assert control == runtime.shuffled(plain, [0, 0, __import__("zlib").crc32(b"policy")])
 
 
-
 def _timing(key: str) -> bool:
   return key.startswith("time/") or "/time/" in key or key.endswith("_per_s")
 
@@ -135,9 +134,9 @@ def _timing(key: str) -> bool:
 @pytest.mark.parametrize("players", ["own model", "scripted"])
 def test_the_same_run_twice_gives_the_same_curve(tmp_path, monkeypatch, players):
   """CPU determinism: two updates with greedy held-out evaluation before, between and after,
-  run twice with the same seeds, write the same metrics (timings and throughputs aside). On the example's own
-  tiny model the rollouts are sampled at temperature 1 (its rewards are all 0, so the updates
-  are empty); with scripted players the rewards vary and the updates are real."""
+  run twice with the same seeds, write the same metrics (timings and throughputs aside). On the
+  example's own tiny model the rollouts are sampled at temperature 1 (its rewards are all 0, so
+  the updates are empty); with scripted players the rewards vary and the updates are real."""
   overrides = {"total_steps": 2, "eval.every": 1, "eval.benchmarks": "world:arith,world:doc",
                "eval.limit": 8, "eval.role": "answerer", "eval.max_new_tokens": 16,
                "world.seed": 5}
