@@ -131,7 +131,8 @@ def _timing(key: str) -> bool:
   return key.startswith("time/") or "/time/" in key or key.endswith("_per_s")
 
 
-@pytest.mark.parametrize("players", ["own model", "scripted"])
+# Sampled on the model itself, the run takes minutes on a 2-core CPU: slow; scripted, by default.
+@pytest.mark.parametrize("players", [pytest.param("own model", marks=pytest.mark.slow), "scripted"])
 def test_the_same_run_twice_gives_the_same_curve(tmp_path, monkeypatch, players):
   """CPU determinism: two updates with greedy held-out evaluation before, between and after,
   run twice with the same seeds, write the same metrics (timings and throughputs aside). On the

@@ -164,6 +164,7 @@ def _run(workdir, steps, wait=True):
                           env=env)
 
 
+@pytest.mark.slow  # minutes on a 2-core CPU; SPELL's (the README's command) runs by default
 def test_cli_default_demo_runs_every_phase_on_the_models_own_output(tmp_path):
   """The README's OpenSIR command: the bundled demo model writes legal problems, its students
   answer them in the boxed sentence, and both roles train."""

@@ -396,6 +396,7 @@ def _cli(workdir, *extra, wait=True):
 QUICK_WARMUP = ("--config.warmup.steps=20", "--config.warmup.documents=8")
 
 
+@pytest.mark.slow  # minutes on a 2-core CPU; SPELL's (the README's command) runs by default
 def test_cli_demo_runs_with_real_retrieval(tmp_path):
   """The demo's whole pipeline: format warm-up (shortened here; the full one is the slow test
   below), two iterations of both stages on the CPU, checkpoints, metrics and the task sets."""
