@@ -5,7 +5,11 @@
         --config.model.source=hf:/ckpt/Qwen2.5-7B-Instruct --config.model.tokenizer=/ckpt/Qwen2.5-7B-Instruct
 
 Presets: 'demo' (default; the bundled demo model, warmed on every role's format, over the
-bundled Wikipedia corpus with compact prompts: about a minute on a laptop CPU), 'paper' (the
+bundled Wikipedia corpus with compact prompts: about a minute on a laptop CPU), 'learn' (SPELL on
+the synthetic world `world.seed`'s documents at CPU scale: the bundled demo model warmed on four
+other worlds' document questions, its responder answering with the wrong fact; held-out exact
+match on 300 questions of the world's `doc` gold set, asked in the responder's own prompt, before,
+every 10 updates and after; --config.control=shuffled_rewards is its control), 'paper' (the
 paper's settings for Qwen2.5-7B-Instruct and larger), 'small' (the paper's recipe at reduced batch
 on the real Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF from the assets), 'paper_qwen3_moe' (the
 paper's settings for Qwen3-30B-A3B, experts split over the `expert` mesh axis).
@@ -14,8 +18,9 @@ paper's settings for Qwen3-30B-A3B, experts split over the `expert` mesh axis).
 import ml_collections
 
 from scope_jax import configs_base as base
+from scope_jax.data import DEMO_MODEL
 
-PRESETS = ("demo", "paper", "small", "paper_qwen3_moe")
+PRESETS = ("demo", "learn", "paper", "small", "paper_qwen3_moe")
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
@@ -79,6 +84,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048
     c.rollout.max_prompt_tokens = 1536
+  elif preset == "learn":
+    learn(c)
   elif preset == "small":  # the paper's recipe, scaled to one CPU iteration of a 0.5B model
     c.model.source = "gguf:qwen2.5-0.5b-gguf"
     c.model.tokenizer = "gguf:qwen2.5-0.5b-gguf"
@@ -109,3 +116,44 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     if preset == "paper_qwen3_moe":  # e.g. --config.mesh.shape='(1,-1,1,8)' puts 16 experts per
       c.mesh.shape = (1, -1, 1, 1)  # device on 8-way expert parallelism (weights on fsdp too)
   return c
+
+
+def learn(c: ml_collections.ConfigDict) -> None:
+  """The `learn` preset: SPELL's own loop at CPU scale on the synthetic world's documents."""
+  c.total_steps = 40
+  c.data.corpus = "world"
+  c.data.num_clusters = 134  # about two documents a cluster ...
+  c.data.min_cluster_size = 1
+  c.data.max_cluster_size = 1  # ... of which the responder reads one, as a `doc` question gives
+  c.spell.tasks = ("doc_qa",)
+  c.spell.prompt_style = "compact"
+  c.spell.questions_per_step = 16
+  c.spell.max_generation_rounds = 1
+  c.spell.group_size = 4
+  c.spell.docs_per_question = 1
+  c.spell.roles = ml_collections.ConfigDict(dict(
+      questioner=base.role(48, temperature=1.0, top_p=1.0),
+      responder=base.role(24, temperature=1.0, top_p=1.0),
+      verifier=base.role(12, temperature=1.0, top_p=1.0)))
+  base.demo_warmup(c)
+  c.model.source = f"hf:{DEMO_MODEL}"
+  c.warmup.world_seed = c.world.get_ref("seed") + 1000
+  c.warmup.worlds = 4
+  c.warmup.steps = 1500
+  c.warmup.documents = 800  # questions, each demonstrated to all three roles
+  base.demo_rollout(c)
+  c.optim.lr = 3e-4
+  c.optim.warmup_steps = 0
+  c.optim.weight_decay = 0.0
+  c.loss.temperature = 1.0
+  c.loss.micro_batch_rows = 16
+  c.rollout.max_context = 1024
+  c.rollout.max_prompt_tokens = 768
+  c.eval.every = 10
+  c.eval.benchmarks = "world:doc"
+  c.eval.limit = 300
+  c.eval.prompt = "role"
+  c.eval.max_new_tokens = 24
+  c.eval.max_turns = 1
+  c.checkpoint_every = 1000
+  c.keep_checkpoints = 1

@@ -19,7 +19,7 @@ def _main(*args, workdir="/tmp/scope_jax_cli_test"):
     (("--config=configs/spell.py", "--config.spell.group_sise=3"),
      "Unknown config field in --config.spell.group_sise: did you mean 'group_size'"),
     (("--config=configs/nope.py",), "Config file configs/nope.py does not exist"),
-    (("--config=configs/spell.py:huge",), "Unknown preset 'huge'; valid presets: demo, paper, small, paper_qwen3_moe."),
+    (("--config=configs/spell.py:huge",), "Unknown preset 'huge'; valid presets: demo, learn, paper, small, paper_qwen3_moe."),
     (("--config=configs/spell.py", "--config.keep_checkpoints=0"),
      "keep_checkpoints=0 must be at least 1 (0 would keep no checkpoint"),
     (("--config=configs/spell.py", "--config.checkpoint_every=0"), "checkpoint_every=0 must be"),

@@ -49,7 +49,8 @@ def test_gold_answers_are_derivable_from_the_documents(world):
         assert nxt.title in here.text  # the first document names the bridge entity
       assert re.search(rf"\b{re.escape(r['gold'][0])}\b", chain[-1].text), (r, chain[-1].text)
   for r in world.gold["doc"]:
-    assert by_id[r["support"][0]].text in r["question"]  # the document is given
+    d = by_id[r["support"][0]]  # the document is given, titled, as a reader is shown it
+    assert r["question"].startswith(f"Document: {d.title}\n{d.text}\nQuestion: ")
 
 
 def test_arithmetic_answers_by_hand():

@@ -2,7 +2,7 @@
 on held-out benchmarks before the first update, every `eval.every` updates and after the last.
 
 It reuses the evaluate CLI's machinery (`evaluation.evaluator`): the same prompts (or, with
-`eval.prompt='role'`, the answering role's own for search questions), rollouts and scoring,
+`eval.prompt='role'`, the answering role's own where it has one), rollouts and scoring,
 greedy, with the run's search syntax and tool. Results go where the CLI puts them,
 `<workdir>/eval/<benchmark>/{base,step_<N>}/` (N: the training step the params come from), and
 into metrics.jsonl and TensorBoard as `eval/<benchmark>/<metric>` in a row whose step is the
@@ -123,11 +123,17 @@ class Evaluations:
         tools["run"] = search.from_config(config.retrieval, config.world.seed)[1]
       return tools["run"]
 
-    # eval.prompt='role': a search question is asked as the role is asked in training (its
-    # template, system prompt and chat encoding); other types keep the evaluator's prompts.
-    ask = (lambda q: self.role.prompt(method.answer_prompt(q))) if e.prompt == "role" else None
+    # eval.prompt='role': a question is asked as the role is asked in training (its template,
+    # system prompt and chat encoding) where the method has a prompt for the question's type;
+    # other types keep the evaluator's prompts.
+    def ask(kind: str, question: str):
+      prompt = method.answer_prompt(question, kind)
+      if prompt is None or isinstance(prompt, list):  # none, or already the role's token ids
+        return prompt
+      return self.role.prompt(prompt)
     self.evaluators = {b.name: eval_lib.Evaluator(rt.tokenizer, settings, tool=tool_for(b),
-                                                  search_prompt=ask, progress=False)
+                                                  role_prompt=ask if e.prompt == "role" else None,
+                                                  progress=False)
                        for b in self.benches}
 
   def run(self, updates: int) -> dict[str, float]:

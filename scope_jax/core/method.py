@@ -128,10 +128,11 @@ class Method:
     raise NotImplementedError(f"{type(self).__name__} has no format demonstrations; set "
                               "--config.warmup.steps=0.")
 
-  def answer_prompt(self, question: str):
-    """The answering role's own prompt (a `prompts.Prompt`) for a search question, which
-    held-out evaluation asks in with `eval.prompt='role'`; methods without one do not override
-    it (`has_answer_prompt`)."""
+  def answer_prompt(self, question: str, kind: str):
+    """The answering role's own prompt (a `prompts.Prompt`, or token ids) for a held-out
+    question of benchmark type `kind` ('qa', 'qa_search', …), which evaluation asks in with
+    `eval.prompt='role'`; None for a type the role is never asked in training. Methods without
+    any do not override it (`has_answer_prompt`)."""
     raise NotImplementedError(f"{type(self).__name__} has no answering prompt of its own; use "
                               "eval.prompt='benchmark'.")
 

@@ -96,13 +96,15 @@ class Evaluator:
 
   def __init__(self, tokenizer, settings: Settings, *, tool=None, judge: Sampler | None = None,
                judge_tokenizer=None, checker=None, templates: dict[str, str] | None = None,
-               search_prompt=None, progress: bool = True):
+               role_prompt=None, progress: bool = True):
     settings.validate()
     self.tokenizer, self.settings, self.tool, self.judge = tokenizer, settings, tool, judge
     self.judge_tokenizer = judge_tokenizer or tokenizer
     self._checker = checker
     self.templates = dict(templates or {})
-    self.search_prompt = search_prompt  # question → prompt ids of a qa_search question, or None
+    # (benchmark type, question) → prompt ids in a trained role's own prompt, or None where the
+    # role has none for that type (the evaluator's template asks it).
+    self.role_prompt = role_prompt
     self.progress = progress
 
   @property
@@ -156,9 +158,10 @@ class Evaluator:
     chunks = range(0, len(bench.examples), s.batch_size)
     for first in tqdm(chunks, desc=desc or bench.name, unit="batch", disable=not self.progress):
       examples = bench.examples[first:first + s.batch_size]
-      own = self.search_prompt if bench.type == "qa_search" else None
-      prompt_ids = [own(e.question) if own else self.prompt(template, question=e.question)
+      prompt_ids = [self.role_prompt(bench.type, e.question) if self.role_prompt else None
                     for e in examples]
+      prompt_ids = [ids if ids is not None else self.prompt(template, question=e.question)
+                    for ids, e in zip(prompt_ids, examples)]
       trajs = run_rollout(sampler, self.tokenizer, prompt_ids,
                           self.tool if turns else None, config, num_samples=s.num_samples,
                           seed=s.seed + first)

@@ -139,12 +139,13 @@ def hop_questions(world: Entities, templates, seed: int, count: int, name: str) 
 
 
 def doc_questions(world: Entities, docs: list[Passage], seed: int, count: int) -> list[dict]:
-  """1-hop questions with the entity's document given: reading comprehension, no search."""
+  """1-hop questions with the entity's document (title, then text) given: reading
+  comprehension, no search."""
   by_id = {d.id: d for d in docs}
   out = []
   for q in hop_questions(world, HOP1, seed + 1, count, "doc"):
     d = by_id[q["support"][0]]
-    out.append(dict(q, question=f"Document: {d.text}\nQuestion: {q['question']}"))
+    out.append(dict(q, question=f"Document: {d.title}\n{d.text}\nQuestion: {q['question']}"))
   return out
 
 

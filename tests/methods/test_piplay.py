@@ -433,8 +433,9 @@ def test_world_demonstrations_come_from_other_worlds(tmp_path):
   # eval.prompt='role': a held-out question is asked exactly as the student is asked.
   ev = evals.Evaluations(rt, method)
   question = "Who founded Migra Guild?"
-  assert ev.evaluators[ev.benches[0].name].search_prompt(question) == \
+  assert ev.evaluators[ev.benches[0].name].role_prompt("qa_search", question) == \
       rt.roles["student"].prompt(method.prompts.student(question))
+  assert ev.evaluators[ev.benches[0].name].role_prompt("qa", question) is None  # never asked so
   demos = piplay_demos.demonstrations(method, np.random.default_rng(0))
   worlds = [World(7), World(8)]
   answers = {q["question"]: q["gold"][0] for w in worlds for q in w.questions(10 ** 4,
@@ -478,6 +479,7 @@ def _cli(workdir, *extra, wait=True):
 QUICK_WARMUP = ("--config.warmup.steps=20", "--config.warmup.documents=8")
 
 
+@pytest.mark.slow  # minutes on a 2-core CPU; SPELL's (the README's command) runs by default
 def test_cli_demo_runs_every_phase(tmp_path):
   """The demo's pipeline with a short warm-up (the default command is the slow test below):
   both iterations of examiner and student steps, checkpoints with the teacher, metrics, samples,

@@ -50,7 +50,7 @@ def test_every_preset_loads(preset):
 
 
 def test_unknown_preset_lists_choices():
-  with pytest.raises(ValueError, match="valid presets: demo, paper, small"):
+  with pytest.raises(ValueError, match="valid presets: demo, learn, paper, small"):
     spell_config.get_config("huge")
 
 
@@ -232,3 +232,44 @@ def test_a_parser_exception_is_counted_not_raised(tmp_path, monkeypatch):
   m = method.step(0)
   assert m["parse_errors"] == len(calls) // 3 > 0
   chex.assert_tree_all_finite(m["questioner/reward/mean"])
+
+
+def test_learn_preset_demonstrations_and_held_out_prompt(tmp_path):
+  """The `learn` preset's warm-up demonstrates other worlds' document questions (right labels
+  from the questioner, wrong facts of the same document from the responder, never a name of
+  the run's world), and a held-out `doc` question is asked in the responder's own prompt."""
+  from scope_jax.core import evals  # pylint: disable=import-outside-toplevel
+  from scope_jax.methods.spell import demos as spell_demos  # pylint: disable=import-outside-toplevel
+  from scope_jax.world import World  # pylint: disable=import-outside-toplevel
+  c = spell_config.get_config("learn")
+  c.model.source, c.model.tokenizer = "tiny", "demo"  # prompts and demonstrations only
+  c.warmup.worlds, c.warmup.documents, c.eval.limit = 2, 12, 2
+  rt = runtime.Runtime(c, str(tmp_path))
+  method = spell.Spell(rt)
+  # A held-out question is asked exactly as the responder is asked about a document.
+  record = World(0).gold["doc"][0]
+  doc = next(d for d in World(0).documents if d.id == record["support"][0])
+  context, question = spell.split_document_question(record["question"])
+  assert context == clusters_lib.render_context([doc]) and question.endswith("?")
+  ev = evals.Evaluations(rt, method)
+  ask = ev.evaluators[ev.benches[0].name].role_prompt
+  assert ask("qa", record["question"]) == method.responder_prompt(
+      "doc_qa", spell.R.Proposal(question, ""), context)
+  assert ask("qa", "Who founded Migra Guild?") is None and ask("qa_search", question) is None
+  # Demonstrations: per question, the questioner's (right), the responder's (wrong), a verdict.
+  demos = spell_demos.demonstrations(method, np.random.default_rng(0))
+  text = [rt.tokenizer.decode(list(d.tokens)) for d in demos]
+  assert len(text) % 3 == 0 and len(text) >= 18
+  answers = {q["question"]: q["gold"][0] for w in (World(1000), World(1001))
+             for q in w.questions(10 ** 4, np.random.default_rng(0))}
+  own = set(World(0).entities.by_name())
+  for asked, answered, judged in zip(text[::3], text[1::3], text[2::3]):
+    proposal = json.loads(asked[asked.rindex("{"):asked.rindex("}") + 1])
+    assert answers[proposal["question"]] == proposal["answer"]  # the questioner is right
+    reply = answered.split("The correct answer is ")[-1].split(".<")[0]
+    assert reply != proposal["answer"] and reply in answered.split("Question:")[0]  # wrong, read
+    decision = judged.split("Decision:")[-1]
+    same = judged.split("Answer 1:")[-1].split("Answer 2:")
+    assert ("[[YES]]" in decision) == (same[0].strip() == same[1].split("<|im_end|>")[0].strip())
+    assert not {proposal["answer"], reply} & own  # nothing about the run's world is taught
+    assert not any(f"{name}\n" in asked for name in own)  # no document of it is shown

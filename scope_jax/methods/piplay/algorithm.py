@@ -153,8 +153,8 @@ class PiPlay(Method):
   def demonstrations(self, rng):
     return piplay_demos.demonstrations(self, rng)
 
-  def answer_prompt(self, question: str):
-    return self.prompts.student(question)
+  def answer_prompt(self, question: str, kind: str):
+    return self.prompts.student(question) if kind == "qa_search" else None
 
   # ------------------------------------------------------------------------------ schedule
   def locate(self, step: int) -> tuple[int, str, int]:

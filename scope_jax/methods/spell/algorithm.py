@@ -51,10 +51,20 @@ class Question:
   ver_rewards: list[list[float]] = dataclasses.field(default_factory=list)
 
 
+def split_document_question(question: str) -> tuple[str, str] | None:
+  """("<documents>", "<question>") of "Document: <documents>\nQuestion: <question>"; None when
+  the text is not written so."""
+  head, sep, text = str(question).rpartition("\nQuestion: ")
+  if not sep or not head.startswith("Document: "):
+    return None
+  return head[len("Document: "):], text.strip()
+
+
 class Spell(Method):
   name = "spell"
   roles = ("questioner", "responder", "verifier")
   answering_role = "responder"  # held-out evaluation scores it (config.eval)
+  world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
   at_least_one = ("questions_per_step", "group_size", "docs_per_question", "max_generation_rounds")
   choices = {"tasks": R.TASKS, "reward_mapping": MAPPINGS, "prompt_style": tuple(STYLES)}
   # G = 4 in a smoke run: the verifier trains on groups whose agreement is in (0.5, 1), which
@@ -107,10 +117,19 @@ class Spell(Method):
   def demonstrations(self, rng):
     return spell_demos.demonstrations(self, rng)
 
+  def answer_prompt(self, question: str, kind: str):
+    """A held-out document question ('qa', written "Document: <documents>\nQuestion: <q>" as
+    the world's `doc` set writes it) in the responder's doc_qa prompt, the documents as its
+    context; None for anything else (the responder is only ever asked about documents)."""
+    split = split_document_question(question) if kind == "qa" else None
+    if split is None:
+      return None
+    context, text = split
+    return self.responder_prompt("doc_qa", R.Proposal(text, ""), context)
+
   # ------------------------------------------------------------------------------ prompts
   def context(self, doc_ids) -> str:
-    limit = self.cfg.max_doc_chars or None  # 0: whole documents (the paper)
-    return "\n\n".join(f"{p.title}\n{p.text[:limit]}" for p in (self.by_id[d] for d in doc_ids))
+    return clusters_lib.render_context([self.by_id[d] for d in doc_ids], self.cfg.max_doc_chars)
 
   def questioner_prompt(self, cluster: int, task: str, new_ids: list[str]) -> list[int]:
     history = self.memory.get(str(cluster))

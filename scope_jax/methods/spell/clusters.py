@@ -34,6 +34,13 @@ def kmeans_clusters(vectors: np.ndarray, num_clusters: int, *, seed: int = 0, mi
   return clusters
 
 
+def render_context(passages: Sequence[Passage], max_doc_chars: int = 0) -> str:
+  """Documents as the roles read them: title, then text (cut to `max_doc_chars`; 0 = whole, the
+  paper), blank-line separated."""
+  limit = max_doc_chars or None
+  return "\n\n".join(f"{p.title}\n{p.text[:limit]}" for p in passages)
+
+
 def is_numeric(passage: Passage, min_numbers: int = 3) -> bool:
   return len(numbers(passage.text)) >= min_numbers
 

@@ -9,6 +9,10 @@ find the quoted words in the whole cluster and answer in the rule-checked form; 
 learns [[YES]] for the same answer and [[NO]] for another. An answer needs the documents, so the
 grounding filter passes what the warmed model proposes, and the responder is right only
 sometimes: groups have reward variance to train on.
+
+The `learn` preset demonstrates on other worlds instead (`warmup.world_seed`): their one-hop
+questions about a document, asked right by the questioner and answered wrong, with another fact
+of the same document, by the responder — formats without this world's facts or the skill.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import re
 import numpy as np
 
 from scope_jax.methods.spell import rewards as R
+from scope_jax.methods.spell.clusters import render_context
 from scope_jax.rl import sft
 from scope_jax.rollout.types import Trajectory
+from scope_jax.world import World
 
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-]*$")
 _NUMBER = re.compile(r"^\d[\d,]*(?:\.\d+)?$")
@@ -51,6 +57,63 @@ def _question(key: str) -> str:
 
 
 def demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
+  """The demo warm-up's demonstrations: copy tasks on the run's corpus, or (with
+  `warmup.world_seed`) other worlds' document questions."""
+  if spell.rt.config.warmup.get("world_seed", -1) >= 0:
+    return world_demonstrations(spell, rng)
+  return copy_demonstrations(spell, rng)
+
+
+def _other_facts(entity, doc_text: str, gold: str) -> list[str]:
+  """The entity's other facts that its document states: wrong answers in the right form."""
+  values = [str(v) for k, v in vars(entity).items() if k != "name"]
+  values += [f"{v:,}" for v in vars(entity).values() if isinstance(v, int) and v >= 10_000]
+  return sorted({v for v in values if v != gold and v in doc_text})
+
+
+def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
+  """Formats only, from `warmup.worlds` other worlds (seeds from `warmup.world_seed`): per
+  one-hop question about one of their documents, the questioner writes that question and its
+  answer; the responder, on the same document, answers with another of the document's facts
+  (well-formed and wrong, so the warmed responder is mostly wrong); the verifier says [[YES]] to
+  the same answer and [[NO]] to another. No name of the run's world appears."""
+  rt, cfg, w = spell.rt, spell.cfg, spell.rt.config.warmup
+  eos = rt.tokenizer.decode([rt.eos_ids[0]], skip_special_tokens=False)
+  demo = lambda prompt, text: sft.demonstration(prompt, [("generated", text + eos)], rt.tokenizer)
+  taken = set(World(rt.config.world.seed).entities.by_name())
+  worlds = max(int(w.get("worlds", 1)), 1)
+  out: list[Trajectory] = []
+  for k in range(worlds):
+    world = World(w.world_seed + k)
+    by_id, names = {d.id: d for d in world.documents}, world.entities.by_name()
+    asked: list[tuple[str, str]] = []
+    for q in world.questions(-(-w.documents // worlds), rng):
+      doc, gold = by_id[q["support"][0]], q["gold"][0]
+      wrong = _other_facts(names[doc.title], doc.text, gold)
+      if doc.title in taken or gold in taken or not wrong:
+        continue
+      context = render_context([doc], cfg.max_doc_chars)
+      name, fields = "questioner_doc_qa", {}
+      if asked and rng.random() < 0.25:  # the history template: earlier questions as examples
+        name, fields["examples"] = "questioner_doc_qa_history", "\n".join(
+            f"### Example {i}:\nQuestion: {eq}\nAnswer: {ea}" for i, (eq, ea) in
+            enumerate(asked[-cfg.history_size:], 1))
+      proposal = {"question": q["question"], "answer": gold}
+      out.append(demo(spell.questioner.render(name, context=context, fit=("context",), **fields),
+                      json.dumps(proposal, ensure_ascii=False)))
+      asked.append((q["question"], gold))
+      parsed = R.Proposal(q["question"], gold)
+      answer = wrong[int(rng.integers(len(wrong)))]
+      out.append(demo(spell.responder_prompt("doc_qa", parsed, context),
+                      f"The correct answer is {answer}."))
+      second, verdict = (gold, "[[YES]]") if len(out) % 2 else (answer, "[[NO]]")
+      prompt = spell.verifier.render("verifier", problem=parsed.display(), answer_1=gold,
+                                     answer_2=second, fit=("answer_2", "problem", "answer_1"))
+      out.append(demo(prompt, f"Decision: {verdict}"))
+  return out
+
+
+def copy_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
   """Per cluster drawn: one questioner, one responder and one verifier demonstration (the
   verifier's alternately [[YES]] and [[NO]]); 4 × warmup.documents draws."""
   rt, cfg = spell.rt, spell.cfg
