@@ -25,6 +25,7 @@ from scope_jax.evaluation import scoring
 from scope_jax.rewards import mathcheck
 from scope_jax.methods.scope import rewards as scope_rewards
 from scope_jax.methods.spell import rewards as spell_rewards
+from scope_jax import rollout
 from scope_jax.rollout import RolloutConfig, render_chat, run_rollout
 from scope_jax.sampling import Sampler
 
@@ -190,7 +191,7 @@ class Evaluator:
     return metrics, records
 
   def _record(self, example, trajs, kind: str) -> dict:
-    texts = ["".join(sp.text for sp in t.generated_turns()) for t in trajs]
+    texts = [rollout.plain_response(self.tokenizer, t) for t in trajs]  # no end-of-turn marker
     answers = [t.answer if t.answer is not None else scoring.extract_answer(x, kind)
                for t, x in zip(trajs, texts)]
     details = [self._score(ans, example.gold, kind) for ans in answers]

@@ -1,6 +1,7 @@
 """Multi-turn rollouts that interleave generation with search-tool calls."""
 
-from scope_jax.rollout.agent import RolloutConfig, encode, render_chat, run_rollout
+from scope_jax.rollout.agent import (RolloutConfig, encode, plain_response, render_chat,
+                                     run_rollout)
 from scope_jax.rollout.parsers import Action, extract_tag, parse_action
 from scope_jax.rollout.types import SearchTool, Span, ToolCall, Trajectory
 

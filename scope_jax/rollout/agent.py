@@ -125,6 +125,14 @@ def render_chat(tokenizer, messages: Sequence[dict], *, plain_contents: bool = F
   return ids
 
 
+def plain_response(tokenizer, traj: Trajectory) -> str:
+  """What a row generated (its turns, observations left out) as text without special tokens:
+  the end-of-turn marker a turn ends with is not part of what it says, and an answer read from
+  this text can never carry a control token into another prompt."""
+  return "".join(tokenizer.decode([int(t) for t in traj.tokens[s.start:s.end]],
+                                  skip_special_tokens=True) for s in traj.generated_turns())
+
+
 def _split_marks(text: str, marks: Sequence[str]) -> list | None:
   """[template text, message index, template text, …] in order, or None unless each mark
   occurs exactly once."""

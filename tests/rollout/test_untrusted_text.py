@@ -7,7 +7,7 @@ import time
 import pytest
 
 from scope_jax import tokenizer as tok_lib
-from scope_jax.rollout import RolloutConfig, render_chat, run_rollout
+from scope_jax.rollout import RolloutConfig, plain_response, render_chat, run_rollout
 from scope_jax.rollout.agent import TOOL_ERROR
 from tests.rollout.fakes import DictTool, ScriptedSampler
 
@@ -81,3 +81,15 @@ def test_ordinary_contents_tokenise_as_before():
                                           "Paris is the capital and largest city of France."}]
   plain = render_chat(DEMO, messages, plain_contents=True)
   assert plain == DEMO.encode(DEMO.apply_chat_template(messages, tokenize=False))
+
+
+def test_a_response_read_as_plain_text_has_no_control_tokens():
+  """A turn that ends with <|im_end|> says only what came before it: what SPELL's verifier is
+  shown and what an evaluation scores (the raw text, marker included, is kept for the logs)."""
+  scripts = [["The correct answer is Paris.<|im_end|>"]]
+  (t,) = run_rollout(ScriptedSampler(scripts, DEMO), DEMO, [DEMO.encode("Q?")], None,
+                     RolloutConfig(syntax="xml", final_tags=("answer",), max_turns=0,
+                                   max_turn_tokens=32, max_obs_tokens=16, max_total_tokens=128))
+  assert t.response_text().endswith("<|im_end|>")
+  assert plain_response(DEMO, t) == "The correct answer is Paris."
+  assert not set(DEMO.encode(plain_response(DEMO, t))) & CONTROL

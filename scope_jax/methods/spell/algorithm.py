@@ -18,6 +18,7 @@ from absl import logging
 
 from scope_jax import metrics as metrics_lib
 from scope_jax import prompts
+from scope_jax import rollout
 from scope_jax.core.guard import ParseGuard
 from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime
@@ -153,7 +154,7 @@ class Spell(Method):
     return self.responder.render(f"responder_{task}", fit=("context", "question"), **fields)
 
   def verifier_prompt(self, proposal: R.Proposal, response: Trajectory) -> list[int]:
-    text = response.response_text()
+    text = rollout.plain_response(self.rt.tokenizer, response)  # the answer, never its <|im_end|>
     answer = match.extract_final_answer(text) or text[-300:]
     return self.verifier.render("verifier", problem=proposal.display(), answer_1=proposal.answer,
                                 answer_2=answer, fit=("answer_2", "problem", "answer_1"))
