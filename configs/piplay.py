@@ -27,7 +27,6 @@ of the construction path); the default is qcp (the whole path).
 import ml_collections
 
 from scope_jax import configs_base as base
-from scope_jax.data import DEMO_MODEL
 
 PRESETS = ("demo", "learn", "paper", "paper_instruct")
 
@@ -181,27 +180,8 @@ def learn(c: ml_collections.ConfigDict) -> None:
       teacher=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160)))
   c.retrieval.corpus = "world"
   c.retrieval.topk = 2
-  base.demo_warmup(c)
   # From the bundled demo model, which already copies words out of search results (its own
-  # warm-up), re-warmed on the world's formats.
-  c.model.source = f"hf:{DEMO_MODEL}"
-  c.warmup.world_seed = c.world.get_ref("seed") + 1000
-  c.warmup.worlds = 4
-  c.warmup.steps = 1500  # 600 leave the names uncopied; by 1,500 their first pieces are copied
+  # warm-up), re-warmed on the world's formats: 600 steps leave the names uncopied; by 1,500
+  # their first pieces are copied.
+  base.world_learn(c, "hop1", max_new_tokens=112)
   c.warmup.documents = 600  # 1,200 questions from 4 worlds: too many names to memorise
-  base.demo_rollout(c)
-  c.optim.lr = 3e-4
-  c.optim.warmup_steps = 0
-  c.optim.weight_decay = 0.0
-  c.loss.temperature = 1.0
-  c.loss.micro_batch_rows = 16
-  c.rollout.max_context = 1024
-  c.rollout.max_prompt_tokens = 768
-  c.eval.every = 10
-  c.eval.benchmarks = "world:hop1"
-  c.eval.limit = 300
-  c.eval.prompt = "role"
-  c.eval.max_new_tokens = 112
-  c.eval.max_turns = 1
-  c.checkpoint_every = 1000
-  c.keep_checkpoints = 1

@@ -18,7 +18,6 @@ paper's settings for Qwen3-30B-A3B, experts split over the `expert` mesh axis).
 import ml_collections
 
 from scope_jax import configs_base as base
-from scope_jax.data import DEMO_MODEL
 
 PRESETS = ("demo", "learn", "paper", "small", "paper_qwen3_moe")
 
@@ -135,25 +134,5 @@ def learn(c: ml_collections.ConfigDict) -> None:
       questioner=base.role(48, temperature=1.0, top_p=1.0),
       responder=base.role(24, temperature=1.0, top_p=1.0),
       verifier=base.role(12, temperature=1.0, top_p=1.0)))
-  base.demo_warmup(c)
-  c.model.source = f"hf:{DEMO_MODEL}"
-  c.warmup.world_seed = c.world.get_ref("seed") + 1000
-  c.warmup.worlds = 4
-  c.warmup.steps = 1500
+  base.world_learn(c, "doc", max_new_tokens=24)
   c.warmup.documents = 800  # questions, each demonstrated to all three roles
-  base.demo_rollout(c)
-  c.optim.lr = 3e-4
-  c.optim.warmup_steps = 0
-  c.optim.weight_decay = 0.0
-  c.loss.temperature = 1.0
-  c.loss.micro_batch_rows = 16
-  c.rollout.max_context = 1024
-  c.rollout.max_prompt_tokens = 768
-  c.eval.every = 10
-  c.eval.benchmarks = "world:doc"
-  c.eval.limit = 300
-  c.eval.prompt = "role"
-  c.eval.max_new_tokens = 24
-  c.eval.max_turns = 1
-  c.checkpoint_every = 1000
-  c.keep_checkpoints = 1

@@ -147,6 +147,35 @@ def demo_rollout(c: ml_collections.ConfigDict) -> None:
   c.rollout.min_window = 1024
 
 
+def world_learn(c: ml_collections.ConfigDict, gold_set: str, max_new_tokens: int) -> None:
+  """What every `learn` preset shares: the bundled demo model re-warmed on four other worlds
+  (formats right, this world's facts unknown), a constant rate with no warm-up or decay, and
+  held-out evaluation on 300 questions of the world's `gold_set` in the answering role's own
+  prompt, before the first update, every 10 updates and after the last."""
+  from scope_jax.data import DEMO_MODEL  # pylint: disable=import-outside-toplevel
+  demo_warmup(c)
+  c.model.source = f"hf:{DEMO_MODEL}"
+  c.warmup.world_seed = c.world.get_ref("seed") + 1000
+  c.warmup.worlds = 4
+  c.warmup.steps = 1500
+  demo_rollout(c)
+  c.optim.lr = 3e-4
+  c.optim.warmup_steps = 0
+  c.optim.weight_decay = 0.0
+  c.loss.temperature = 1.0
+  c.loss.micro_batch_rows = 16
+  c.rollout.max_context = 1024
+  c.rollout.max_prompt_tokens = 768
+  c.eval.every = 10
+  c.eval.benchmarks = f"world:{gold_set}"
+  c.eval.limit = 300
+  c.eval.prompt = "role"
+  c.eval.max_new_tokens = max_new_tokens
+  c.eval.max_turns = 1
+  c.checkpoint_every = 1000
+  c.keep_checkpoints = 1
+
+
 def parse_preset(arg, presets) -> str:
   preset = arg or "demo"
   if preset not in presets:
