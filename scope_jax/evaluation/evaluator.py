@@ -20,12 +20,12 @@ from etils import epath
 from tqdm import tqdm
 
 from scope_jax import prompts as prompts_lib
+from scope_jax import rollout
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import scoring
 from scope_jax.rewards import mathcheck
 from scope_jax.methods.scope import rewards as scope_rewards
 from scope_jax.methods.spell import rewards as spell_rewards
-from scope_jax import rollout
 from scope_jax.rollout import RolloutConfig, render_chat, run_rollout
 from scope_jax.sampling import Sampler
 

@@ -76,7 +76,9 @@ def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
   one-hop question about one of their documents, the questioner writes that question and its
   answer; the responder, on the same document, answers with another of the document's facts
   (well-formed and wrong, so the warmed responder is mostly wrong); the verifier says [[YES]] to
-  the same answer and [[NO]] to another. No name of the run's world appears."""
+  the same answer and [[NO]] to another. No document about an entity of the run's world is
+  shown and no answer is one of its names (another world's document may mention a place that
+  shares a name with one of the run's world: a fact about another entity)."""
   rt, cfg, w = spell.rt, spell.cfg, spell.rt.config.warmup
   eos = rt.tokenizer.decode([rt.eos_ids[0]], skip_special_tokens=False)
   demo = lambda prompt, text: sft.demonstration(prompt, [("generated", text + eos)], rt.tokenizer)
