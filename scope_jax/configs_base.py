@@ -7,6 +7,7 @@ Each field has a one-line comment; override any of them on the command line, e.g
 import ml_collections
 
 from scope_jax import sharding
+from scope_jax.data import DEMO_MODEL
 
 DEMO_TINY_MODEL = dict(  # a random-init Qwen2-shaped model over the bundled demo tokenizer
     model_type="qwen2", vocab_size=2048, hidden_size=128, intermediate_size=256, num_layers=2,
@@ -152,7 +153,6 @@ def world_learn(c: ml_collections.ConfigDict, gold_set: str, max_new_tokens: int
   (formats right, this world's facts unknown), a constant rate with no warm-up or decay, and
   held-out evaluation on 300 questions of the world's `gold_set` in the answering role's own
   prompt, before the first update, every 10 updates and after the last."""
-  from scope_jax.data import DEMO_MODEL  # pylint: disable=import-outside-toplevel
   demo_warmup(c)
   c.model.source = f"hf:{DEMO_MODEL}"
   c.warmup.world_seed = c.world.get_ref("seed") + 1000
