@@ -75,6 +75,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.warmup.world_seed = -1  # ≥ 0: demonstrate on this world's questions instead (π-Play's
   # `learn` preset: other worlds than world.seed, so formats are right and facts unknown)
   c.warmup.worlds = 1  # ... from this many worlds (seeds world_seed, world_seed + 1, …)
+  c.warmup.skill = "hop1"  # ... asking their one-hop questions ('hop1') or closed-class facts
+  # only ('attr': profession, industry, language)
 
   c.world = ml_collections.ConfigDict()  # the synthetic world (scope_jax.world)
   c.world.seed = 0  # which world: retrieval.corpus='world' and 'world:<set>' benchmarks read it

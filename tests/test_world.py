@@ -9,6 +9,7 @@ import pytest
 
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.world import GOLD_SETS, World
+from scope_jax.world import entities as E
 from scope_jax.world import render as R
 
 
@@ -40,7 +41,7 @@ def _doc_of(world, name):
 
 def test_gold_answers_are_derivable_from_the_documents(world):
   by_id = {d.id: d for d in world.documents}
-  for name in ("hop1", "hop2", "doc"):
+  for name in ("hop1", "hop2", "doc", "attr"):
     for r in world.gold[name]:
       chain = [by_id[i] for i in r["support"]]
       assert len(chain) == (2 if name == "hop2" else 1)
@@ -48,7 +49,7 @@ def test_gold_answers_are_derivable_from_the_documents(world):
       for here, nxt in zip(chain, chain[1:]):
         assert nxt.title in here.text  # the first document names the bridge entity
       assert re.search(rf"\b{re.escape(r['gold'][0])}\b", chain[-1].text), (r, chain[-1].text)
-  for r in world.gold["doc"]:
+  for r in world.gold["doc"] + world.gold["attr"]:
     d = by_id[r["support"][0]]  # the document is given, titled, as a reader is shown it
     assert r["question"].startswith(f"Document: {d.title}\n{d.text}\nQuestion: ")
 
@@ -80,6 +81,19 @@ def test_questions_to_demonstrate_are_never_gold_and_answer_from_their_document(
   docs = {d.id: d.text for d in world.documents}
   for q in every:
     assert re.search(rf"\b{re.escape(q['gold'][0])}\b", docs[q["support"][0]]), q
+
+
+def test_closed_class_questions_to_demonstrate_are_never_gold(world):
+  """`skill='attr'`: profession, industry and language questions, none of them asked by the
+  world's `attr` gold set (which gives the document with the question)."""
+  every = world.questions(10 ** 4, np.random.default_rng(0), "attr")
+  gold = {r["question"].rsplit("\nQuestion: ", 1)[-1] for r in world.gold["attr"]}
+  assert every and not gold & {q["question"] for q in every}
+  assert len(every) + len(gold) == 2 * (160 + 60 + 8)  # two phrasings of each entity's fact
+  classes = set(E.PROFESSIONS) | set(E.INDUSTRIES) | set(E.LANGUAGES)
+  assert all(q["gold"][0] in classes for q in every + world.gold["attr"])
+  with pytest.raises(ValueError, match="Unknown question skill 'hop3'"):
+    world.questions(1, np.random.default_rng(0), "hop3")
 
 
 def test_written_sets_load_as_file_benchmarks(world, tmp_path):

@@ -6,6 +6,7 @@ that show whether it did.
 the same names for OpenSIR, and four held-out gold sets:
 
   doc     the entity's document is in the question; answer a fact from it        ('qa')
+  attr    as doc, for the closed-class facts (profession, industry, language)    ('qa')
   hop1    one search finds the document that answers                             ('qa_search')
   hop2    two searches: the first answer names the entity the second is about    ('qa_search')
   arith   word problems with an integer answer                                   ('math')
@@ -29,7 +30,7 @@ from scope_jax.retrieval.corpus import Passage
 from scope_jax.world import entities as E
 from scope_jax.world import render as R
 
-GOLD_SETS = {"doc": "qa", "hop1": "qa_search", "hop2": "qa_search", "arith": "math"}
+GOLD_SETS = {"doc": "qa", "attr": "qa", "hop1": "qa_search", "hop2": "qa_search", "arith": "math"}
 GOLD_SIZE = 400  # questions per gold set (at least 300, the smallest a held-out claim may use)
 
 
@@ -51,6 +52,7 @@ class World:
     """The held-out sets, by name (`GOLD_SETS`)."""
     n, w = self.gold_size, self.entities
     return {"doc": R.doc_questions(w, self.documents, self.seed, n),
+            "attr": R.doc_questions(w, self.documents, self.seed, n, R.ATTR, "attr"),
             "hop1": R.hop_questions(w, R.HOP1, self.seed, n, "hop1"),
             "hop2": R.hop_questions(w, R.HOP2, self.seed, n, "hop2"),
             "arith": R.arithmetic(w, np.random.default_rng([self.seed, 0xA7]), n, "arith")}
@@ -67,11 +69,15 @@ class World:
           out.append(dict(q, id=f"train-{len(out)}"))
     return out
 
-  def questions(self, count: int, rng: np.random.Generator) -> list[dict]:
-    """Up to `count` one-hop questions of this world that are not in its `hop1` gold set (what a
-    warm-up from another world's seed demonstrates), in `rng`'s order."""
-    held_out = {q["question"] for q in self.gold["hop1"]}
-    every = R.hop_questions(self.entities, R.HOP1, self.seed + 7, 10 ** 6, "world")
+  def questions(self, count: int, rng: np.random.Generator, skill: str = "hop1") -> list[dict]:
+    """Up to `count` one-hop questions of this world that are not in its `skill` gold set (what
+    a warm-up from another world's seed demonstrates), in `rng`'s order; `skill='attr'` asks
+    only the closed-class facts."""
+    if skill not in ("hop1", "attr"):
+      raise ValueError(f"Unknown question skill {skill!r}; choose 'hop1' or 'attr'.")
+    held_out = {q["question"].rsplit("\nQuestion: ", 1)[-1] for q in self.gold[skill]}
+    templates = R.ATTR if skill == "attr" else R.HOP1
+    every = R.hop_questions(self.entities, templates, self.seed + 7, 10 ** 6, "world")
     pool = [q for q in every if q["question"] not in held_out]
     return [pool[int(i)] for i in rng.permutation(len(pool))[:count]]
 

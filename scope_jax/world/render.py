@@ -57,6 +57,16 @@ HOP1 = (
     ("city", "In which country is the city of {n}?", ("country",)),
     ("country", "What is the capital of {n}?", ("capital",)),
 )
+# Closed-class facts, each asked two ways: a reader answers by finding the one word of a small
+# class (12 professions, 12 industries, 8 languages) its document states; no name is copied.
+ATTR = (
+    ("person", "What is the profession of {n}?", ("profession",)),
+    ("person", "What does {n} do for a living?", ("profession",)),
+    ("organisation", "Which industry is {n} in?", ("industry",)),
+    ("organisation", "What line of business is {n} in?", ("industry",)),
+    ("country", "What language do people in {n} speak?", ("language",)),
+    ("country", "What is the language of {n}?", ("language",)),
+)
 HOP2 = (
     ("person", "In which country was {n} born?", ("birthplace", "country")),
     ("person", "In which city is the organisation that employs {n} headquartered?",
@@ -138,12 +148,13 @@ def hop_questions(world: Entities, templates, seed: int, count: int, name: str) 
   return out
 
 
-def doc_questions(world: Entities, docs: list[Passage], seed: int, count: int) -> list[dict]:
+def doc_questions(world: Entities, docs: list[Passage], seed: int, count: int,
+                  templates=HOP1, name: str = "doc") -> list[dict]:
   """1-hop questions with the entity's document (title, then text) given: reading
   comprehension, no search."""
   by_id = {d.id: d for d in docs}
   out = []
-  for q in hop_questions(world, HOP1, seed + 1, count, "doc"):
+  for q in hop_questions(world, templates, seed + 1, count, name):
     d = by_id[q["support"][0]]
     out.append(dict(q, question=f"Document: {d.title}\n{d.text}\nQuestion: {q['question']}"))
   return out

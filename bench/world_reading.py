@@ -1,0 +1,115 @@
+"""How fast does a model learn to read the bundled world's documents when it is simply shown the
+right answers? Supervised doc QA on other worlds, scored on a held-out world's `doc` questions.
+
+Self-play can only reward an answer the model sometimes writes: a method whose responder never
+copies the right name from its document has nothing to learn from. This probe measures that
+precondition by supervision (the upper bound for what self-play reaches in as many steps): it
+fits the model on one-hop document questions of `--worlds` other worlds (seeds from 1000, right
+answers) and prints, every `--every` steps, the token NLL and the greedy exact match on world
+`--world`'s questions (teacher-forced argmax over the answer's tokens, the same as greedy
+decoding for an answer that is right; the learning-rate schedule restarts each block). `--skill=attr` asks only the closed-class facts
+(profession, industry, language); `--out` saves the fitted model.
+
+    python -m bench.world_reading                       # the bundled demo model, 2,000 steps
+    python -m bench.world_reading --size=4x256 --steps=1000 --skill=attr
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from scope_jax.data import DEMO_MODEL  # noqa: E402
+from scope_jax.models import hf_io, transformer  # noqa: E402
+from scope_jax.models.config import tiny_config  # noqa: E402
+from scope_jax.rl import sft  # noqa: E402
+from scope_jax.tokenizer import load_tokenizer  # noqa: E402
+from scope_jax.world import World  # noqa: E402
+from scope_jax.world import render as R  # noqa: E402
+
+ATTR = (("person", "What is the profession of {n}?", ("profession",)),
+        ("organisation", "Which industry is {n} in?", ("industry",)),
+        ("country", "What language do people in {n} speak?", ("language",)))
+
+
+def model(size: str, seed: int):
+  """The bundled demo model (`demo`), or a random Qwen2-shaped model `<layers>x<width>` over the
+  demo tokenizer."""
+  if size == "demo":
+    return hf_io.load_hf(DEMO_MODEL, dtype=jnp.float32)
+  layers, width = map(int, size.split("x"))
+  config = tiny_config("qwen2", vocab_size=2048, hidden_size=width, intermediate_size=2 * width,
+                       num_layers=layers, num_heads=width // 32, num_kv_heads=max(width // 64, 1),
+                       head_dim=32, rope_theta=10000.0, qkv_bias=True,
+                       max_position_embeddings=8192)
+  return config, transformer.init_params(config, jax.random.key(seed))
+
+
+def questions(world: World, skill: str, count: int, seed: int) -> list[dict]:
+  templates = R.HOP1 if skill == "doc" else ATTR
+  return R.hop_questions(world.entities, templates, seed, count, skill)
+
+
+def examples(tokenizer, world: World, qs: list[dict]):
+  """`Document: <title>\\n<text>\\nQuestion: <q>\\nAnswer:` then ` <gold>\\n`, trained on."""
+  by_id = {d.id: d for d in world.documents}
+  out = []
+  for q in qs:
+    doc = by_id[q["support"][0]]
+    prompt = f"Document: {doc.title}\n{doc.text}\nQuestion: {q['question']}\nAnswer:"
+    out.append(sft.demonstration(tokenizer.encode(prompt, add_special_tokens=False),
+                                 [("generated", f" {q['gold'][0]}\n")], tokenizer))
+  return out
+
+
+def exact_match(config, params, demos) -> float:
+  """The share of demos whose every answer token is the model's argmax (greedy EM)."""
+  batch = sft.pack(demos, -(-max(len(d.tokens) for d in demos) // 128) * 128)
+  logits_BTV = transformer.forward_jit(config, params, jnp.asarray(batch.tokens),
+                                       jnp.asarray(batch.mask))
+  pred_BT = np.asarray(jnp.argmax(logits_BTV[:, :-1], -1))
+  mask_BT = batch.loss_mask[:, 1:] > 0
+  return float(np.mean(np.where(mask_BT, pred_BT == batch.tokens[:, 1:], True).all(-1)))
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--size", default="demo", help="demo, or <layers>x<width> initialised at random")
+  p.add_argument("--skill", default="doc", choices=("doc", "attr"))
+  p.add_argument("--steps", type=int, default=2000)
+  p.add_argument("--every", type=int, default=500)
+  p.add_argument("--lr", type=float, default=3e-3)
+  p.add_argument("--batch_rows", type=int, default=16)
+  p.add_argument("--worlds", type=int, default=20, help="training worlds (seeds 1000, 1001, …)")
+  p.add_argument("--world", type=int, default=0, help="the held-out world")
+  p.add_argument("--limit", type=int, default=200, help="held-out questions")
+  p.add_argument("--out", default="", help="save the fitted model here (Hugging Face layout)")
+  args = p.parse_args()
+  tokenizer = load_tokenizer("demo")
+  config, params = model(args.size, 0)
+  train = [d for s in range(1000, 1000 + args.worlds)
+           for d in examples(tokenizer, World(s), questions(World(s), args.skill, 400, s))]
+  held = World(args.world)
+  held_out = examples(tokenizer, held, questions(held, args.skill, args.limit, args.world + 1))
+  print(f"{args.size} ({transformer.count_params(params):,} parameters), skill {args.skill}: "
+        f"{len(train)} training questions from {args.worlds} worlds, {len(held_out)} held out")
+  print(f"step {0:5d}  greedy EM {exact_match(config, params, held_out):.3f}", flush=True)
+  start = time.perf_counter()
+  for k in range(args.steps // args.every):
+    params, losses = sft.fit(config, params, train, steps=args.every, lr=args.lr,
+                             batch_rows=args.batch_rows, seed=k)
+    print(f"step {(k + 1) * args.every:5d}  greedy EM {exact_match(config, params, held_out):.3f}"
+          f"  nll {np.mean(losses[-50:]):.3f}  {time.perf_counter() - start:.0f}s", flush=True)
+  if args.out:
+    hf_io.save_hf(config, params, args.out)
+
+
+if __name__ == "__main__":
+  main()
