@@ -10,7 +10,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["scope_jax", "scope_jax.*"]),
-    package_data={"scope_jax": ["prompts/**/*.txt", "data/bundled/*", "data/bundled/demo_model/*"]},
+    package_data={"scope_jax": ["prompts/**/*.txt", "data/bundled/*", "data/bundled/demo_model/*",
+                               "data/bundled/reader_model/*"]},
     install_requires=[
         "jax>=0.6",
         "flax>=0.10",

@@ -214,6 +214,19 @@ def test_cli_default_demo_runs_every_phase_on_the_models_own_output(tmp_path):
     assert all(r[f"{role}/rollout/rows"] > 0 for r in records)
 
 
+def test_the_vote_can_be_left_out_of_the_responders_reward(tmp_path, monkeypatch):
+  """`spell.vote_in_reward=False`: the verifier still votes and trains, and the responder's
+  reward is its rule check alone (max(R_rule, 0))."""
+  rt = runtime.Runtime(small_config(**{"spell.vote_in_reward": False}), str(tmp_path))
+  method = spell.Spell(rt)
+  play_all_roles(rt, ScriptedSpellSampler(rt.tokenizer))
+  real, calls = spell.R.responder_reward, []
+  monkeypatch.setattr(spell.R, "responder_reward",
+                      lambda rule, vote: calls.append(vote) or real(rule, vote))
+  m = method.step(0)
+  assert m["verifier/votes"] > 0 and calls and set(calls) == {0}
+
+
 def test_a_parser_exception_is_counted_not_raised(tmp_path, monkeypatch):
   """An unexpected exception in a parser of model output scores that sample as malformed, is
   counted in the step's metrics, and the run goes on."""
@@ -234,10 +247,26 @@ def test_a_parser_exception_is_counted_not_raised(tmp_path, monkeypatch):
   chex.assert_tree_all_finite(m["questioner/reward/mean"])
 
 
+def test_wrong_answers_keep_the_form_of_the_right_one():
+  """A closed-class fact's wrong answers are its class's other members; any other fact's are the
+  entity's other facts its document states (a number written as the document writes it)."""
+  from scope_jax.methods.spell import demos as spell_demos  # pylint: disable=import-outside-toplevel
+  from scope_jax.world import entities as E  # pylint: disable=import-outside-toplevel
+  p = E.Person("Ada Brook", 1931, "Stonehaven", "Velt Press", "chemist")
+  text = "Ada Brook is a chemist. Ada Brook was born in 1931. Ada Brook works for Velt Press."
+  assert spell_demos.wrong_answers(p, text, "chemist") == sorted(
+      set(E.PROFESSIONS) - {"chemist"})
+  assert spell_demos.wrong_answers(p, text, "Velt Press") == ["1931", "chemist"]
+  c = E.City("Stonehaven", "Orrland", 1200, 45_000)
+  assert spell_demos.wrong_answers(c, "Stonehaven lies in Orrland. About 45,000 people live "
+                                   "there.", "Orrland") == ["45,000"]
+
+
 def test_learn_preset_demonstrations_and_held_out_prompt(tmp_path):
-  """The `learn` preset's warm-up demonstrates other worlds' document questions (right labels
-  from the questioner, wrong facts of the same document from the responder, never a name of
-  the run's world), and a held-out `doc` question is asked in the responder's own prompt."""
+  """The `learn` preset's warm-up demonstrates other worlds' closed-class document questions
+  (right labels from the questioner, another member of the fact's class from the responder,
+  never a name of the run's world), and a held-out `attr` question is asked in the responder's
+  own prompt."""
   from scope_jax.core import evals  # pylint: disable=import-outside-toplevel
   from scope_jax.methods.spell import demos as spell_demos  # pylint: disable=import-outside-toplevel
   from scope_jax.world import World  # pylint: disable=import-outside-toplevel
@@ -247,7 +276,7 @@ def test_learn_preset_demonstrations_and_held_out_prompt(tmp_path):
   rt = runtime.Runtime(c, str(tmp_path))
   method = spell.Spell(rt)
   # A held-out question is asked exactly as the responder is asked about a document.
-  record = World(0).gold["doc"][0]
+  record = World(0).gold["attr"][0]
   doc = next(d for d in World(0).documents if d.id == record["support"][0])
   context, question = spell.split_document_question(record["question"])
   assert context == clusters_lib.render_context([doc]) and question.endswith("?")
@@ -261,13 +290,14 @@ def test_learn_preset_demonstrations_and_held_out_prompt(tmp_path):
   text = [rt.tokenizer.decode(list(d.tokens)) for d in demos]
   assert len(text) % 3 == 0 and len(text) >= 18
   answers = {q["question"]: q["gold"][0] for w in (World(1000), World(1001))
-             for q in w.questions(10 ** 4, np.random.default_rng(0))}
+             for q in w.questions(10 ** 4, np.random.default_rng(0), "attr")}
   own = set(World(0).entities.by_name())
   for asked, answered, judged in zip(text[::3], text[1::3], text[2::3]):
     proposal = json.loads(asked[asked.rindex("{"):asked.rindex("}") + 1])
     assert answers[proposal["question"]] == proposal["answer"]  # the questioner is right
     reply = answered.split("The correct answer is ")[-1].split(".<")[0]
-    assert reply != proposal["answer"] and reply in answered.split("Question:")[0]  # wrong, read
+    wrong = next(m for m in spell_demos.CLASSES.values() if proposal["answer"] in m)
+    assert reply != proposal["answer"] and reply in wrong  # wrong, of the right class
     decision = judged.split("Decision:")[-1]
     same = judged.split("Answer 1:")[-1].split("Answer 2:")
     assert ("[[YES]]" in decision) == (same[0].strip() == same[1].split("<|im_end|>")[0].strip())

@@ -213,7 +213,8 @@ class Spell(Method):
         q.verdicts.append(row)
         q.votes.append(vote)
         q.ver_rewards.append(R.verifier_rewards(judged, vote))
-      q.res_rewards = [R.responder_reward(r, v) for r, v in zip(q.rule, q.votes)]
+      q.res_rewards = [R.responder_reward(r, v if self.cfg.vote_in_reward else 0)
+                       for r, v in zip(q.rule, q.votes)]
       q.reward = R.questioner_reward(q.res_rewards, self.cfg.reward_mapping)
       if len(set(q.res_rewards)) == 1:
         q.status = "zero_variance"

@@ -11,8 +11,9 @@ grounding filter passes what the warmed model proposes, and the responder is rig
 sometimes: groups have reward variance to train on.
 
 The `learn` preset demonstrates on other worlds instead (`warmup.world_seed`): their one-hop
-questions about a document, asked right by the questioner and answered wrong, with another fact
-of the same document, by the responder — formats without this world's facts or the skill.
+questions about a document (`warmup.skill`), asked right by the questioner and answered wrong by
+the responder — with another fact of the same document, or for a closed-class fact another member
+of its class — formats without this world's facts or the skill.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from scope_jax.methods.spell.clusters import render_context
 from scope_jax.rl import sft
 from scope_jax.rollout.types import Trajectory
 from scope_jax.world import World
+from scope_jax.world import entities as E
 
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-]*$")
 _NUMBER = re.compile(r"^\d[\d,]*(?:\.\d+)?$")
@@ -64,8 +66,16 @@ def demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
   return copy_demonstrations(spell, rng)
 
 
-def _other_facts(entity, doc_text: str, gold: str) -> list[str]:
-  """The entity's other facts that its document states: wrong answers in the right form."""
+CLASSES = {"profession": E.PROFESSIONS, "industry": E.INDUSTRIES, "language": E.LANGUAGES}
+
+
+def wrong_answers(entity, doc_text: str, gold: str) -> list[str]:
+  """Wrong answers in the right form: for a closed-class fact, the class's other members (the
+  model learns to name a profession, not which); otherwise the entity's other facts that its
+  document states."""
+  for attr, members in CLASSES.items():
+    if getattr(entity, attr, None) == gold:
+      return sorted(m for m in members if m != gold)
   values = [str(v) for k, v in vars(entity).items() if k != "name"]
   values += [f"{v:,}" for v in vars(entity).values() if isinstance(v, int) and v >= 10_000]
   return sorted({v for v in values if v != gold and v in doc_text})
@@ -89,9 +99,9 @@ def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
     world = World(w.world_seed + k)
     by_id, names = {d.id: d for d in world.documents}, world.entities.by_name()
     asked: list[tuple[str, str]] = []
-    for q in world.questions(-(-w.documents // worlds), rng):
+    for q in world.questions(-(-w.documents // worlds), rng, w.get("skill", "hop1")):
       doc, gold = by_id[q["support"][0]], q["gold"][0]
-      wrong = _other_facts(names[doc.title], doc.text, gold)
+      wrong = wrong_answers(names[doc.title], doc.text, gold)
       if doc.title in taken or gold in taken or not wrong:
         continue
       context = render_context([doc], cfg.max_doc_chars)
