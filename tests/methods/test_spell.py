@@ -303,3 +303,16 @@ def test_learn_preset_demonstrations_and_held_out_prompt(tmp_path):
     assert ("[[YES]]" in decision) == (same[0].strip() == same[1].split("<|im_end|>")[0].strip())
     assert not {proposal["answer"], reply} & own  # nothing about the run's world is taught
     assert not any(f"{name}\n" in asked for name in own)  # no document of it is shown
+
+
+def test_the_learn_preset_starts_from_the_shipped_reader_model():
+  """The reader model ships with the package (a few MB) and has the demo model's shape, so the
+  `learn` preset's warm-up and the demo tokenizer fit it."""
+  from scope_jax.data import DEMO_MODEL, READER_MODEL  # pylint: disable=import-outside-toplevel
+  from scope_jax.models import hf_io  # pylint: disable=import-outside-toplevel
+  assert spell_config.get_config("learn").model.source == f"hf:{READER_MODEL}"
+  assert (READER_MODEL / "model.safetensors").stat().st_size < 8 * 2**20
+  reader, params = hf_io.load_hf(READER_MODEL)
+  demo, demo_params = hf_io.load_hf(DEMO_MODEL)
+  assert reader == demo
+  chex.assert_trees_all_equal_shapes(params, demo_params)
