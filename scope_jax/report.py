@@ -79,13 +79,24 @@ def plot(run, control=None, out=None) -> epath.Path:
   return path
 
 
+def top_share(rows: Sequence[dict], name: str) -> float | None:
+  """The last evaluation's share of samples that gave `name`'s most common answer."""
+  shares = [r[f"eval/{name}/answers/top_share"] for r in rows
+            if f"eval/{name}/answers/top_share" in r]
+  return shares[-1] if shares else None
+
+
 def summary(run, control=None) -> str:
-  lines = []
-  for name, (start, end) in sorted(held_out(curves(read(run))).items()):
+  """A line per benchmark: held-out accuracy before and after (the control's beside it), and how
+  alike the final answers are (a gain from one answer given to everything is not reading)."""
+  lines, rows = [], read(run)
+  for name, (start, end) in sorted(held_out(curves(rows)).items()):
     line = f"{name}: {100 * start:.1f} → {100 * end:.1f}"
     if control:
       c = held_out(curves(read(control))).get(name)
       line += f" (control {100 * c[0]:.1f} → {100 * c[1]:.1f})" if c else ""
+    if (share := top_share(rows, name)) is not None:
+      line += f"; most common final answer: {100 * share:.0f}% of samples"
     lines.append(line)
   return "\n".join(lines)
 

@@ -8,6 +8,7 @@ reports mean@n of every score, pass@k (the unbiased estimator of Chen et al., 20
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Any, Sequence
 
@@ -148,7 +149,10 @@ def aggregate(per_example: Sequence[dict], ks: Sequence[int] | None = None) -> d
   Returns `mean@n/<score>` (mean over examples of the mean over samples), `pass@k` and `maj@k`
   on the PRIMARY score (a sample is correct iff it is >= 0.5; pass@k is the unbiased estimator
   averaged over examples), `length/mean` and `searches/mean` (per sample), `num_examples` and
-  `num_samples` (all samples). Every example needs the same number of samples n; `ks` defaults
+  `num_samples` (all samples), and `answers/top_share` and `answers/distinct`: the share of all
+  samples giving the benchmark's most common answer, and how many answers differ (a policy that
+  answers everything alike, scoring only where that answer happens to be right, shows as a top
+  share near 1). Every example needs the same number of samples n; `ks` defaults
   to `ks(n)`.
   """
   if not per_example:
@@ -174,4 +178,7 @@ def aggregate(per_example: Sequence[dict], ks: Sequence[int] | None = None) -> d
   out["searches/mean"] = _mean([x for ex in per_example for x in ex["searches"]])
   out["num_examples"] = float(len(per_example))
   out["num_samples"] = float(n * len(per_example))
+  given = collections.Counter(a for ex in per_example for a in ex["answers"] if a is not None)
+  out["answers/top_share"] = max(given.values(), default=0) / (n * len(per_example))
+  out["answers/distinct"] = float(len(given))
   return out

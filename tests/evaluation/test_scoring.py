@@ -147,6 +147,7 @@ def test_ks():
 # maj@1: A lyon (0); B none (0) -> 0.   maj@2: A lyon/paris tie -> lyon (0); B rome (0) -> 0.
 # maj@3: A paris (1); B rome/milan tie -> rome (0) -> 1/2.
 # length/mean = 90/6 = 15; searches/mean = 6/6 = 1.
+# answers: paris twice of 6 samples -> top_share 1/3; lyon, paris, rome, milan -> distinct 4.
 def _two_examples():
   def scores(em, cem, f1):
     return [{"em": a, "cem": b, "f1": c} for a, b, c in zip(em, cem, f1)]
@@ -162,7 +163,8 @@ def test_aggregate_two_examples_by_hand():
   want = {"mean@n/em": 1 / 2, "mean@n/cem": 5 / 6, "mean@n/f1": 2 / 3,
           "pass@1": 1 / 2, "pass@2": 5 / 6, "pass@3": 1.0,
           "maj@1": 0.0, "maj@2": 0.0, "maj@3": 1 / 2,
-          "length/mean": 15.0, "searches/mean": 1.0, "num_examples": 2.0, "num_samples": 6.0}
+          "length/mean": 15.0, "searches/mean": 1.0, "num_examples": 2.0, "num_samples": 6.0,
+          "answers/top_share": 1 / 3, "answers/distinct": 4.0}
   chex.assert_trees_all_close(got, want)
   got = scoring.aggregate(_two_examples(), ks=[2])
   assert {k for k in got if "@" in k and "/" not in k} == {"pass@2", "maj@2"}

@@ -75,6 +75,19 @@ def test_curves_by_hand():
   assert c["reward"] == {"questioner": [(0, 0.5), (1, 0.7)], "responder": [(0, 0.2)],
                          "student": [(1, 0.25)]}
   assert report.held_out(c) == {"hop1": (0.1, 0.4)}
+  assert report.top_share(rows, "hop1") is None
+  rows[-1]["eval/hop1/answers/top_share"] = 0.72
+  assert report.top_share(rows, "hop1") == 0.72
+
+
+def test_the_summary_says_how_alike_the_final_answers_are(tmp_path):
+  rows = [{"step": 0, "eval/updates": 0.0, "eval/attr/pass@1": 0.037,
+           "eval/attr/answers/top_share": 0.13},
+          {"step": 80, "eval/updates": 80.0, "eval/attr/pass@1": 0.117,
+           "eval/attr/answers/top_share": 0.72}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  assert report.summary(tmp_path) == (
+      "attr: 3.7 → 11.7; most common final answer: 72% of samples")
 
 
 @pytest.mark.parametrize("overrides, message", [
