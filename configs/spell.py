@@ -54,6 +54,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.spell.verifier_agreement = (0.51, 0.99)  # train verifier groups with agreement in range
   c.spell.adv_eps = 1e-6  # z-score epsilon
   c.spell.vote_in_reward = True  # r_res = max(R_rule, v) (the paper); False: R_rule alone
+  c.spell.extractive_labels = False  # True: a doc_qa answer no document states is ungrounded
   c.spell.roles = ml_collections.ConfigDict(dict(
       questioner=base.role(4096),  # sampling settings per role
       responder=base.role(4096),

@@ -77,6 +77,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.warmup.worlds = 1  # ... from this many worlds (seeds world_seed, world_seed + 1, …)
   c.warmup.skill = "hop1"  # ... asking their one-hop questions ('hop1') or closed-class facts
   # only ('attr': profession, industry, language)
+  c.warmup.answers = "wrong"  # the warmed responder's answers: 'wrong' (another member of the
+  # fact's class, or another fact of the document) or 'chance' (a closed-class fact's class
+  # member drawn without reading, right one time in the class's size)
+  c.warmup.answer_first = False  # the questioner's JSON demonstrated answer first: the label is
+  # written from the document alone, before the question that could garble it
 
   c.world = ml_collections.ConfigDict()  # the synthetic world (scope_jax.world)
   c.world.seed = 0  # which world: retrieval.corpus='world' and 'world:<set>' benchmarks read it

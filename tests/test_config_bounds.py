@@ -86,6 +86,8 @@ def test_every_numeric_field_is_checked(method, preset):
     ("spell.group_size", 0, "spell.group_size=0"),
     ("spell.verifier_agreement", (0.9, 0.1), r"spell.verifier_agreement=\(0.9, 0.1\) must be"),
     ("model.source", "nonsense", "Unknown model.source 'nonsense'"),
+    ("warmup.skill", "hop3", "warmup.skill='hop3': use 'hop1' or 'attr'"),
+    ("warmup.answers", "right", "warmup.answers='right': use 'wrong' or 'chance'"),
 ])
 def test_the_values_a_careless_user_types(path, value, match):
   config = _module("spell").get_config("demo")

@@ -55,6 +55,8 @@ def validate(config: ml_collections.ConfigDict, method_cls=None) -> None:
                      "demonstrations from other worlds; set it to -1.")
   if w.get("skill", "hop1") not in ("hop1", "attr"):
     raise ValueError(f"warmup.skill={w.skill!r}: use 'hop1' or 'attr'.")
+  if w.get("answers", "wrong") not in ("wrong", "chance"):
+    raise ValueError(f"warmup.answers={w.answers!r}: use 'wrong' or 'chance'.")
   seeds = range(w.get("world_seed", -1), w.get("world_seed", -1) + w.get("worlds", 1))
   if w.get("world_seed", -1) >= 0 and config.world.seed in seeds:
     raise ValueError(f"warmup.world_seed={w.world_seed} with warmup.worlds={w.worlds} includes "

@@ -227,6 +227,27 @@ def test_the_vote_can_be_left_out_of_the_responders_reward(tmp_path, monkeypatch
   assert m["verifier/votes"] > 0 and calls and set(calls) == {0}
 
 
+def test_extractive_labels_drop_an_answer_no_document_states(tmp_path):
+  """`spell.extractive_labels=True`: a `doc_qa` label that is a phrase of its cluster's documents
+  passes on to the responder check; one that is not (a made-up label) is ungrounded (−0.5) before
+  the responder is asked; off (the paper), neither is dropped for it."""
+  for on in (True, False):
+    rt = runtime.Runtime(small_config(**{"spell.extractive_labels": on}), str(tmp_path / str(on)))
+    method = spell.Spell(rt)
+    asked = []
+    method.responder.texts = lambda prompts: asked.extend(prompts) or ["I do not know."] * len(
+        prompts)
+    cluster = next(c for c, members in enumerate(method.clusters) if members)
+    text = method.passages[method.clusters[cluster][0]].text
+    words = [w.strip(".,") for w in text.split() if len(w.strip(".,")) > 3]
+    stated, made_up = words[0], "Zyxwvut Qponm"
+    qs = [spell.Question(cluster, "doc_qa", [], None, proposal=spell.R.Proposal("Q?", a))
+          for a in (stated, made_up)]
+    method.grounding_filter(qs)
+    assert qs[0].status == "ok" and len(asked) == (1 if on else 2)
+    assert (qs[1].status, qs[1].reward) == (("ungrounded", -0.5) if on else ("ok", 0.0))
+
+
 def test_a_parser_exception_is_counted_not_raised(tmp_path, monkeypatch):
   """An unexpected exception in a parser of model output scores that sample as malformed, is
   counted in the step's metrics, and the run goes on."""
@@ -260,6 +281,17 @@ def test_wrong_answers_keep_the_form_of_the_right_one():
   c = E.City("Stonehaven", "Orrland", 1200, 45_000)
   assert spell_demos.wrong_answers(c, "Stonehaven lies in Orrland. About 45,000 people live "
                                    "there.", "Orrland") == ["45,000"]
+
+
+def test_chance_answers_ignore_the_document():
+  """`warmup.answers='chance'`: a closed-class fact's answers are its whole class (the right one
+  among them, as likely as any other); any other fact's are the wrong ones."""
+  from scope_jax.methods.spell import demos as spell_demos  # pylint: disable=import-outside-toplevel
+  from scope_jax.world import entities as E  # pylint: disable=import-outside-toplevel
+  p = E.Person("Ada Brook", 1931, "Stonehaven", "Velt Press", "chemist")
+  text = "Ada Brook is a chemist. Ada Brook was born in 1931. Ada Brook works for Velt Press."
+  assert spell_demos.chance_answers(p, text, "chemist") == sorted(E.PROFESSIONS)
+  assert spell_demos.chance_answers(p, text, "Velt Press") == ["1931", "chemist"]
 
 
 def test_learn_preset_demonstrations_and_held_out_prompt(tmp_path):
@@ -303,6 +335,32 @@ def test_learn_preset_demonstrations_and_held_out_prompt(tmp_path):
     assert ("[[YES]]" in decision) == (same[0].strip() == same[1].split("<|im_end|>")[0].strip())
     assert not {proposal["answer"], reply} & own  # nothing about the run's world is taught
     assert not any(f"{name}\n" in asked for name in own)  # no document of it is shown
+
+
+def test_chance_answers_and_answer_first_demonstrations(tmp_path):
+  """`warmup.answers='chance'`: the responder names a member of the fact's class whatever the
+  document says, and a [[NO]] verdict is never about the right answer; `warmup.answer_first`:
+  the questioner's JSON gives the answer before the question."""
+  from scope_jax.methods.spell import demos as spell_demos  # pylint: disable=import-outside-toplevel
+  c = spell_config.get_config("learn")
+  c.model.source, c.model.tokenizer = "tiny", "demo"
+  c.warmup.worlds, c.warmup.documents = 2, 40
+  c.warmup.answers, c.warmup.answer_first = "chance", True
+  rt = runtime.Runtime(c, str(tmp_path))
+  demos = spell_demos.demonstrations(spell.Spell(rt), np.random.default_rng(0))
+  text = [rt.tokenizer.decode(list(d.tokens)) for d in demos]
+  right = 0
+  for asked, answered, judged in zip(text[::3], text[1::3], text[2::3]):
+    blob = asked[asked.rindex("{"):asked.rindex("}") + 1]
+    assert blob.startswith('{"answer": ')
+    gold = json.loads(blob)["answer"]
+    reply = answered.split("The correct answer is ")[-1].split(".<")[0]
+    assert reply in next(m for m in spell_demos.CLASSES.values() if gold in m)
+    right += reply == gold
+    pair = judged.split("Answer 1:")[-1].split("Answer 2:")
+    if "[[NO]]" in judged.split("Decision:")[-1]:
+      assert pair[1].split("<|im_end|>")[0].strip() != gold
+  assert 0 < right < len(text) // 6  # right by chance: some, far from all
 
 
 def test_the_learn_preset_starts_from_the_shipped_reader_model():

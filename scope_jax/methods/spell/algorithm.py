@@ -182,7 +182,14 @@ class Spell(Method):
     return out
 
   def grounding_filter(self, questions: list[Question]) -> None:
-    """A question the responder answers without any document is not grounded (−0.5)."""
+    """A question the responder answers without any document is not grounded (−0.5); with
+    `spell.extractive_labels`, neither is a `doc_qa` answer that no document of its cluster
+    states (the questioner's label must be read, not made up)."""
+    for q in questions:
+      if (self.cfg.get("extractive_labels", False) and q.status == "ok" and q.task == "doc_qa"
+          and not any(match.contains_phrase(self.passages[i].text, q.proposal.answer)
+                      for i in self.clusters[q.cluster])):
+        q.status, q.reward = "ungrounded", R.UNGROUNDED
     live = [q for q in questions if q.status == "ok"]
     texts = self.responder.texts([self.responder_prompt(q.task, q.proposal, "Empty")
                                   for q in live])

@@ -81,18 +81,29 @@ def wrong_answers(entity, doc_text: str, gold: str) -> list[str]:
   return sorted({v for v in values if v != gold and v in doc_text})
 
 
+def chance_answers(entity, doc_text: str, gold: str) -> list[str]:
+  """Answers drawn without reading: for a closed-class fact, every member of its class (right
+  one time in the class's size, whatever the document says); otherwise `wrong_answers`."""
+  for attr, members in CLASSES.items():
+    if getattr(entity, attr, None) == gold:
+      return sorted(members)
+  return wrong_answers(entity, doc_text, gold)
+
+
 def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
   """Formats only, from `warmup.worlds` other worlds (seeds from `warmup.world_seed`): per
   one-hop question about one of their documents, the questioner writes that question and its
   answer; the responder, on the same document, answers with another of the document's facts
-  (well-formed and wrong, so the warmed responder is mostly wrong); the verifier says [[YES]] to
-  the same answer and [[NO]] to another. No document about an entity of the run's world is
-  shown and no answer is one of its names (another world's document may mention a place that
+  (well-formed and wrong, so the warmed responder is mostly wrong), or with `warmup.answers=
+  'chance'` names a member of the fact's class without reading (right only by chance); the
+  verifier says [[YES]] to the same answer and [[NO]] to a wrong one. No document about an
+  entity of the run's world is shown and no answer is one of its names (another world's document may mention a place that
   shares a name with one of the run's world: a fact about another entity)."""
   rt, cfg, w = spell.rt, spell.cfg, spell.rt.config.warmup
   eos = rt.tokenizer.decode([rt.eos_ids[0]], skip_special_tokens=False)
   demo = lambda prompt, text: sft.demonstration(prompt, [("generated", text + eos)], rt.tokenizer)
   taken = set(World(rt.config.world.seed).entities.by_name())
+  answers = chance_answers if w.get("answers", "wrong") == "chance" else wrong_answers
   worlds = max(int(w.get("worlds", 1)), 1)
   out: list[Trajectory] = []
   for k in range(worlds):
@@ -111,14 +122,18 @@ def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
             f"### Example {i}:\nQuestion: {eq}\nAnswer: {ea}" for i, (eq, ea) in
             enumerate(asked[-cfg.history_size:], 1))
       proposal = {"question": q["question"], "answer": gold}
+      if w.get("answer_first", False):  # the label read off the document, then its question
+        proposal = {"answer": gold, "question": q["question"]}
       out.append(demo(spell.questioner.render(name, context=context, fit=("context",), **fields),
                       json.dumps(proposal, ensure_ascii=False)))
       asked.append((q["question"], gold))
       parsed = R.Proposal(q["question"], gold)
-      answer = wrong[int(rng.integers(len(wrong)))]
+      answer = answers(names[doc.title], doc.text, gold)
+      answer = answer[int(rng.integers(len(answer)))]
       out.append(demo(spell.responder_prompt("doc_qa", parsed, context),
                       f"The correct answer is {answer}."))
-      second, verdict = (gold, "[[YES]]") if len(out) % 2 else (answer, "[[NO]]")
+      other = answer if answer != gold else wrong[int(rng.integers(len(wrong)))]
+      second, verdict = (gold, "[[YES]]") if len(out) % 2 else (other, "[[NO]]")
       prompt = spell.verifier.render("verifier", problem=parsed.display(), answer_1=gold,
                                      answer_2=second, fit=("answer_2", "problem", "answer_1"))
       out.append(demo(prompt, f"Decision: {verdict}"))
