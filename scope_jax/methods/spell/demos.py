@@ -96,8 +96,9 @@ def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
   answer; the responder, on the same document, answers with another of the document's facts
   (well-formed and wrong, so the warmed responder is mostly wrong), or with `warmup.answers=
   'chance'` names a member of the fact's class without reading (right only by chance); the
-  verifier says [[YES]] to the same answer and [[NO]] to a wrong one. No document about an
-  entity of the run's world is shown and no answer is one of its names (another world's document may mention a place that
+  verifier says [[YES]] to the same answer and [[NO]] to a wrong one (`warmup.answer_first`: the
+  questioner's JSON gives the answer first). No document about an entity of the run's world is
+  shown and no answer is one of its names (another world's document may mention a place that
   shares a name with one of the run's world: a fact about another entity)."""
   rt, cfg, w = spell.rt, spell.cfg, spell.rt.config.warmup
   eos = rt.tokenizer.decode([rt.eos_ids[0]], skip_special_tokens=False)
