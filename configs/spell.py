@@ -137,7 +137,7 @@ def learn(c: ml_collections.ConfigDict) -> None:
       questioner=base.role(48, temperature=1.0, top_p=1.0),
       responder=base.role(24, temperature=1.0, top_p=1.0),
       verifier=base.role(12, temperature=1.0, top_p=1.0)))
-  c.spell.vote_in_reward = False  # the vote drifts to always-YES on this model (README)
+  c.spell.vote_in_reward = False  # the vote drifts to always-YES on this model (docs/learning.md)
   base.world_learn(c, "attr", max_new_tokens=24)
   c.model.source = f"hf:{READER_MODEL}"  # reads closed-class facts; cannot copy names
   c.total_steps = 80
