@@ -7,10 +7,11 @@
 Presets: 'demo' (default; the bundled demo model, warmed on every role's format, over the
 bundled Wikipedia corpus with compact prompts: about a minute on a laptop CPU), 'learn' (SPELL on
 the synthetic world `world.seed`'s documents at CPU scale: the bundled reader model warmed on 16
-other worlds' closed-class document questions, its responder answering with another member of
-the fact's class; the responder's reward is its rule check alone; held-out exact match on 300
-questions of the world's `attr` gold set, asked in the responder's own prompt, before, every 10
-updates and after; --config.control=shuffled_rewards is its control), 'paper' (the
+other worlds' closed-class document questions, its responder answering with the document's fact
+30% of the time and another member of the fact's class otherwise; the responder's reward is its
+rule check alone; held-out greedy exact match on 300 questions of the world's `attr` gold set,
+asked in the responder's own prompt, before, every 10 updates and after;
+--config.control=shuffled_rewards is its control), 'paper' (the
 paper's settings for Qwen2.5-7B-Instruct and larger), 'small' (the paper's recipe at reduced batch
 on the real Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF from the assets), 'paper_qwen3_moe' (the
 paper's settings for Qwen3-30B-A3B, experts split over the `expert` mesh axis).
@@ -145,3 +146,4 @@ def learn(c: ml_collections.ConfigDict) -> None:
   c.warmup.skill = "attr"
   c.warmup.worlds = 16  # 56 questions a world are not in its own `attr` gold set
   c.warmup.documents = 800  # questions, each demonstrated to all three roles
+  c.warmup.right_share = 0.3  # the warmed responder reads in some of its answers, not most

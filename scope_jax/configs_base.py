@@ -80,6 +80,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.warmup.answers = "wrong"  # the warmed responder's answers: 'wrong' (another member of the
   # fact's class, or another fact of the document) or 'chance' (a closed-class fact's class
   # member drawn without reading, right one time in the class's size)
+  c.warmup.right_share = 0.0  # the share of the warmed responder's demonstrated answers that
+  # are right (read off the other world's document): a reader that reads only sometimes
   c.warmup.answer_first = False  # the questioner's JSON demonstrated answer first: the label is
   # written from the document alone, before the question that could garble it
 
@@ -92,7 +94,9 @@ def base_config() -> ml_collections.ConfigDict:
   # hop2, arith: the held-out gold sets of world `world.seed`)
   c.eval.role = ""  # the trained role that answers ('' = the method's: see core/evals.py)
   c.eval.limit = 0  # the first N questions of each benchmark (0 = all)
-  c.eval.max_new_tokens = 256  # per generated turn (greedy)
+  c.eval.max_new_tokens = 256  # per generated turn
+  c.eval.temperature = 0.0  # 0 = greedy; > 0 samples (mean@n/<score> is then the expected score)
+  c.eval.num_samples = 1  # samples per question
   c.eval.max_turns = 4  # searches before the final turn (qa_search)
   c.eval.batch_size = 64  # questions per rollout call
   c.eval.prompt = "benchmark"  # the evaluator's prompt per benchmark type, or 'role': the

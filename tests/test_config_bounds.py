@@ -88,6 +88,9 @@ def test_every_numeric_field_is_checked(method, preset):
     ("model.source", "nonsense", "Unknown model.source 'nonsense'"),
     ("warmup.skill", "hop3", "warmup.skill='hop3': use 'hop1' or 'attr'"),
     ("warmup.answers", "right", "warmup.answers='right': use 'wrong' or 'chance'"),
+    ("warmup.right_share", 1.0, r"warmup.right_share=1.0: use a share in \[0, 1\)"),
+    ("eval.num_samples", 0, "eval.num_samples=0 must be at least 1"),
+    ("eval.temperature", -0.5, "eval.temperature=-0.5 must be at least 0"),
 ])
 def test_the_values_a_careless_user_types(path, value, match):
   config = _module("spell").get_config("demo")

@@ -76,7 +76,7 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     ("*loss.distill_topk", COUNT),
     # The model (a random-init preset) and the warm-up.
     ("model.tiny.rope_theta", POSITIVE), ("model.tiny.*", SIZE),
-    ("warmup.lr", POSITIVE), ("warmup.steps", COUNT),
+    ("warmup.lr", POSITIVE), ("warmup.steps", COUNT), ("warmup.right_share", SHARE),
     ("warmup.world_seed", Bound(-1, integer=True, why="a world's seed; -1 demonstrates on the "
                                 "method's own data")), ("warmup.*", SIZE),
     # Rollouts: the engine hangs or loops on a size of 0.
@@ -89,7 +89,8 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     # Retrieval and corpora.
     ("retrieval.topk", SIZE), ("retrieval.max_documents", COUNT),
     ("world.seed", Bound(0, integer=True, why="a non-negative seed")),
-    ("eval.every", COUNT), ("eval.limit", COUNT), ("eval.max_turns", COUNT), ("eval.*", SIZE),
+    ("eval.every", COUNT), ("eval.limit", COUNT), ("eval.max_turns", COUNT),
+    ("eval.temperature", Bound(0, why="0 is greedy")), ("eval.*", SIZE),
     ("data.max_cluster_size", COUNT), ("data.max_passages", COUNT), ("data.num_clusters", COUNT),
     ("data.cluster_size", COUNT), ("data.min_cluster_size", COUNT),
     ("data.*", SIZE), ("*.max_doc_chars", COUNT), ("*.data.size", COUNT),

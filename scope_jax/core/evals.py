@@ -3,10 +3,11 @@ on held-out benchmarks before the first update, every `eval.every` updates and a
 
 It reuses the evaluate CLI's machinery (`evaluation.evaluator`): the same prompts (or, with
 `eval.prompt='role'`, the answering role's own where it has one), rollouts and scoring,
-greedy, with the run's search syntax and tool. Results go where the CLI puts them,
-`<workdir>/eval/<benchmark>/{base,step_<N>}/` (N: the training step the params come from), and
-into metrics.jsonl and TensorBoard as `eval/<benchmark>/<metric>` in a row whose step is the
-number of updates done, with `eval/updates` set in it.
+greedy (or sampled: `eval.temperature`, `eval.num_samples`), with the run's search syntax and
+tool. Results go where the CLI puts them, `<workdir>/eval/<benchmark>/{base,step_<N>}/` (N: the
+training step the params come from), and into metrics.jsonl and TensorBoard as
+`eval/<benchmark>/<metric>` in a row whose step is the number of updates done, with
+`eval/updates` set in it.
 
     --config.eval.every=10 --config.eval.benchmarks=world:hop1,file:/data/nq.jsonl:qa_search
 """
@@ -62,6 +63,10 @@ def validate(config: ml_collections.ConfigDict, method_cls) -> None:
                          f"{', '.join(WORLD_PREFIX + s for s in GOLD_SETS)}.")
     else:
       bench_lib.parse_specs(n)
+  if e.get("num_samples", 1) < 1:
+    raise ValueError(f"eval.num_samples={e.num_samples}: it must be at least 1.")
+  if not e.get("temperature", 0.0) >= 0:  # NaN fails too
+    raise ValueError(f"eval.temperature={e.temperature}: use 0 (greedy) or a positive number.")
   prompt = e.get("prompt", "benchmark")
   if prompt not in ("benchmark", "role"):
     raise ValueError(f"eval.prompt={prompt!r}: choose 'benchmark' (the evaluator's prompts) or "
@@ -100,6 +105,7 @@ class Evaluations:
         max_new_tokens=e.max_new_tokens, max_turns=e.max_turns, batch_size=e.batch_size,
         max_prompt_tokens=self.role.max_prompt_tokens, max_context=self.role.max_context,
         max_obs_tokens=self.role.settings.get("max_obs_tokens", 500), syntax=rt.syntax,
+        temperature=e.get("temperature", 0.0), num_samples=e.get("num_samples", 1),
         seed=config.seed)
     tools = {}  # a world question searches the world, whatever corpus the run trains on
 

@@ -65,6 +65,22 @@ def test_evaluation_before_during_and_after_training(tmp_path, monkeypatch):
   assert f"arith: {100 * expected:.1f} → {100 * expected:.1f} (control" in text
 
 
+def test_sampled_evaluation_scores_every_sample(tmp_path, monkeypatch):
+  """`eval.temperature` and `eval.num_samples` reach the evaluator: n samples per question, and
+  the expected score (pass@1: the mean over samples) over all of them."""
+  _run(tmp_path, monkeypatch, total_steps=1, **{
+      "eval.every": 1, "eval.benchmarks": "world:arith", "eval.limit": 6, "eval.role": "answerer",
+      "eval.max_new_tokens": 16, "eval.temperature": 1.0, "eval.num_samples": 3, "world.seed": 3})
+  rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  gold = World(3).gold["arith"][:6]
+  expected = np.mean([g["gold"][0] == re.search(r"\d+", g["question"]).group(0) for g in gold])
+  for r in (r for r in rows if "eval/updates" in r):
+    assert r["eval/arith/num_samples"] == 18.0 and r["eval/arith/num_examples"] == 6.0
+    assert r["eval/arith/pass@1"] == pytest.approx(expected)  # the mean over all samples
+  records = (tmp_path / "eval" / "arith" / "base" / "predictions.jsonl").read_text().splitlines()
+  assert {len(json.loads(x)["samples"]) for x in records} == {3}
+
+
 def test_curves_by_hand():
   rows = [{"step": 0, "eval/updates": 0.0, "eval/hop1/pass@1": 0.1, "eval/hop1/pass@2": 0.3},
           {"step": 0, "questioner/reward/mean": 0.5, "responder/reward/mean": 0.2},

@@ -305,6 +305,7 @@ def test_learn_preset_demonstrations_and_held_out_prompt(tmp_path):
   c = spell_config.get_config("learn")
   c.model.source, c.model.tokenizer = "tiny", "demo"  # prompts and demonstrations only
   c.warmup.worlds, c.warmup.documents, c.eval.limit = 2, 12, 2
+  c.warmup.right_share = 0.0  # every answer wrong here; the preset's share is tested below
   rt = runtime.Runtime(c, str(tmp_path))
   method = spell.Spell(rt)
   # A held-out question is asked exactly as the responder is asked about a document.
@@ -361,6 +362,34 @@ def test_chance_answers_and_answer_first_demonstrations(tmp_path):
     if "[[NO]]" in judged.split("Decision:")[-1]:
       assert pair[1].split("<|im_end|>")[0].strip() != gold
   assert 0 < right < len(text) // 6  # right by chance: some, far from all
+
+
+def test_right_share_demonstrates_a_reader_that_reads_sometimes(tmp_path):
+  """`warmup.right_share`: that share of the responder's demonstrated answers is the document's
+  own fact (the rest as `warmup.answers`; at 0 none is right), and a [[NO]] verdict is still
+  never about the right answer."""
+  from scope_jax.methods.spell import demos as spell_demos  # pylint: disable=import-outside-toplevel
+
+  def demos(share):
+    c = spell_config.get_config("learn")
+    c.model.source, c.model.tokenizer = "tiny", "demo"
+    c.warmup.worlds, c.warmup.documents, c.warmup.right_share = 2, 120, share
+    rt = runtime.Runtime(c, str(tmp_path / str(share)))
+    out = spell_demos.demonstrations(spell.Spell(rt), np.random.default_rng(0))
+    return [rt.tokenizer.decode(list(d.tokens)) for d in out]
+
+  def right(text):
+    golds = [json.loads(a[a.rindex("{"):a.rindex("}") + 1])["answer"] for a in text[::3]]
+    replies = [r.split("The correct answer is ")[-1].split(".<")[0] for r in text[1::3]]
+    return sum(g == r for g, r in zip(golds, replies)) / len(golds)
+
+  none, half = demos(0.0), demos(0.5)
+  assert right(none) == 0.0
+  assert 0.35 < right(half) < 0.65
+  for asked, judged in zip(half[::3], half[2::3]):
+    gold = json.loads(asked[asked.rindex("{"):asked.rindex("}") + 1])["answer"]
+    if "[[NO]]" in judged.split("Decision:")[-1]:
+      assert judged.split("Answer 2:")[-1].split("<|im_end|>")[0].strip() != gold
 
 
 def test_the_learn_preset_starts_from_the_shipped_reader_model():

@@ -106,6 +106,7 @@ def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
   taken = set(World(rt.config.world.seed).entities.by_name())
   answers = chance_answers if w.get("answers", "wrong") == "chance" else wrong_answers
   worlds = max(int(w.get("worlds", 1)), 1)
+  right_share = float(w.get("right_share", 0.0))
   out: list[Trajectory] = []
   for k in range(worlds):
     world = World(w.world_seed + k)
@@ -131,6 +132,8 @@ def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
       parsed = R.Proposal(q["question"], gold)
       answer = answers(names[doc.title], doc.text, gold)
       answer = answer[int(rng.integers(len(answer)))]
+      if right_share and rng.random() < right_share:  # a reader that sometimes reads
+        answer = gold
       out.append(demo(spell.responder_prompt("doc_qa", parsed, context),
                       f"The correct answer is {answer}."))
       other = answer if answer != gold else wrong[int(rng.integers(len(wrong)))]
