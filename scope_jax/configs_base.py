@@ -90,8 +90,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict()  # held-out evaluation during training (core/evals.py)
   c.eval.every = 0  # evaluate at step 0, every this many steps and at the end (0 = never)
-  c.eval.benchmarks = ""  # as `scope_jax.evaluate --benchmarks`, or 'world:<set>' (doc, hop1,
-  # hop2, arith: the held-out gold sets of world `world.seed`)
+  c.eval.benchmarks = ""  # as `scope_jax.evaluate --benchmarks`, or 'world:<set>' (doc, attr,
+  # hop1, attr_search, hop2, arith: the held-out gold sets of world `world.seed`)
   c.eval.role = ""  # the trained role that answers ('' = the method's: see core/evals.py)
   c.eval.limit = 0  # the first N questions of each benchmark (0 = all)
   c.eval.max_new_tokens = 256  # per generated turn

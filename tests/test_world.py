@@ -41,7 +41,7 @@ def _doc_of(world, name):
 
 def test_gold_answers_are_derivable_from_the_documents(world):
   by_id = {d.id: d for d in world.documents}
-  for name in ("hop1", "hop2", "doc", "attr"):
+  for name in ("hop1", "hop2", "doc", "attr", "attr_search"):
     for r in world.gold[name]:
       chain = [by_id[i] for i in r["support"]]
       assert len(chain) == (2 if name == "hop2" else 1)
@@ -69,7 +69,8 @@ def test_no_gold_question_is_a_training_input(world):
   gold = {r["question"] for records in world.gold.values() for r in records}
   assert not gold & {t["question"] for t in train}
   corpus = " ".join(d.text for d in world.documents)
-  assert not any(r["question"] in corpus for r in world.gold["hop1"] + world.gold["hop2"])
+  assert not any(r["question"] in corpus
+                 for r in world.gold["hop1"] + world.gold["hop2"] + world.gold["attr_search"])
 
 
 def test_questions_to_demonstrate_are_never_gold_and_answer_from_their_document(world):

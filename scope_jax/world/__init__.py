@@ -8,6 +8,7 @@ the same names for OpenSIR, and four held-out gold sets:
   doc     the entity's document is in the question; answer a fact from it        ('qa')
   attr    as doc, for the closed-class facts (profession, industry, language)    ('qa')
   hop1    one search finds the document that answers                             ('qa_search')
+  attr_search  as hop1, for the closed-class facts                              ('qa_search')
   hop2    two searches: the first answer names the entity the second is about    ('qa_search')
   arith   word problems with an integer answer                                   ('math')
 
@@ -30,7 +31,8 @@ from scope_jax.retrieval.corpus import Passage
 from scope_jax.world import entities as E
 from scope_jax.world import render as R
 
-GOLD_SETS = {"doc": "qa", "attr": "qa", "hop1": "qa_search", "hop2": "qa_search", "arith": "math"}
+GOLD_SETS = {"doc": "qa", "attr": "qa", "hop1": "qa_search", "attr_search": "qa_search",
+             "hop2": "qa_search", "arith": "math"}
 GOLD_SIZE = 400  # questions per gold set (at least 300, the smallest a held-out claim may use)
 
 
@@ -54,6 +56,7 @@ class World:
     return {"doc": R.doc_questions(w, self.documents, self.seed, n),
             "attr": R.doc_questions(w, self.documents, self.seed, n, R.ATTR, "attr"),
             "hop1": R.hop_questions(w, R.HOP1, self.seed, n, "hop1"),
+            "attr_search": R.hop_questions(w, R.ATTR, self.seed + 2, n, "attr_search"),
             "hop2": R.hop_questions(w, R.HOP2, self.seed, n, "hop2"),
             "arith": R.arithmetic(w, np.random.default_rng([self.seed, 0xA7]), n, "arith")}
 

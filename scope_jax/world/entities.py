@@ -21,6 +21,16 @@ INDUSTRIES = ("shipbuilding", "textiles", "publishing", "glassmaking", "mining",
 PROFESSIONS = ("engineer", "chemist", "architect", "historian", "surgeon", "painter", "lawyer",
                "economist", "botanist", "journalist", "astronomer", "composer")
 LANGUAGES = ("Velmic", "Orrish", "Tandese", "Quorvian", "Sileth", "Marundi", "Ekkaran", "Pollish")
+CLASSES = {"profession": PROFESSIONS, "industry": INDUSTRIES, "language": LANGUAGES}
+
+
+def other_members(value: str) -> list[str]:
+  """The rest of the closed class (professions, industries, languages) `value` belongs to:
+  answers of the right form that are wrong; [] for a value of no class."""
+  for members in CLASSES.values():
+    if value in members:
+      return sorted(m for m in members if m != value)
+  return []
 COUNTRY_SUFFIXES = ("ia", "land", "mark", "ora", "istan", "avia")
 CITY_SUFFIXES = ("ford", "burg", "haven", "wick", "port", "dale", "stead", "mouth")
 ORG_SUFFIXES = ("Works", "Company", "Guild", "Foundry", "Society", "Holdings", "Press", "Mills")

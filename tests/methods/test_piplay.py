@@ -31,6 +31,7 @@ from scope_jax.methods.piplay import rewards as R
 from scope_jax.rl import learner as learner_lib
 from scope_jax.rollout.types import Trajectory
 from scope_jax.world import World
+from scope_jax.world import entities as E
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedPiPlaySampler, play_all_roles
 
@@ -457,6 +458,34 @@ def test_world_demonstrations_come_from_other_worlds(tmp_path):
     obs = [s.text for s in d.spans if s.kind == "observation"][0]
     assert all(x in titles for x in _titles(obs)) and entity == _titles(obs)[0]
     assert f"<answer>{answers[question]}</answer>" in d.spans[-1].text
+
+
+def test_closed_class_demonstrations_read_only_sometimes(tmp_path):
+  """`warmup.skill='attr'`: the examiner asks other worlds' closed-class facts; the student
+  searches the entity and answers right in about `warmup.right_share` of its answers (otherwise
+  another member of the fact's class); the teacher, told the answer, always gives it."""
+  c = small_config(**{"retrieval.corpus": "world", "retrieval.topk": 2, "warmup.world_seed": 7,
+                      "warmup.worlds": 2, "warmup.documents": 60, "warmup.skill": "attr",
+                      "warmup.right_share": 0.5, "piplay.hop_choices": (1,),
+                      "piplay.hop_ratio": (1,)})
+  rt = runtime.Runtime(c, str(tmp_path))
+  demos = piplay_demos.demonstrations(piplay.PiPlay(rt), np.random.default_rng(0))
+  answers = {q["question"]: q["gold"][0] for w in (World(7), World(8))
+             for q in w.questions(10 ** 4, np.random.default_rng(0), "attr")}
+  text = [rt.tokenizer.decode(list(d.tokens)) for d in demos]
+  right = {"student": [], "teacher": []}
+  for t in text:
+    role = "teacher" if "You are the teacher" in t else "student" if t.count(
+        "Answer the question.") else None
+    if role is None:
+      continue
+    question = re.search(r"Question: (.*?\?)", t).group(1)
+    gold = answers[question]
+    reply = re.findall(r"<answer>(.*?)</answer>", t)[-1]
+    assert reply == gold or reply in E.other_members(gold), (reply, gold)
+    right[role].append(reply == gold)
+  assert len(right["student"]) >= 40 and all(right["teacher"])
+  assert 0.3 < np.mean(right["student"]) < 0.7
 
 
 def _titles(text):

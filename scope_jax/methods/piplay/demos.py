@@ -24,6 +24,7 @@ from scope_jax.rl import sft
 from scope_jax.rollout.search_agent import observation_ids, search_action
 from scope_jax.rollout.types import Trajectory
 from scope_jax.world import World
+from scope_jax.world import entities as E
 
 PHRASE_START = 8  # the question's three words start within the first words of a text
 _PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-]*$")
@@ -126,7 +127,8 @@ class _WorldDemos(_Demos):
   one-hop questions about their entities, searched and answered from each world's own index.
   The formats carry over to the run's world; the facts do not (a question whose entity or answer
   is also a name in the run's world is left out). Several worlds, so that a small model cannot
-  memorise their names and must copy them from its context."""
+  memorise their names and must copy them from its context. `warmup.skill='attr'` asks their
+  closed-class facts instead (see `reply`)."""
 
   def build(self, num_docs: int) -> list[Trajectory]:
     config = self.rt.config
@@ -141,12 +143,22 @@ class _WorldDemos(_Demos):
       world = World(w.world_seed + k)
       _, self.tool = search.from_config(tool_config, world.seed)
       by_id = {d.id: d for d in world.documents}
-      for q in world.questions(-(-num_docs // worlds), self.rng):
+      for q in world.questions(-(-num_docs // worlds), self.rng, w.get("skill", "hop1")):
         doc = by_id[q["support"][0]]
         if doc.title in taken or q["gold"][0] in taken:
           continue
         out += self.question(doc, q["question"], q["gold"][0])
     return out
+
+  def reply(self, gold: str) -> str:
+    """The student's demonstrated answer: the right one, except for a closed-class fact
+    (`warmup.skill='attr'`), where only `warmup.right_share` of them are and the rest name
+    another member of the fact's class (a reader that reads only sometimes)."""
+    wrong = E.other_members(gold)
+    share = float(self.rt.config.warmup.get("right_share", 0.0))
+    if self.rt.config.warmup.get("skill", "hop1") != "attr" or not wrong:
+      return gold
+    return gold if self.rng.random() < share else wrong[int(self.rng.integers(len(wrong)))]
 
   def search(self, query: str) -> tuple[list[Passage], list[int]]:
     hits = [p for p, _ in self.tool.retrieve([query])[0]]
@@ -164,7 +176,9 @@ class _WorldDemos(_Demos):
     qcp = [self.prompts.qcp_header(doc, 1) + "\n"] + [s.text for s in exam.spans[1:]]
     privileged = R.privileged_text("qcp", qcp, answer, 1)
     teacher = self.m.roles["teacher"].prompt(self.prompts.teacher(privileged, question))
-    return [exam, sft.demonstration(student, response, self.tok),
+    reply = self.reply(answer)  # the teacher, who is told the answer, always gives it
+    return [exam, sft.demonstration(student, response[:-1] + [self.act("Answer.", (
+        f"<answer>{reply}</answer>{self.eos}"))], self.tok),
             sft.demonstration(teacher, response, self.tok)]
 
   def answer(self, question: str, answer: str, target: Passage):

@@ -66,7 +66,7 @@ def demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
   return copy_demonstrations(spell, rng)
 
 
-CLASSES = {"profession": E.PROFESSIONS, "industry": E.INDUSTRIES, "language": E.LANGUAGES}
+CLASSES = E.CLASSES
 
 
 def wrong_answers(entity, doc_text: str, gold: str) -> list[str]:
