@@ -168,7 +168,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     rt.load_device_state(state)
     method.load_host_state(host)
     start = step + 1
-  rt.metrics.start(start - 1 if restored is not None else None, overwrite=config.overwrite)
+  # A resumed run drops what comes after its checkpoint, to write it again; a finished one
+  # keeps its last row, the evaluation after its last update (nothing runs again to rewrite it).
+  keep = None if restored is None else start if start >= config.total_steps else start - 1
+  rt.metrics.start(keep, overwrite=config.overwrite)
   evaluations = evals_lib.Evaluations(rt, method) if evals_lib.due(0, config) else None
 
   def evaluate(updates: int) -> None:  # held-out scores after `updates` updates (config.eval)

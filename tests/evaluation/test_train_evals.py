@@ -65,6 +65,18 @@ def test_evaluation_before_during_and_after_training(tmp_path, monkeypatch):
   assert f"arith: {100 * expected:.1f} → {100 * expected:.1f} (control" in text
 
 
+def test_the_same_command_on_a_finished_run_keeps_its_last_evaluation(tmp_path, monkeypatch):
+  """Run again once finished, a run changes nothing: the evaluation after its last update (the
+  row past its last checkpoint's step) stays, and so do the curve's end and its picture."""
+  settings = {"eval.every": 1, "eval.benchmarks": "world:arith", "eval.limit": 4,
+              "eval.role": "answerer", "eval.max_new_tokens": 16, "world.seed": 3}
+  _run(tmp_path, monkeypatch, total_steps=2, **settings)
+  before = (tmp_path / "metrics.jsonl").read_text()
+  assert '"eval/updates": 2.0' in before
+  _run(tmp_path, monkeypatch, total_steps=2, **settings)
+  assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
 def test_sampled_evaluation_scores_every_sample(tmp_path, monkeypatch):
   """`eval.temperature` and `eval.num_samples` reach the evaluator: n samples per question, and
   the expected score (pass@1: the mean over samples) over all of them."""
