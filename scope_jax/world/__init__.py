@@ -3,7 +3,7 @@ that show whether it did.
 
 `World(seed)` generates (never downloads) entities with invented names, one document per entity
 (the corpus the search methods index and SPELL's clusters read), arithmetic word problems over
-the same names for OpenSIR, and four held-out gold sets:
+the same names for OpenSIR, and six held-out gold sets:
 
   doc     the entity's document is in the question; answer a fact from it        ('qa')
   attr    as doc, for the closed-class facts (profession, industry, language)    ('qa')

@@ -22,6 +22,9 @@ PROFESSIONS = ("engineer", "chemist", "architect", "historian", "surgeon", "pain
                "economist", "botanist", "journalist", "astronomer", "composer")
 LANGUAGES = ("Velmic", "Orrish", "Tandese", "Quorvian", "Sileth", "Marundi", "Ekkaran", "Pollish")
 CLASSES = {"profession": PROFESSIONS, "industry": INDUSTRIES, "language": LANGUAGES}
+COUNTRY_SUFFIXES = ("ia", "land", "mark", "ora", "istan", "avia")
+CITY_SUFFIXES = ("ford", "burg", "haven", "wick", "port", "dale", "stead", "mouth")
+ORG_SUFFIXES = ("Works", "Company", "Guild", "Foundry", "Society", "Holdings", "Press", "Mills")
 
 
 def other_members(value: str) -> list[str]:
@@ -31,9 +34,6 @@ def other_members(value: str) -> list[str]:
     if value in members:
       return sorted(m for m in members if m != value)
   return []
-COUNTRY_SUFFIXES = ("ia", "land", "mark", "ora", "istan", "avia")
-CITY_SUFFIXES = ("ford", "burg", "haven", "wick", "port", "dale", "stead", "mouth")
-ORG_SUFFIXES = ("Works", "Company", "Guild", "Foundry", "Society", "Holdings", "Press", "Mills")
 
 
 @dataclasses.dataclass(frozen=True)
