@@ -247,3 +247,19 @@ def test_starting_pool_is_generated_rated_and_replaces_the_seed(tmp_path):
   assert m["pool/initial_size"] == 3 and m["pool/bootstrap/candidates"] >= 8
   assert m["pool/bootstrap/illegal"] > 0  # a fifth of the scripted problems lack concepts
   assert method.host_state()["started"] is True
+
+
+def test_held_out_problems_are_asked_in_the_students_prompt(tmp_path):
+  """eval.prompt='role': a held-out math problem is asked exactly as the student is asked in
+  training; any other question type is not (the student only ever solves problems)."""
+  from scope_jax.core import evals
+  c = small_config(**{"eval.every": 1, "eval.benchmarks": "world:arith", "eval.prompt": "role",
+                      "eval.limit": 2})
+  runner.validate(c)
+  rt = runtime.Runtime(c, str(tmp_path))
+  method = opensir.OpenSir(rt)
+  ev = evals.Evaluations(rt, method)
+  problem = "Jound Kribeas shares 52 coins equally among 4 friends. How many coins each?"
+  ask = ev.evaluators[ev.benches[0].name].role_prompt
+  assert ask("math", problem) == method.student_prompt(problem)
+  assert ask("qa", problem) is None

@@ -174,6 +174,11 @@ class OpenSir(Method):
   def student_prompt(self, problem: str) -> list[int]:
     return self.student.render("student", problem=problem, fit=("problem",))
 
+  def answer_prompt(self, question: str, kind: str):
+    """A held-out math problem in the student's own prompt; None for any other type (the
+    student is only ever asked problems)."""
+    return self.student_prompt(question) if kind == "math" else None
+
   # ------------------------------------------------------------------------------ phases
   def generate_problems(self) -> list[Candidate]:
     """units × groups_per_unit groups of g problems, each group from one reference problem."""
