@@ -7,8 +7,11 @@ precondition by supervision (the upper bound for what self-play reaches in as ma
 fits the model on one-hop document questions of `--worlds` other worlds (seeds from 1000, right
 answers) and prints, every `--every` steps, the token NLL and the greedy exact match on world
 `--world`'s questions (teacher-forced argmax over the answer's tokens, the same as greedy
-decoding for an answer that is right; the learning-rate schedule restarts each block). `--skill=attr` asks only the closed-class facts
-(profession, industry, language); `--out` saves the fitted model.
+decoding for an answer that is right; the learning-rate schedule restarts each block).
+`--skill=attr` asks only the closed-class facts (profession, industry, language);
+`--skill=search` copies a closed-class question's entity name into a search query, and
+`--skill=ask` writes that question from the entity's document (the name copying every searching
+role needs first); `--out` saves the fitted model.
 
     python -m bench.world_reading                       # the bundled demo model, 2,000 steps
     python -m bench.world_reading --size=4x256 --steps=1000 --skill=attr
@@ -57,15 +60,26 @@ def questions(world: World, skill: str, count: int, seed: int) -> list[dict]:
   return R.hop_questions(world.entities, templates, seed, count, skill)
 
 
-def examples(tokenizer, world: World, qs: list[dict]):
-  """`Document: <title>\\n<text>\\nQuestion: <q>\\nAnswer:` then ` <gold>\\n`, trained on."""
+def example(skill: str, doc, q: dict) -> tuple[str, str]:
+  """(prompt, target) of one question: `doc`/`attr` answer it from the document; `search`
+  copies its entity's name out of the question (what a searching student does first); `ask`
+  writes the question from the document (what an examiner does: copy the title into it)."""
+  if skill == "search":
+    return f"Question: {q['question']}\nSearch:", f" {doc.title}\n"
+  if skill == "ask":
+    return f"Document: {doc.title}\n{doc.text}\nQuestion:", f" {q['question']}\n"
+  return (f"Document: {doc.title}\n{doc.text}\nQuestion: {q['question']}\nAnswer:",
+          f" {q['gold'][0]}\n")
+
+
+def examples(tokenizer, world: World, qs: list[dict], skill: str = "doc"):
+  """Each question's prompt and its target (`example`), the target trained on."""
   by_id = {d.id: d for d in world.documents}
   out = []
   for q in qs:
-    doc = by_id[q["support"][0]]
-    prompt = f"Document: {doc.title}\n{doc.text}\nQuestion: {q['question']}\nAnswer:"
+    prompt, target = example(skill, by_id[q["support"][0]], q)
     out.append(sft.demonstration(tokenizer.encode(prompt, add_special_tokens=False),
-                                 [("generated", f" {q['gold'][0]}\n")], tokenizer))
+                                 [("generated", target)], tokenizer))
   return out
 
 
@@ -82,7 +96,7 @@ def exact_match(config, params, demos) -> float:
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--size", default="demo", help="demo, or <layers>x<width> initialised at random")
-  p.add_argument("--skill", default="doc", choices=("doc", "attr"))
+  p.add_argument("--skill", default="doc", choices=("doc", "attr", "search", "ask"))
   p.add_argument("--steps", type=int, default=2000)
   p.add_argument("--every", type=int, default=500)
   p.add_argument("--lr", type=float, default=3e-3)
@@ -95,9 +109,11 @@ def main() -> None:
   tokenizer = load_tokenizer("demo")
   config, params = model(args.size, 0)
   train = [d for s in range(1000, 1000 + args.worlds)
-           for d in examples(tokenizer, World(s), questions(World(s), args.skill, 400, s))]
+           for d in examples(tokenizer, World(s), questions(World(s), args.skill, 400, s),
+                             args.skill)]
   held = World(args.world)
-  held_out = examples(tokenizer, held, questions(held, args.skill, args.limit, args.world + 1))
+  held_out = examples(tokenizer, held, questions(held, args.skill, args.limit, args.world + 1),
+                      args.skill)
   print(f"{args.size} ({transformer.count_params(params):,} parameters), skill {args.skill}: "
         f"{len(train)} training questions from {args.worlds} worlds, {len(held_out)} held out")
   print(f"step {0:5d}  greedy EM {exact_match(config, params, held_out):.3f}", flush=True)

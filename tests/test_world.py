@@ -148,3 +148,20 @@ def test_methods_read_the_world():
   problems = bootstrap.from_world(5, 40)
   gold = {q["question"] for q in World(5).gold["arith"]}
   assert len(problems) == 40 and not gold & {p.text for p in problems}
+
+
+def test_the_copying_probes_copy_a_name_that_is_in_their_prompt():
+  """`bench/world_reading.py --skill=search|ask` measure copying alone: the entity's name they
+  must write is in their prompt, and the rest of the target is fixed by the question's kind."""
+  from bench import world_reading
+  world = World(3)
+  by_id = {d.id: d for d in world.documents}
+  for q in world_reading.questions(world, "search", 30, 4):
+    doc = by_id[q["support"][0]]
+    prompt, target = world_reading.example("search", doc, q)
+    assert target == f" {doc.title}\n" and doc.title in q["question"] and q["question"] in prompt
+    prompt, target = world_reading.example("ask", doc, q)
+    assert target == f" {q['question']}\n" and prompt.startswith(f"Document: {doc.title}\n")
+    assert q["question"].replace(doc.title, "{n}") in {t for _, t, _ in world_reading.ATTR}
+    prompt, target = world_reading.example("attr", doc, q)
+    assert target == f" {q['gold'][0]}\n" and q["gold"][0] in doc.text
