@@ -11,10 +11,14 @@ decoding for an answer that is right; the learning-rate schedule restarts each b
 `--skill=attr` asks only the closed-class facts (profession, industry, language);
 `--skill=search` copies a closed-class question's entity name into a search query, and
 `--skill=ask` writes that question from the entity's document (the name copying every searching
-role needs first); `--out` saves the fitted model.
+role needs first); several skills, comma-separated, train on all of them together and score
+each. `--format=piplay` asks `search` and `ask` in π-Play's own chat prompts instead (the
+student's prompt and <tool_call> search, the examiner's prompt and <question>): whether a copy
+learned in one format carries to another. `--out` saves the fitted model.
 
     python -m bench.world_reading                       # the bundled demo model, 2,000 steps
     python -m bench.world_reading --size=4x256 --steps=1000 --skill=attr
+    python -m bench.world_reading --skill=attr,search,ask --worlds=200 --steps=1500
 """
 
 from __future__ import annotations
@@ -29,10 +33,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scope_jax.data import DEMO_MODEL  # noqa: E402
+from scope_jax.data import DEMO_MODEL, READER_MODEL  # noqa: E402
+from scope_jax.methods.piplay import prompts as piplay_prompts  # noqa: E402
 from scope_jax.models import hf_io, transformer  # noqa: E402
 from scope_jax.models.config import tiny_config  # noqa: E402
 from scope_jax.rl import sft  # noqa: E402
+from scope_jax.rollout.agent import render_chat  # noqa: E402
+from scope_jax.rollout.search_agent import search_action  # noqa: E402
 from scope_jax.tokenizer import load_tokenizer  # noqa: E402
 from scope_jax.world import World  # noqa: E402
 from scope_jax.world import render as R  # noqa: E402
@@ -42,11 +49,15 @@ ATTR = (("person", "What is the profession of {n}?", ("profession",)),
         ("country", "What language do people in {n} speak?", ("language",)))
 
 
+SKILLS = ("doc", "attr", "search", "ask")
+
+
 def model(size: str, seed: int):
-  """The bundled demo model (`demo`), or a random Qwen2-shaped model `<layers>x<width>` over the
-  demo tokenizer."""
-  if size == "demo":
-    return hf_io.load_hf(DEMO_MODEL, dtype=jnp.float32)
+  """The bundled demo model (`demo`) or reader model (`reader`), a saved model's directory (to
+  fit on), or a random Qwen2-shaped model `<layers>x<width>` over the demo tokenizer."""
+  if size in ("demo", "reader") or os.path.isdir(size):
+    path = {"demo": DEMO_MODEL, "reader": READER_MODEL}.get(size, size)
+    return hf_io.load_hf(path, dtype=jnp.float32)
   layers, width = map(int, size.split("x"))
   config = tiny_config("qwen2", vocab_size=2048, hidden_size=width, intermediate_size=2 * width,
                        num_layers=layers, num_heads=width // 32, num_kv_heads=max(width // 64, 1),
@@ -72,14 +83,32 @@ def example(skill: str, doc, q: dict) -> tuple[str, str]:
           f" {q['gold'][0]}\n")
 
 
-def examples(tokenizer, world: World, qs: list[dict], skill: str = "doc"):
-  """Each question's prompt and its target (`example`), the target trained on."""
+def piplay_example(skill: str, doc, q: dict) -> tuple[list[dict], str]:
+  """(chat messages, target) of `search` or `ask` in π-Play's compact prompts and the qwen
+  <tool_call> syntax, as its warm-up demonstrates them."""
+  prompts = piplay_prompts.Prompts(style="compact", syntax="qwen")
+  if skill == "search":
+    return ([{"role": "user", "content": prompts.student(q["question"]).text()}],
+            f"<think>Search.</think>\n{search_action(doc.title, 'qwen')}")
+  if skill == "ask":
+    return ([{"role": "user", "content": prompts.examiner(doc, 1).text()}],
+            f"<think>Ask about it.</think>\n<question>{q['question']}</question>")
+  raise ValueError(f"--format=piplay asks search or ask, not {skill!r}.")
+
+
+def examples(tokenizer, world: World, qs: list[dict], skill: str = "doc", fmt: str = "plain"):
+  """Each question's prompt and its target (`example`, or `piplay_example` for
+  fmt='piplay'), the target trained on."""
   by_id = {d.id: d for d in world.documents}
   out = []
   for q in qs:
-    prompt, target = example(skill, by_id[q["support"][0]], q)
-    out.append(sft.demonstration(tokenizer.encode(prompt, add_special_tokens=False),
-                                 [("generated", target)], tokenizer))
+    if fmt == "piplay":
+      messages, target = piplay_example(skill, by_id[q["support"][0]], q)
+      prompt_ids = render_chat(tokenizer, messages)
+    else:
+      prompt, target = example(skill, by_id[q["support"][0]], q)
+      prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    out.append(sft.demonstration(prompt_ids, [("generated", target)], tokenizer))
   return out
 
 
@@ -95,8 +124,12 @@ def exact_match(config, params, demos) -> float:
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--size", default="demo", help="demo, or <layers>x<width> initialised at random")
-  p.add_argument("--skill", default="doc", choices=("doc", "attr", "search", "ask"))
+  p.add_argument("--size", default="demo", help="demo, reader, a saved model's directory, or "
+                 "<layers>x<width> initialised at random")
+  p.add_argument("--skill", default="doc",
+                 help="doc, attr, search or ask; several, comma-separated, train together")
+  p.add_argument("--format", default="plain", choices=("plain", "piplay"),
+                 help="plain 'Question: … Search:' text, or π-Play's chat prompts (search, ask)")
   p.add_argument("--steps", type=int, default=2000)
   p.add_argument("--every", type=int, default=500)
   p.add_argument("--lr", type=float, default=3e-3)
@@ -106,22 +139,28 @@ def main() -> None:
   p.add_argument("--limit", type=int, default=200, help="held-out questions")
   p.add_argument("--out", default="", help="save the fitted model here (Hugging Face layout)")
   args = p.parse_args()
+  skills = args.skill.split(",")
+  if unknown := set(skills) - set(SKILLS):
+    p.error(f"unknown skill {sorted(unknown)}; use one or more of {', '.join(SKILLS)}")
   tokenizer = load_tokenizer("demo")
   config, params = model(args.size, 0)
-  train = [d for s in range(1000, 1000 + args.worlds)
-           for d in examples(tokenizer, World(s), questions(World(s), args.skill, 400, s),
-                             args.skill)]
+  train = [d for skill in skills for s in range(1000, 1000 + args.worlds)
+           for d in examples(tokenizer, World(s), questions(World(s), skill, 400, s), skill,
+                             args.format)]
   held = World(args.world)
-  held_out = examples(tokenizer, held, questions(held, args.skill, args.limit, args.world + 1),
-                      args.skill)
+  held_out = {skill: examples(tokenizer, held, questions(held, skill, args.limit, args.world + 1),
+                              skill, args.format) for skill in skills}
   print(f"{args.size} ({transformer.count_params(params):,} parameters), skill {args.skill}: "
-        f"{len(train)} training questions from {args.worlds} worlds, {len(held_out)} held out")
-  print(f"step {0:5d}  greedy EM {exact_match(config, params, held_out):.3f}", flush=True)
+        f"{len(train)} training questions from {args.worlds} worlds, "
+        f"{len(held_out[skills[0]])} held out per skill")
+  score = lambda: "  ".join(f"{k} {exact_match(config, params, d):.3f}"
+                            for k, d in held_out.items())
+  print(f"step {0:5d}  greedy EM {score()}", flush=True)
   start = time.perf_counter()
   for k in range(args.steps // args.every):
     params, losses = sft.fit(config, params, train, steps=args.every, lr=args.lr,
                              batch_rows=args.batch_rows, seed=k)
-    print(f"step {(k + 1) * args.every:5d}  greedy EM {exact_match(config, params, held_out):.3f}"
+    print(f"step {(k + 1) * args.every:5d}  greedy EM {score()}"
           f"  nll {np.mean(losses[-50:]):.3f}  {time.perf_counter() - start:.0f}s", flush=True)
   if args.out:
     hf_io.save_hf(config, params, args.out)

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from scope_jax.evaluation import benchmarks as bench_lib
+from scope_jax.methods.piplay import rewards as piplay_rewards
+from scope_jax.rollout import parsers
 from scope_jax.world import GOLD_SETS, World
 from scope_jax.world import entities as E
 from scope_jax.world import render as R
@@ -165,3 +167,11 @@ def test_the_copying_probes_copy_a_name_that_is_in_their_prompt():
     assert q["question"].replace(doc.title, "{n}") in {t for _, t, _ in world_reading.ATTR}
     prompt, target = world_reading.example("attr", doc, q)
     assert target == f" {q['gold'][0]}\n" and q["gold"][0] in doc.text
+    # --format=piplay: the same copies in π-Play's prompts, in the calls its parsers read.
+    messages, target = world_reading.piplay_example("search", doc, q)
+    assert q["question"] in messages[-1]["content"]
+    action = parsers.parse_action(target, syntax="qwen")
+    assert action.kind == "search" and action.queries == (doc.title,)
+    messages, target = world_reading.piplay_example("ask", doc, q)
+    assert f'(Title: "{doc.title}")' in messages[-1]["content"]
+    assert piplay_rewards.parse_examiner(target + "<answer>x</answer>").question == q["question"]
