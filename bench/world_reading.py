@@ -18,13 +18,17 @@ learned in one format carries to another. `--out` saves the fitted model.
 
     python -m bench.world_reading                       # the bundled demo model, 2,000 steps
     python -m bench.world_reading --size=4x256 --steps=1000 --skill=attr
-    python -m bench.world_reading --skill=attr,search,ask --worlds=200 --steps=1500
+    python -m bench.world_reading --size=reader --skill=search,ask --worlds=200 --steps=3000 \
+        --every=1000 --out=<dir>
+    python -m bench.world_reading --size=<dir> --format=piplay --skill=search,ask --worlds=200 \
+        --steps=500 --every=250
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -58,6 +62,9 @@ def model(size: str, seed: int):
   if size in ("demo", "reader") or os.path.isdir(size):
     path = {"demo": DEMO_MODEL, "reader": READER_MODEL}.get(size, size)
     return hf_io.load_hf(path, dtype=jnp.float32)
+  if not re.fullmatch(r"\d+x\d+", size):
+    raise ValueError(f"--size={size}: use demo, reader, an existing model directory, or "
+                     "<layers>x<width> such as 4x256.")
   layers, width = map(int, size.split("x"))
   config = tiny_config("qwen2", vocab_size=2048, hidden_size=width, intermediate_size=2 * width,
                        num_layers=layers, num_heads=width // 32, num_kv_heads=max(width // 64, 1),
@@ -142,6 +149,8 @@ def main() -> None:
   skills = args.skill.split(",")
   if unknown := set(skills) - set(SKILLS):
     p.error(f"unknown skill {sorted(unknown)}; use one or more of {', '.join(SKILLS)}")
+  if args.format == "piplay" and set(skills) - {"search", "ask"}:
+    p.error("--format=piplay asks only the copies: use --skill=search, ask or search,ask")
   tokenizer = load_tokenizer("demo")
   config, params = model(args.size, 0)
   train = [d for skill in skills for s in range(1000, 1000 + args.worlds)
