@@ -14,7 +14,11 @@ decoding for an answer that is right; the learning-rate schedule restarts each b
 role needs first); several skills, comma-separated, train on all of them together and score
 each. `--format=piplay` asks `search` and `ask` in π-Play's own chat prompts instead (the
 student's prompt and <tool_call> search, the examiner's prompt and <question>): whether a copy
-learned in one format carries to another. `--out` saves the fitted model.
+learned in one format carries to another. `--skill=arith` works the world's word problems out
+(`world.render.ARITHMETIC`: the sums, then the answer), scored on world `--world`'s `arith` gold
+problems: the arithmetic OpenSIR's student needs before its majority vote has anything to find;
+`--format=opensir` asks it in OpenSIR's student prompt and ends with its boxed-answer sentence.
+`--out` saves the fitted model.
 
     python -m bench.world_reading                       # the bundled demo model, 2,000 steps
     python -m bench.world_reading --size=4x256 --steps=1000 --skill=attr
@@ -22,6 +26,9 @@ learned in one format carries to another. `--out` saves the fitted model.
         --every=1000 --out=<dir>
     python -m bench.world_reading --size=<dir> --format=piplay --skill=search,ask --worlds=200 \
         --steps=500 --every=250
+    python -m bench.world_reading --skill=arith --steps=2000 --every=500
+    python -m bench.world_reading --skill=arith --format=opensir --steps=2500 --every=500 \
+        --out=<dir>
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from scope_jax import prompts as prompts_lib  # noqa: E402
 from scope_jax.data import DEMO_MODEL, READER_MODEL  # noqa: E402
+from scope_jax.methods.opensir import demos as opensir_demos  # noqa: E402
 from scope_jax.methods.piplay import prompts as piplay_prompts  # noqa: E402
 from scope_jax.models import hf_io, transformer  # noqa: E402
 from scope_jax.models.config import tiny_config  # noqa: E402
@@ -53,7 +62,7 @@ ATTR = (("person", "What is the profession of {n}?", ("profession",)),
         ("country", "What language do people in {n} speak?", ("language",)))
 
 
-SKILLS = ("doc", "attr", "search", "ask")
+SKILLS = ("doc", "attr", "search", "ask", "arith")
 
 
 def model(size: str, seed: int):
@@ -73,7 +82,14 @@ def model(size: str, seed: int):
   return config, transformer.init_params(config, jax.random.key(seed))
 
 
-def questions(world: World, skill: str, count: int, seed: int) -> list[dict]:
+def questions(world: World, skill: str, count: int, seed: int, held_out: bool = False):
+  """`count` questions of `world` for `skill`; arithmetic comes worked, from the world's gold
+  problems when `held_out`, else from its training problems."""
+  if skill == "arith":
+    if held_out:  # the gold set's own draw, with its sums
+      return R.arithmetic(world.entities, np.random.default_rng([world.seed, 0xA7]), count,
+                          "arith", worked=True)
+    return world.training_problems(count, worked=True)
   templates = R.HOP1 if skill == "doc" else ATTR
   return R.hop_questions(world.entities, templates, seed, count, skill)
 
@@ -81,7 +97,10 @@ def questions(world: World, skill: str, count: int, seed: int) -> list[dict]:
 def example(skill: str, doc, q: dict) -> tuple[str, str]:
   """(prompt, target) of one question: `doc`/`attr` answer it from the document; `search`
   copies its entity's name out of the question (what a searching student does first); `ask`
-  writes the question from the document (what an examiner does: copy the title into it)."""
+  writes the question from the document (what an examiner does: copy the title into it); `arith`
+  works a word problem out."""
+  if skill == "arith":
+    return f"Problem: {q['question']}\nSolution:", f" {q['steps']}\nAnswer: {q['gold'][0]}\n"
   if skill == "search":
     return f"Question: {q['question']}\nSearch:", f" {doc.title}\n"
   if skill == "ask":
@@ -103,17 +122,30 @@ def piplay_example(skill: str, doc, q: dict) -> tuple[list[dict], str]:
   raise ValueError(f"--format=piplay asks search or ask, not {skill!r}.")
 
 
+def opensir_example(skill: str, q: dict) -> tuple[list[dict], str]:
+  """(chat messages, target) of `arith` in OpenSIR's student prompt: the worked sums, then the
+  boxed answer in the sentence its student reward looks for, and the end of the turn (so a
+  model saved with --out stops there)."""
+  if skill != "arith":
+    raise ValueError(f"--format=opensir asks arith, not {skill!r}.")
+  text = prompts_lib.render(prompts_lib.load("opensir", "student"), problem=q["question"])
+  return ([{"role": "user", "content": text}],
+          opensir_demos.student_text(q["steps"], q["gold"][0]) + "<|im_end|>")
+
+
 def examples(tokenizer, world: World, qs: list[dict], skill: str = "doc", fmt: str = "plain"):
   """Each question's prompt and its target (`example`, or `piplay_example` for
   fmt='piplay'), the target trained on."""
   by_id = {d.id: d for d in world.documents}
   out = []
   for q in qs:
-    if fmt == "piplay":
-      messages, target = piplay_example(skill, by_id[q["support"][0]], q)
+    doc = by_id[q["support"][0]] if q["support"] else None
+    if fmt in ("piplay", "opensir"):
+      messages, target = (piplay_example(skill, doc, q) if fmt == "piplay" else
+                          opensir_example(skill, q))
       prompt_ids = render_chat(tokenizer, messages)
     else:
-      prompt, target = example(skill, by_id[q["support"][0]], q)
+      prompt, target = example(skill, doc, q)
       prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     out.append(sft.demonstration(prompt_ids, [("generated", target)], tokenizer))
   return out
@@ -135,8 +167,9 @@ def main() -> None:
                  "<layers>x<width> initialised at random")
   p.add_argument("--skill", default="doc",
                  help="doc, attr, search or ask; several, comma-separated, train together")
-  p.add_argument("--format", default="plain", choices=("plain", "piplay"),
-                 help="plain 'Question: … Search:' text, or π-Play's chat prompts (search, ask)")
+  p.add_argument("--format", default="plain", choices=("plain", "piplay", "opensir"),
+                 help="plain 'Question: … Search:' text, π-Play's chat prompts (search, ask) or "
+                 "OpenSIR's student prompt (arith)")
   p.add_argument("--steps", type=int, default=2000)
   p.add_argument("--every", type=int, default=500)
   p.add_argument("--lr", type=float, default=3e-3)
@@ -151,14 +184,17 @@ def main() -> None:
     p.error(f"unknown skill {sorted(unknown)}; use one or more of {', '.join(SKILLS)}")
   if args.format == "piplay" and set(skills) - {"search", "ask"}:
     p.error("--format=piplay asks only the copies: use --skill=search, ask or search,ask")
+  if args.format == "opensir" and skills != ["arith"]:
+    p.error("--format=opensir asks only the word problems: use --skill=arith")
   tokenizer = load_tokenizer("demo")
   config, params = model(args.size, 0)
   train = [d for skill in skills for s in range(1000, 1000 + args.worlds)
            for d in examples(tokenizer, World(s), questions(World(s), skill, 400, s), skill,
                              args.format)]
   held = World(args.world)
-  held_out = {skill: examples(tokenizer, held, questions(held, skill, args.limit, args.world + 1),
-                              skill, args.format) for skill in skills}
+  held_out = {skill: examples(tokenizer, held, questions(held, skill, args.limit, args.world + 1,
+                                                         held_out=True), skill, args.format)
+              for skill in skills}
   print(f"{args.size} ({transformer.count_params(params):,} parameters), skill {args.skill}: "
         f"{len(train)} training questions from {args.worlds} worlds, "
         f"{len(held_out[skills[0]])} held out per skill")

@@ -7,16 +7,18 @@
         --config.opensir.encoder=/ckpt/Linq-Embed-Mistral
 
 Presets: 'demo' (default; the bundled demo model, warmed on both roles' formats with small
-arithmetic, MiniLM embeddings for diversity: a few minutes on a laptop CPU) and 'paper' (the
-released settings for Llama-3.2-3B-Instruct and Qwen-2.5-3B-Instruct), 'paper_gemma2' (the same
-for Gemma-2-2B-Instruct, the paper's largest gain).
+arithmetic, MiniLM embeddings for diversity: a few minutes on a laptop CPU), 'learn' (OpenSIR on
+the synthetic world's word problems at CPU scale, held-out `world:arith` accuracy every 10
+steps: docs/learning.md) and 'paper' (the released settings for Llama-3.2-3B-Instruct and
+Qwen-2.5-3B-Instruct), 'paper_gemma2' (the same for Gemma-2-2B-Instruct, the paper's largest
+gain).
 """
 
 import ml_collections
 
 from scope_jax import configs_base as base
 
-PRESETS = ("demo", "paper", "paper_gemma2")
+PRESETS = ("demo", "learn", "paper", "paper_gemma2")
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
@@ -94,6 +96,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048
     c.rollout.max_prompt_tokens = 1536
+  elif preset == "learn":
+    learn(c)
   elif preset in ("paper", "paper_gemma2"):
     c.model.source = ("preset:llama3.2-3b" if preset == "paper" else
                       "preset:gemma2-2b")  # replace with hf:<path> for the real weights
@@ -106,3 +110,21 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.mesh.shape = (1, -1, 1)
     c.loss.micro_batch_rows = 4
   return c
+
+
+def learn(c: ml_collections.ConfigDict) -> None:
+  """The `learn` preset: OpenSIR's own loop at CPU scale on the synthetic world's problems."""
+  o = c.opensir
+  o.units_per_step = 8
+  o.groups_per_unit = 1
+  o.group_size = 4
+  o.num_solutions = 8
+  o.initial_pool.file = "world"  # the world's training problems (never a gold one), no answers
+  o.roles = ml_collections.ConfigDict(dict(
+      teacher=base.role(128, temperature=1.0, top_p=1.0),
+      student=base.role(64, temperature=1.0, top_p=1.0)))
+  c.total_steps = 60
+  base.world_learn(c, "arith", max_new_tokens=64)
+  c.warmup.documents = 4000  # of each role, from 4 other worlds' problems
+  c.warmup.right_share = 0.5
+  c.loss.kl_beta = 0.0

@@ -57,12 +57,28 @@ def test_gold_answers_are_derivable_from_the_documents(world):
 
 
 def test_arithmetic_answers_by_hand():
-  text, f = R.ARITHMETIC[0]
+  text, f, _ = R.ARITHMETIC[0]
   assert f(4, 6, 5) == 19  # 4 crates × 6 bottles − 5 sold
   assert R.ARITHMETIC[3][1](7, 3, 1) == 7  # 21 coins shared by 3
   w = World(2, gold_size=50)
   for r in w.gold["arith"]:
     assert int(r["gold"][0]) >= 0 and r["gold"][0].isdigit()
+
+
+def test_worked_problems_show_sums_that_end_at_the_answer():
+  w = World(2, gold_size=50)
+  worked = w.training_problems(40, worked=True)
+  assert [q["question"] for q in worked] == [q["question"] for q in w.training_problems(40)]
+  for q in worked:
+    sums = re.findall(r"(\d+) ([-+*/]) (\d+) = (\d+)", q["steps"])
+    assert sums and sums[-1][3] == q["gold"][0]
+    for x, op, y, z in sums:  # every step's arithmetic holds
+      x, y, z = int(x), int(y), int(z)
+      assert {"+": x + y, "-": x - y, "*": x * y, "/": x // y}[op] == z
+      assert op != "/" or x % y == 0
+    numbers = re.findall(r"\d+", q["question"])
+    assert sums[0][0] in numbers and sums[0][2] in numbers  # the first step reads the problem
+  assert "steps" not in w.gold["arith"][0] and "form" not in w.gold["arith"][0]
 
 
 def test_no_gold_question_is_a_training_input(world):

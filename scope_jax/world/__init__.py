@@ -60,13 +60,14 @@ class World:
             "hop2": R.hop_questions(w, R.HOP2, self.seed, n, "hop2"),
             "arith": R.arithmetic(w, np.random.default_rng([self.seed, 0xA7]), n, "arith")}
 
-  def training_problems(self, count: int) -> list[dict]:
-    """Arithmetic problems to train on (OpenSIR's seed problems), none of them a gold question."""
+  def training_problems(self, count: int, worked: bool = False) -> list[dict]:
+    """Arithmetic problems to train on (OpenSIR's seed problems), none of them a gold question;
+    `worked` adds each one's worked sums (`steps`) and template (`form`)."""
     held_out = {q["question"] for q in self.gold["arith"]}
     rng = np.random.default_rng([self.seed, 0x7A])
     out, seen = [], set(held_out)
     while len(out) < count:
-      for q in R.arithmetic(self.entities, rng, count, "train"):
+      for q in R.arithmetic(self.entities, rng, count, "train", worked):
         if q["question"] not in seen and len(out) < count:
           seen.add(q["question"])
           out.append(dict(q, id=f"train-{len(out)}"))

@@ -76,19 +76,21 @@ HOP2 = (
     ("organisation", "In which city was the founder of {n} born?", ("founder", "birthplace")),
     ("organisation", "In which country is {n} headquartered?", ("headquarters", "country")),
 )
-ARITHMETIC: tuple[tuple[str, Callable[[int, int, int], int]], ...] = (
+# (problem, answer from (a, b, c), worked solution): `ab` is a·b, `s` is a + b, `r` the answer.
+ARITHMETIC: tuple[tuple[str, Callable[[int, int, int], int], str], ...] = (
     ("{p} packs {a} crates with {b} bottles in each crate and then sells {c} bottles. How many "
-     "bottles does {p} have left?", lambda a, b, c: a * b - c),
+     "bottles does {p} have left?", lambda a, b, c: a * b - c, "{a} * {b} = {ab}. {ab} - {c} = {r}."),
     ("{o} had {a} workers. It hired {b} more and later {c} of them left. How many workers does "
-     "{o} have now?", lambda a, b, c: a + b - c),
+     "{o} have now?", lambda a, b, c: a + b - c, "{a} + {b} = {s}. {s} - {c} = {r}."),
     ("{p} reads {a} pages a day for {b} days and then {c} more pages. How many pages did {p} read "
-     "in all?", lambda a, b, c: a * b + c),
+     "in all?", lambda a, b, c: a * b + c, "{a} * {b} = {ab}. {ab} + {c} = {r}."),
     ("{p} shares {ab} coins equally among {b} friends. How many coins does each friend get?",
-     lambda a, b, c: a),
+     lambda a, b, c: a, "{ab} / {b} = {r}."),
     ("A train leaves {city} and travels {a} kilometres every hour for {b} hours, then {c} more "
-     "kilometres. How far does it travel?", lambda a, b, c: a * b + c),
+     "kilometres. How far does it travel?", lambda a, b, c: a * b + c,
+     "{a} * {b} = {ab}. {ab} + {c} = {r}."),
     ("{p} buys {a} boxes of {b} pencils each and gives {c} pencils to a friend. How many pencils "
-     "does {p} keep?", lambda a, b, c: a * b - c),
+     "does {p} keep?", lambda a, b, c: a * b - c, "{a} * {b} = {ab}. {ab} - {c} = {r}."),
 )
 
 
@@ -160,11 +162,15 @@ def doc_questions(world: Entities, docs: list[Passage], seed: int, count: int,
   return out
 
 
-def arithmetic(world: Entities, rng: np.random.Generator, count: int, name: str) -> list[dict]:
-  """Word problems over the world's names; the numbers are in the text, the answer an integer."""
+def arithmetic(world: Entities, rng: np.random.Generator, count: int, name: str,
+               worked: bool = False) -> list[dict]:
+  """Word problems over the world's names; the numbers are in the text, the answer an integer.
+  `worked` adds each problem's `form` (its template's index) and `steps` (the worked sums, what
+  a warm-up demonstrates); gold sets leave them out."""
   out, seen = [], set()
   while len(out) < count:
-    text, f = ARITHMETIC[int(rng.integers(len(ARITHMETIC)))]
+    form = int(rng.integers(len(ARITHMETIC)))
+    text, f, steps = ARITHMETIC[form]
     a, b = int(rng.integers(2, 20)), int(rng.integers(2, 12))
     c = int(rng.integers(1, a * b))
     if f(a, b, c) < 0:  # every answer is a whole, non-negative number
@@ -178,4 +184,7 @@ def arithmetic(world: Entities, rng: np.random.Generator, count: int, name: str)
     seen.add(q)
     out.append({"id": f"{name}-{len(out)}", "question": q, "gold": [str(f(a, b, c))],
                 "support": []})
+    if worked:
+      out[-1].update(form=form, steps=steps.format(a=a, b=b, c=c, ab=a * b, s=a + b,
+                                                   r=f(a, b, c)))
   return out

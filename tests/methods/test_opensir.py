@@ -263,3 +263,66 @@ def test_held_out_problems_are_asked_in_the_students_prompt(tmp_path):
   ask = ev.evaluators[ev.benches[0].name].role_prompt
   assert ask("math", problem) == method.student_prompt(problem)
   assert ask("qa", problem) is None
+
+
+def test_learn_preset_demonstrates_other_worlds_problems(tmp_path):
+  """The `learn` preset warms both roles on other worlds' word problems (never the run's world,
+  never a gold one): the teacher writes a problem of another template, the student works one out
+  and boxes a result that is right in `warmup.right_share` of them and off by 1–10 otherwise;
+  held-out `world:arith` problems are scored in the student's prompt from step 0."""
+  from scope_jax.methods.opensir import demos as opensir_demos
+  from scope_jax.world import World
+  c = opensir_config.get_config("learn")
+  assert (c.eval.benchmarks, c.eval.limit, c.eval.every, c.eval.prompt) == (
+      "world:arith", 300, 10, "role")
+  assert c.warmup.world_seed == 1000 and c.warmup.worlds == 4 and c.warmup.right_share == 0.5
+  assert c.opensir.initial_pool.file == "world" and c.total_steps == 60
+  runner.validate(c)
+  c.model.source, c.model.tokenizer = "tiny", "demo"  # prompts and demonstrations only
+  c.warmup.worlds, c.warmup.documents = 2, 40
+  rt = runtime.Runtime(c, str(tmp_path))
+  method = opensir.OpenSir(rt)
+  demos = opensir_demos.demonstrations(method, np.random.default_rng(0))
+  text = [rt.tokenizer.decode(list(d.tokens)) for d in demos]
+  assert len(text) == 80
+  worked = {q["question"]: q for s in (1000, 1001)
+            for q in World(s).training_problems(40, worked=True)}
+  gold = {q["question"] for q in World(0).gold["arith"]}
+  right = 0
+  for taught, solved in zip(text[::2], text[1::2]):
+    problem = re.findall(r"<problem>(.*?)</problem>", taught)[-1]  # the reply's, not the prompt's
+    assert problem in worked and problem not in gold
+    reference = taught.split("You are given a math problem: ")[1].split("\n\nYour task")[0]
+    if reference != opensir.SEED_PROBLEM:
+      assert worked[reference]["form"] != worked[problem]["form"]
+    asked = next(q for q in worked if q in solved)
+    boxed = int(re.search(r"\\boxed\{(\d+)\}", solved).group(1))
+    sums = re.findall(r"(\d+) [-+*/] (\d+) = (\d+)", solved)
+    assert int(sums[-1][2]) == boxed  # the boxed answer is the last sum's result
+    off = boxed - int(worked[asked]["gold"][0])
+    assert off == 0 or 1 <= abs(off) <= 10
+    right += off == 0
+  assert 8 <= right <= 32  # about half of 40
+
+
+def test_the_arithmetic_probe_asks_in_the_students_own_prompt(tmp_path):
+  """`bench/world_reading.py --skill=arith --format=opensir` (how the learn preset's start is
+  measured) asks a problem with the student's exact prompt tokens and targets the warm-up's
+  worked solution, whose boxed answer the student's parser reads as the gold one."""
+  from bench import world_reading
+  from scope_jax.methods.opensir import demos as opensir_demos
+  from scope_jax.world import World
+  c = small_config()
+  c.model.source, c.model.tokenizer = "tiny", "demo"
+  rt = runtime.Runtime(c, str(tmp_path))
+  method = opensir.OpenSir(rt)
+  world = World(1000)
+  q = world_reading.questions(world, "arith", 3, 1000)[2]
+  demo, = world_reading.examples(rt.tokenizer, world, [q], "arith", "opensir")
+  prompt = method.student_prompt(q["question"])
+  assert list(demo.tokens[:len(prompt)]) == prompt
+  target = rt.tokenizer.decode(list(demo.tokens[len(prompt):]), skip_special_tokens=False)
+  assert target == opensir_demos.student_text(q["steps"], q["gold"][0]) + "<|im_end|>"
+  assert method.checker.final(target) == q["gold"][0]
+  held = world_reading.questions(World(0), "arith", 5, 1, held_out=True)
+  assert [h["question"] for h in held] == [g["question"] for g in World(0).gold["arith"][:5]]

@@ -106,6 +106,7 @@ class OpenSir(Method):
   name = "opensir"
   roles = ("teacher", "student")
   answering_role = "student"  # held-out evaluation scores it (config.eval)
+  world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
   at_least_one = ("units_per_step", "groups_per_unit", "group_size", "num_solutions",
                   "math_timeout", "diversity_top_k")
   smoke = {"total_steps": 1, "opensir.units_per_step": 2, "opensir.groups_per_unit": 2,

@@ -14,6 +14,7 @@ import numpy as np
 
 from scope_jax.rl import sft
 from scope_jax.rollout.types import Trajectory
+from scope_jax.world import World
 
 # (problem form, worked step, concepts, how it differs from another form)
 FORMS = {
@@ -57,12 +58,36 @@ def student_text(step: str, answer: int) -> str:
   return f"{step}\nTherefore, the final answer is: $\\boxed{{{answer}}}$"
 
 
+# The synthetic world's problem templates (`world.render.ARITHMETIC`, by index): the concepts
+# a problem needs and how it differs from another template, for the teacher's demonstrations.
+WORLD_FORMS = (
+    ("multiplication, subtraction", "multiplies crates by bottles and takes away those sold"),
+    ("addition, subtraction", "adds the workers hired and takes away those who left"),
+    ("multiplication, addition", "multiplies pages by days and adds the extra pages"),
+    ("division", "shares coins equally among friends"),
+    ("multiplication, addition, distance", "multiplies speed by time and adds a last stretch"),
+    ("multiplication, subtraction", "multiplies boxes by pencils and takes away those given"),
+)
+
+
 def demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
+  """The demo warm-up's demonstrations: small sums, or (with `warmup.world_seed`) other worlds'
+  word problems."""
+  if method.rt.config.warmup.get("world_seed", -1) >= 0:
+    return world_demonstrations(method, rng)
+  return sum_demonstrations(method, rng)
+
+
+def _demo(rt):
+  eos = rt.tokenizer.decode([rt.eos_ids[0]], skip_special_tokens=False)
+  return lambda prompt, text: sft.demonstration(prompt, [("generated", text + eos)], rt.tokenizer)
+
+
+def sum_demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
   """4 × warmup.documents teacher demonstrations (reference: the seed problem or a drawn one)
   and as many student ones."""
   rt = method.rt
-  eos = rt.tokenizer.decode([rt.eos_ids[0]], skip_special_tokens=False)
-  demo = lambda prompt, text: sft.demonstration(prompt, [("generated", text + eos)], rt.tokenizer)
+  demo = _demo(rt)
   out: list[Trajectory] = []
   for i in range(4 * rt.config.warmup.documents):
     if i % 4 == 0:
@@ -74,4 +99,40 @@ def demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
     out.append(demo(method.teacher_prompt(reference), teacher_text(problem, new_form, old_form)))
     _, problem, step, answer = draw(rng)
     out.append(demo(method.student_prompt(problem), student_text(step, answer)))
+  return out
+
+
+def world_demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
+  """Both roles on `warmup.worlds` other worlds' word problems (seeds from `warmup.world_seed`),
+  `warmup.documents` of each role: the teacher turns a reference problem (one of theirs, or the
+  seed problem) into one of another template; the student works a problem's sums out and boxes
+  the result, which is right in a `warmup.right_share` of them and otherwise off by 1–10 (the
+  sums before it stay right), so the warmed student is often wrong and its answers spread. The
+  run's own world lends no problem: `world.training_problems` of the others, never a gold one."""
+  rt, w = method.rt, method.rt.config.warmup
+  demo, worlds = _demo(rt), max(int(w.get("worlds", 1)), 1)
+  right_share = float(w.get("right_share", 0.0))
+  per_world = -(-w.documents // worlds)
+  problems = [q for k in range(worlds)
+              for q in World(w.world_seed + k).training_problems(2 * per_world, worked=True)]
+  problems = [problems[int(i)] for i in rng.permutation(len(problems))]
+  out: list[Trajectory] = []
+  for i in range(w.documents):
+    reference, new = problems[2 * i], problems[2 * i + 1]
+    if new["form"] == reference["form"]:
+      new = next(q for q in problems if q["form"] != reference["form"])
+    concepts, how = WORLD_FORMS[new["form"]]
+    old = ("the original problem is 1+1" if i % 4 == 0 else
+           f"the original problem {WORLD_FORMS[reference['form']][1]}")
+    out.append(demo(method.teacher_prompt(SEED_PROBLEM if i % 4 == 0 else reference["question"]),
+                    f"<think>The new problem {how}, while {old}.</think>\n"
+                    f"<problem>{new['question']}</problem>\n<concepts>{concepts}</concepts>"))
+    solved = problems[(2 * i + 7) % len(problems)]
+    steps, answer = solved["steps"], int(solved["gold"][0])
+    if not rng.random() < right_share:  # a wrong last sum: another number, never negative
+      offsets = [d for d in range(-10, 11) if d and answer + d >= 0]
+      wrong = answer + offsets[int(rng.integers(len(offsets)))]
+      steps = f"{steps.rsplit(' = ', 1)[0]} = {wrong}."
+      answer = wrong
+    out.append(demo(method.student_prompt(solved["question"]), student_text(steps, answer)))
   return out
