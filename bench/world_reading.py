@@ -45,7 +45,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from scope_jax import prompts as prompts_lib  # noqa: E402
-from scope_jax.data import DEMO_MODEL, READER_MODEL  # noqa: E402
+from scope_jax.data import DEMO_MODEL, READER_MODEL, SOLVER_MODEL  # noqa: E402
 from scope_jax.methods.opensir import demos as opensir_demos  # noqa: E402
 from scope_jax.methods.piplay import prompts as piplay_prompts  # noqa: E402
 from scope_jax.models import hf_io, transformer  # noqa: E402
@@ -66,13 +66,14 @@ SKILLS = ("doc", "attr", "search", "ask", "arith")
 
 
 def model(size: str, seed: int):
-  """The bundled demo model (`demo`) or reader model (`reader`), a saved model's directory (to
-  fit on), or a random Qwen2-shaped model `<layers>x<width>` over the demo tokenizer."""
-  if size in ("demo", "reader") or os.path.isdir(size):
-    path = {"demo": DEMO_MODEL, "reader": READER_MODEL}.get(size, size)
+  """A bundled model (`demo`, `reader` or `solver`), a saved model's directory (to fit on), or
+  a random Qwen2-shaped model `<layers>x<width>` over the demo tokenizer."""
+  bundled = {"demo": DEMO_MODEL, "reader": READER_MODEL, "solver": SOLVER_MODEL}
+  if size in bundled or os.path.isdir(size):
+    path = bundled.get(size, size)
     return hf_io.load_hf(path, dtype=jnp.float32)
   if not re.fullmatch(r"\d+x\d+", size):
-    raise ValueError(f"--size={size}: use demo, reader, an existing model directory, or "
+    raise ValueError(f"--size={size}: use demo, reader, solver, an existing model directory, or "
                      "<layers>x<width> such as 4x256.")
   layers, width = map(int, size.split("x"))
   config = tiny_config("qwen2", vocab_size=2048, hidden_size=width, intermediate_size=2 * width,
@@ -163,8 +164,8 @@ def exact_match(config, params, demos) -> float:
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--size", default="demo", help="demo, reader, a saved model's directory, or "
-                 "<layers>x<width> initialised at random")
+  p.add_argument("--size", default="demo", help="demo, reader, solver, a saved model's "
+                 "directory, or <layers>x<width> initialised at random")
   p.add_argument("--skill", default="doc",
                  help="doc, attr, search or ask; several, comma-separated, train together")
   p.add_argument("--format", default="plain", choices=("plain", "piplay", "opensir"),

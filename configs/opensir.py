@@ -17,6 +17,7 @@ gain).
 import ml_collections
 
 from scope_jax import configs_base as base
+from scope_jax.data import SOLVER_MODEL
 
 PRESETS = ("demo", "learn", "paper", "paper_gemma2")
 
@@ -121,10 +122,17 @@ def learn(c: ml_collections.ConfigDict) -> None:
   o.num_solutions = 8
   o.initial_pool.file = "world"  # the world's training problems (never a gold one), no answers
   o.roles = ml_collections.ConfigDict(dict(
-      teacher=base.role(128, temperature=1.0, top_p=1.0),
+      teacher=base.role(192, temperature=1.0, top_p=1.0),  # a world problem is ~100 tokens
       student=base.role(64, temperature=1.0, top_p=1.0)))
   c.total_steps = 60
   base.world_learn(c, "arith", max_new_tokens=64)
-  c.warmup.documents = 4000  # of each role, from 4 other worlds' problems
-  c.warmup.right_share = 0.5
+  # From the solver model, which works other worlds' problems out in the student's prompt (the
+  # demo model, fitted to supervision alone, gets a quarter of them right after ~2,000 steps),
+  # re-warmed on both roles' formats: the teacher's is new to it (300 steps at 1e-3 left 3–9%
+  # of its problems legal; these settings, 50–60%).
+  c.model.source = f"hf:{SOLVER_MODEL}"
+  c.warmup.steps = 900
+  c.warmup.lr = 2e-3
+  c.warmup.documents = 1200  # of each role, from 4 other worlds' problems
+  c.warmup.right_share = 0.8  # the rest end one sum off by 1–10: the answers spread
   c.loss.kl_beta = 0.0

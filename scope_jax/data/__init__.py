@@ -8,6 +8,10 @@ DEMO_MODEL = BUNDLED / "demo_model"  # the tiny model warmed up on every method'
 READER_MODEL = BUNDLED / "reader_model"  # the demo model taught to read closed-class facts of
 # other worlds' documents (right answers, worlds 1000-1019): `python -m bench.world_reading
 # --skill=attr --steps=1000 --every=250 --out=<dir>` rebuilds it
+SOLVER_MODEL = BUNDLED / "solver_model"  # the demo model taught to work out other worlds' word
+# problems in OpenSIR's student prompt (right answers, worlds 1000-1019): `python -m
+# bench.world_reading --skill=arith --format=opensir --steps=2500 --every=500 --out=<dir>`
+# rebuilds it
 DEMO_TOKENIZER = BUNDLED / "demo_tokenizer.json"
 CORPUS = BUNDLED / "wiki_leads_2k.jsonl"  # 2,000 Wikipedia lead paragraphs (CC BY-SA 4.0)
 EMBEDDINGS = BUNDLED / "wiki_leads_2k.minilm.f16.npy"  # MiniLM passage vectors (float16)

@@ -171,14 +171,19 @@ class ScriptedScopeSampler(ScriptedSampler):
 
 class ScriptedOpenSirSampler(ScriptedSampler):
   """Teacher: 'What is a + b?' with concepts (1 row in 5 without them, so not legal); student:
-  the right sum in the answer sentence 3 times in 5, else a near miss."""
+  the right sum in the answer sentence 3 times in 5, else a near miss; any other problem (a
+  held-out word problem) gets its first number as the answer."""
 
   def _answer(self, text, rng):
     if "create a math problem" in text:
       a, b = (int(x) for x in rng.integers(1, 9, size=2))
       concepts = "" if rng.random() < 0.2 else "<concepts>integer addition</concepts>"
       return f"<think>Addition.</think>\n<problem>What is {a} + {b}?</problem>\n{concepts}"
-    a, b = (int(x) for x in re.findall(r"What is (\d+) \+ (\d+)\?", text)[-1])
+    sums = re.findall(r"What is (\d+) \+ (\d+)\?", text)
+    if not sums:
+      first = re.findall(r"\d+", text.rsplit("solves the problem.", 1)[-1])[0]
+      return f"Therefore, the final answer is: $\\boxed{{{first}}}$"
+    a, b = (int(x) for x in sums[-1])
     answer = a + b if rng.random() < 0.6 else a + b + int(rng.integers(1, 3))
     return f"{a} + {b} = {answer}.\nTherefore, the final answer is: $\\boxed{{{answer}}}$"
 

@@ -18,6 +18,7 @@ from scope_jax import metrics as metrics_lib
 from scope_jax.methods.opensir import algorithm as opensir
 from scope_jax.core import runner
 from scope_jax.core import runtime
+from scope_jax.data import SOLVER_MODEL
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedOpenSirSampler, play_all_roles
 
@@ -275,8 +276,9 @@ def test_learn_preset_demonstrates_other_worlds_problems(tmp_path):
   c = opensir_config.get_config("learn")
   assert (c.eval.benchmarks, c.eval.limit, c.eval.every, c.eval.prompt) == (
       "world:arith", 300, 10, "role")
-  assert c.warmup.world_seed == 1000 and c.warmup.worlds == 4 and c.warmup.right_share == 0.5
+  assert c.warmup.world_seed == 1000 and c.warmup.worlds == 4 and c.warmup.right_share == 0.8
   assert c.opensir.initial_pool.file == "world" and c.total_steps == 60
+  assert c.model.source == f"hf:{SOLVER_MODEL}"
   runner.validate(c)
   c.model.source, c.model.tokenizer = "tiny", "demo"  # prompts and demonstrations only
   c.warmup.worlds, c.warmup.documents = 2, 40
@@ -302,7 +304,19 @@ def test_learn_preset_demonstrates_other_worlds_problems(tmp_path):
     off = boxed - int(worked[asked]["gold"][0])
     assert off == 0 or 1 <= abs(off) <= 10
     right += off == 0
-  assert 8 <= right <= 32  # about half of 40
+  assert 24 <= right <= 39  # about 80% of 40
+
+
+def test_the_learn_preset_starts_from_the_shipped_solver_model():
+  """The solver model ships with the package (a few MB) and has the demo model's shape, so the
+  `learn` preset's warm-up and the demo tokenizer fit it."""
+  from scope_jax.data import DEMO_MODEL
+  from scope_jax.models import hf_io
+  assert (SOLVER_MODEL / "model.safetensors").stat().st_size < 8 * 2**20
+  solver, params = hf_io.load_hf(SOLVER_MODEL)
+  demo, demo_params = hf_io.load_hf(DEMO_MODEL)
+  assert solver == demo
+  chex.assert_trees_all_equal_shapes(params, demo_params)
 
 
 def test_the_arithmetic_probe_asks_in_the_students_own_prompt(tmp_path):
