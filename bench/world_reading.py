@@ -135,8 +135,8 @@ def opensir_example(skill: str, q: dict) -> tuple[list[dict], str]:
 
 
 def examples(tokenizer, world: World, qs: list[dict], skill: str = "doc", fmt: str = "plain"):
-  """Each question's prompt and its target (`example`, or `piplay_example` for
-  fmt='piplay'), the target trained on."""
+  """Each question's prompt and its target (`example`, or `piplay_example` / `opensir_example`
+  for fmt='piplay' / 'opensir'), the target trained on."""
   by_id = {d.id: d for d in world.documents}
   out = []
   for q in qs:
@@ -167,7 +167,7 @@ def main() -> None:
   p.add_argument("--size", default="demo", help="demo, reader, solver, a saved model's "
                  "directory, or <layers>x<width> initialised at random")
   p.add_argument("--skill", default="doc",
-                 help="doc, attr, search or ask; several, comma-separated, train together")
+                 help="doc, attr, search, ask or arith; several, comma-separated, train together")
   p.add_argument("--format", default="plain", choices=("plain", "piplay", "opensir"),
                  help="plain 'Question: … Search:' text, π-Play's chat prompts (search, ask) or "
                  "OpenSIR's student prompt (arith)")

@@ -79,7 +79,8 @@ HOP2 = (
 # (problem, answer from (a, b, c), worked solution): `ab` is a·b, `s` is a + b, `r` the answer.
 ARITHMETIC: tuple[tuple[str, Callable[[int, int, int], int], str], ...] = (
     ("{p} packs {a} crates with {b} bottles in each crate and then sells {c} bottles. How many "
-     "bottles does {p} have left?", lambda a, b, c: a * b - c, "{a} * {b} = {ab}. {ab} - {c} = {r}."),
+     "bottles does {p} have left?", lambda a, b, c: a * b - c,
+     "{a} * {b} = {ab}. {ab} - {c} = {r}."),
     ("{o} had {a} workers. It hired {b} more and later {c} of them left. How many workers does "
      "{o} have now?", lambda a, b, c: a + b - c, "{a} + {b} = {s}. {s} - {c} = {r}."),
     ("{p} reads {a} pages a day for {b} days and then {c} more pages. How many pages did {p} read "
