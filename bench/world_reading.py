@@ -18,6 +18,9 @@ learned in one format carries to another. `--skill=arith` works the world's word
 (`world.render.ARITHMETIC`: the sums, then the answer), scored on world `--world`'s `arith` gold
 problems: the arithmetic OpenSIR's student needs before its majority vote has anything to find;
 `--format=opensir` asks it in OpenSIR's student prompt and ends with its boxed-answer sentence.
+`--vote=K` (with `--format=opensir`) then samples K solutions of each held-out problem at
+temperature 1 and prints what OpenSIR's pseudo-label is worth: greedy and sampled pass@1, maj@K,
+and how often the majority is right at each level of agreement (the student is trained toward it).
 `--out` saves the fitted model.
 
     python -m bench.world_reading                       # the bundled demo model, 2,000 steps
@@ -29,6 +32,7 @@ problems: the arithmetic OpenSIR's student needs before its majority vote has an
     python -m bench.world_reading --skill=arith --steps=2000 --every=500
     python -m bench.world_reading --skill=arith --format=opensir --steps=2500 --every=500 \
         --out=<dir>
+    python -m bench.world_reading --size=solver --skill=arith --format=opensir --steps=0 --vote=8
 """
 
 from __future__ import annotations
@@ -45,11 +49,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from scope_jax import prompts as prompts_lib  # noqa: E402
+from scope_jax import sampling  # noqa: E402
 from scope_jax.data import DEMO_MODEL, READER_MODEL, SOLVER_MODEL  # noqa: E402
 from scope_jax.methods.opensir import demos as opensir_demos  # noqa: E402
 from scope_jax.methods.piplay import prompts as piplay_prompts  # noqa: E402
 from scope_jax.models import hf_io, transformer  # noqa: E402
 from scope_jax.models.config import tiny_config  # noqa: E402
+from scope_jax.rewards.mathcheck import final_answer  # noqa: E402
 from scope_jax.rl import sft  # noqa: E402
 from scope_jax.rollout.agent import render_chat  # noqa: E402
 from scope_jax.rollout.search_agent import search_action  # noqa: E402
@@ -162,6 +168,30 @@ def exact_match(config, params, demos) -> float:
   return float(np.mean(np.where(mask_BT, pred_BT == batch.tokens[:, 1:], True).all(-1)))
 
 
+def vote(config, params, tokenizer, qs: list[dict], k: int, seed: int = 1) -> dict[str, float]:
+  """Greedy and sampled pass@1, maj@k and the majority's accuracy by agreement (the share of
+  the k answers that give it) on OpenSIR-format problems: the label OpenSIR's student chases."""
+  prompts = [render_chat(tokenizer, opensir_example("arith", q)[0]) for q in qs]
+  run = lambda **kw: [final_answer(r.text) for r in sampling.generate(
+      config, params, prompts, max_new_tokens=64, tokenizer=tokenizer, stop=("<|im_end|>",),
+      **kw)]
+  greedy, sampled = run(), run(temperature=1.0, num_samples=k, seed=seed)
+  gold = [q["gold"][0] for q in qs]
+  out = {"greedy": np.mean([a == g for a, g in zip(greedy, gold)]),
+         "sampled": np.mean([a == gold[i // k] for i, a in enumerate(sampled)])}
+  votes = []  # (agreement, majority right)
+  for i, g in enumerate(gold):
+    given = [a for a in sampled[i * k:(i + 1) * k] if a is not None]
+    top, count = max(((a, given.count(a)) for a in given), key=lambda t: t[1], default=(None, 0))
+    votes.append((count / k, top == g))
+  out[f"maj@{k}"] = np.mean([right for _, right in votes])
+  for lo, hi in ((0.0, 0.5), (0.5, 0.75), (0.75, 1.01)):
+    inside = [right for agree, right in votes if lo <= agree < hi]
+    out[f"agree {lo:.2f}-{min(hi, 1):.2f}: n"] = len(inside)
+    out[f"agree {lo:.2f}-{min(hi, 1):.2f}: right"] = np.mean(inside) if inside else 0.0
+  return out
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--size", default="demo", help="demo, reader, solver, a saved model's "
@@ -179,6 +209,8 @@ def main() -> None:
   p.add_argument("--world", type=int, default=0, help="the held-out world")
   p.add_argument("--limit", type=int, default=200, help="held-out questions")
   p.add_argument("--out", default="", help="save the fitted model here (Hugging Face layout)")
+  p.add_argument("--vote", type=int, default=0, help="with --format=opensir: sample this many "
+                 "solutions per held-out problem and report maj@K and the majority's accuracy")
   args = p.parse_args()
   skills = args.skill.split(",")
   if unknown := set(skills) - set(SKILLS):
@@ -187,6 +219,8 @@ def main() -> None:
     p.error("--format=piplay asks only the copies: use --skill=search, ask or search,ask")
   if args.format == "opensir" and skills != ["arith"]:
     p.error("--format=opensir asks only the word problems: use --skill=arith")
+  if args.vote and (args.format != "opensir" or args.vote < 2):
+    p.error(f"--vote={args.vote}: the vote needs --format=opensir and at least 2 samples")
   tokenizer = load_tokenizer("demo")
   config, params = model(args.size, 0)
   train = [d for skill in skills for s in range(1000, 1000 + args.worlds)
@@ -208,6 +242,12 @@ def main() -> None:
                              batch_rows=args.batch_rows, seed=k)
     print(f"step {(k + 1) * args.every:5d}  greedy EM {score()}"
           f"  nll {np.mean(losses[-50:]):.3f}  {time.perf_counter() - start:.0f}s", flush=True)
+  if args.vote:
+    qs = questions(held, "arith", args.limit, args.world + 1, held_out=True)
+    print("vote  " + "  ".join(f"{key} {value:.3f}" if isinstance(value, float) else
+                               f"{key} {value}"
+                               for key, value in vote(config, params, tokenizer, qs,
+                                                      args.vote).items()), flush=True)
   if args.out:
     hf_io.save_hf(config, params, args.out)
 

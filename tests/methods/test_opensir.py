@@ -340,3 +340,24 @@ def test_the_arithmetic_probe_asks_in_the_students_own_prompt(tmp_path):
   assert method.checker.final(target) == q["gold"][0]
   held = world_reading.questions(World(0), "arith", 5, 1, held_out=True)
   assert [h["question"] for h in held] == [g["question"] for g in World(0).gold["arith"][:5]]
+
+
+def test_the_arithmetic_probes_vote_by_hand(monkeypatch):
+  """`bench/world_reading.py --vote=K`: greedy and sampled pass@1, maj@K and the majority's
+  accuracy by agreement, from canned solutions (two problems, gold 7 and 12, K = 4)."""
+  from types import SimpleNamespace
+  from bench import world_reading
+  from scope_jax.tokenizer import load_tokenizer
+  boxed = lambda a: SimpleNamespace(text=f"x. Therefore, the final answer is: $\\boxed{{{a}}}$")
+  canned = {False: [boxed(7), boxed(3)],  # greedy: right, wrong
+            True: [boxed(a) for a in (7, 7, 7, 1)] + [boxed(a) for a in (12, 5, 5, 9)]}
+  monkeypatch.setattr(world_reading.sampling, "generate",
+                      lambda *a, num_samples=1, **kw: canned[num_samples > 1])
+  qs = [{"question": "A has 2 and 5 more. How many?", "gold": ["7"], "steps": ""},
+        {"question": "B has 3 and 9 more. How many?", "gold": ["12"], "steps": ""}]
+  got = world_reading.vote(None, None, load_tokenizer("demo"), qs, 4)
+  chex.assert_trees_all_close(
+      got, {"greedy": 0.5, "sampled": 4 / 8, "maj@4": 0.5,  # 7 (3 of 4) right; 5 (2 of 4) wrong
+            "agree 0.00-0.50: n": 0, "agree 0.00-0.50: right": 0.0,
+            "agree 0.50-0.75: n": 1, "agree 0.50-0.75: right": 0.0,
+            "agree 0.75-1.00: n": 1, "agree 0.75-1.00: right": 1.0})
