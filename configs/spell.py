@@ -139,6 +139,9 @@ def learn(c: ml_collections.ConfigDict) -> None:
       responder=base.role(24, temperature=1.0, top_p=1.0),
       verifier=base.role(12, temperature=1.0, top_p=1.0)))
   c.spell.vote_in_reward = False  # the vote drifts to always-YES on this model (docs/learning.md)
+  # A label its document does not state is ungrounded: without this check the responder learns,
+  # then collapses to one answer per kind of question on some worlds (seed 2; docs/learning.md).
+  c.spell.extractive_labels = True
   base.world_learn(c, "attr", max_new_tokens=24)
   c.model.source = f"hf:{READER_MODEL}"  # reads closed-class facts; cannot copy names
   c.total_steps = 80
