@@ -9,9 +9,9 @@ bundled Wikipedia corpus with compact prompts: about a minute on a laptop CPU), 
 the synthetic world `world.seed`'s documents at CPU scale: the bundled reader model warmed on 16
 other worlds' closed-class document questions, its responder answering with the document's fact
 30% of the time and another member of the fact's class otherwise; the responder's reward is its
-rule check alone; held-out greedy exact match on 300 questions of the world's `attr` gold set,
-asked in the responder's own prompt, before, every 10 updates and after;
---config.control=shuffled_rewards is its control), 'paper' (the
+rule check alone, and a label its document does not state is ungrounded; held-out greedy exact
+match on 300 questions of the world's `attr` gold set, asked in the responder's own prompt,
+before, every 10 updates and after; --config.control=shuffled_rewards is its control), 'paper' (the
 paper's settings for Qwen2.5-7B-Instruct and larger), 'small' (the paper's recipe at reduced batch
 on the real Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF from the assets), 'paper_qwen3_moe' (the
 paper's settings for Qwen3-30B-A3B, experts split over the `expert` mesh axis).
