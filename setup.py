@@ -11,7 +11,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["scope_jax", "scope_jax.*"]),
     package_data={"scope_jax": ["prompts/**/*.txt", "data/bundled/*", "data/bundled/demo_model/*",
-                               "data/bundled/reader_model/*", "data/bundled/solver_model/*"]},
+                               "data/bundled/reader_model/*", "data/bundled/solver_model/*",
+                               "data/bundled/searcher_model/*"]},
     install_requires=[
         "jax>=0.6",
         "flax>=0.10",

@@ -18,6 +18,10 @@ learned in one format carries to another. `--skill=arith` works the world's word
 (`world.render.ARITHMETIC`: the sums, then the answer), scored on world `--world`'s `arith` gold
 problems: the arithmetic OpenSIR's student needs before its majority vote has anything to find;
 `--format=opensir` asks it in OpenSIR's student prompt and ends with its boxed-answer sentence.
+`--skill=play --format=piplay` fits π-Play's three roles on other worlds' closed-class questions,
+whole turns with one search result as π-Play's world warm-up shows them (`--right_share` of the
+student's answers right; the teacher's always are), and scores each role and each copy on world
+`--world`'s `attr_search` gold questions: how π-Play's `learn` start, the searcher model, is fitted.
 `--vote=K` (with `--format=opensir`) then samples K solutions of each held-out problem at
 temperature 1 and prints what OpenSIR's pseudo-label is worth: greedy and sampled pass@1, maj@K,
 and how often the majority is right at each level of agreement (the student is trained toward it).
@@ -29,6 +33,8 @@ and how often the majority is right at each level of agreement (the student is t
         --every=1000 --out=<dir>
     python -m bench.world_reading --size=<dir> --format=piplay --skill=search,ask --worlds=200 \
         --steps=500 --every=250
+    python -m bench.world_reading --size=<dir> --skill=play --format=piplay --worlds=200 \
+        --per_world=40 --steps=600 --every=300 --right_share=0.3 --out=<dir>
     python -m bench.world_reading --skill=arith --steps=2000 --every=500
     python -m bench.world_reading --skill=arith --format=opensir --steps=2500 --every=500 \
         --out=<dir>
@@ -53,14 +59,16 @@ from scope_jax import sampling  # noqa: E402
 from scope_jax.data import DEMO_MODEL, READER_MODEL, SOLVER_MODEL  # noqa: E402
 from scope_jax.methods.opensir import demos as opensir_demos  # noqa: E402
 from scope_jax.methods.piplay import prompts as piplay_prompts  # noqa: E402
+from scope_jax.methods.piplay import rewards as piplay_rewards  # noqa: E402
 from scope_jax.models import hf_io, transformer  # noqa: E402
 from scope_jax.models.config import tiny_config  # noqa: E402
 from scope_jax.rewards.mathcheck import final_answer  # noqa: E402
 from scope_jax.rl import sft  # noqa: E402
 from scope_jax.rollout.agent import render_chat  # noqa: E402
-from scope_jax.rollout.search_agent import search_action  # noqa: E402
+from scope_jax.rollout.search_agent import observation_ids, search_action  # noqa: E402
 from scope_jax.tokenizer import load_tokenizer  # noqa: E402
 from scope_jax.world import World  # noqa: E402
+from scope_jax.world import entities as E  # noqa: E402
 from scope_jax.world import render as R  # noqa: E402
 
 ATTR = (("person", "What is the profession of {n}?", ("profession",)),
@@ -68,7 +76,8 @@ ATTR = (("person", "What is the profession of {n}?", ("profession",)),
         ("country", "What language do people in {n} speak?", ("language",)))
 
 
-SKILLS = ("doc", "attr", "search", "ask", "arith")
+SKILLS = ("doc", "attr", "search", "ask", "arith", "play")
+PLAY_ROLES = ("examiner", "student", "teacher")
 
 
 def model(size: str, seed: int):
@@ -127,6 +136,38 @@ def piplay_example(skill: str, doc, q: dict) -> tuple[list[dict], str]:
     return ([{"role": "user", "content": prompts.examiner(doc, 1).text()}],
             f"<think>Ask about it.</think>\n<question>{q['question']}</question>")
   raise ValueError(f"--format=piplay asks search or ask, not {skill!r}.")
+
+
+def play_examples(tokenizer, world: World, qs: list[dict], right_share: float = 1.0,
+                  seed: int = 0, max_obs: int = 160) -> dict[str, list]:
+  """π-Play's three roles on each closed-class question, whole turns as its warm-up shows them
+  (`methods/piplay/demos.py`) with one search result: the examiner asks the question about the
+  entity's document and answers it; the student searches the entity's name, reads the page and
+  answers (right in `right_share` of them, else another member of the fact's class); the teacher,
+  shown the examiner's path, does the same and answers right. Keyed by role."""
+  prompts = piplay_prompts.Prompts(style="compact", syntax="qwen", max_doc_chars=400)
+  eos, rng = "<|im_end|>", np.random.default_rng(seed)
+  by_id = {d.id: d for d in world.documents}
+  chat = lambda prompt: render_chat(tokenizer, [{"role": "user", "content": prompt.text()}])
+  out = {role: [] for role in PLAY_ROLES}
+  for q in qs:
+    doc, gold = by_id[q["support"][0]], q["gold"][0]
+    exam = f"<think>Ask about it.</think>\n<question>{q['question']}</question>\n" \
+           f"<answer>{gold}</answer>{eos}"
+    wrong = E.other_members(gold)
+    reply = gold if not wrong or rng.random() < right_share else wrong[rng.integers(len(wrong))]
+    search = ("generated", f"<think>Search.</think>\n{search_action(doc.title, 'qwen')}")
+    seen = ("observation", observation_ids(tokenizer, [doc], "qwen", max_obs))
+    answer = lambda a: ("generated", f"<think>Answer.</think>\n<answer>{a}</answer>{eos}")
+    qcp = [prompts.qcp_header(doc, 1) + "\n", exam]
+    teacher = prompts.teacher(piplay_rewards.privileged_text("qcp", qcp, gold, 1), q["question"])
+    out["examiner"].append(sft.demonstration(chat(prompts.examiner(doc, 1)),
+                                             [("generated", exam)], tokenizer))
+    out["student"].append(sft.demonstration(chat(prompts.student(q["question"])),
+                                            [search, seen, answer(reply)], tokenizer))
+    out["teacher"].append(sft.demonstration(chat(teacher), [search, seen, answer(gold)],
+                                            tokenizer))
+  return out
 
 
 def opensir_example(skill: str, q: dict) -> tuple[list[dict], str]:
@@ -211,28 +252,44 @@ def main() -> None:
   p.add_argument("--out", default="", help="save the fitted model here (Hugging Face layout)")
   p.add_argument("--vote", type=int, default=0, help="with --format=opensir: sample this many "
                  "solutions per held-out problem and report maj@K and the majority's accuracy")
+  p.add_argument("--right_share", type=float, default=1.0, help="with --skill=play: the share of "
+                 "the student's demonstrated answers that are right (the rest are wrong)")
+  p.add_argument("--per_world", type=int, default=400, help="training questions per world")
   args = p.parse_args()
   skills = args.skill.split(",")
   if unknown := set(skills) - set(SKILLS):
     p.error(f"unknown skill {sorted(unknown)}; use one or more of {', '.join(SKILLS)}")
-  if args.format == "piplay" and set(skills) - {"search", "ask"}:
-    p.error("--format=piplay asks only the copies: use --skill=search, ask or search,ask")
+  if args.format == "piplay" and set(skills) - {"search", "ask", "play"}:
+    p.error("--format=piplay asks the copies or the roles: use --skill=search, ask, search,ask "
+            "or play")
   if args.format == "opensir" and skills != ["arith"]:
     p.error("--format=opensir asks only the word problems: use --skill=arith")
+  if "play" in skills and (skills != ["play"] or args.format != "piplay"):
+    p.error("--skill=play is π-Play's three roles on their own: use it alone, with --format=piplay")
   if args.vote and (args.format != "opensir" or args.vote < 2):
     p.error(f"--vote={args.vote}: the vote needs --format=opensir and at least 2 samples")
   tokenizer = load_tokenizer("demo")
   config, params = model(args.size, 0)
-  train = [d for skill in skills for s in range(1000, 1000 + args.worlds)
-           for d in examples(tokenizer, World(s), questions(World(s), skill, 400, s), skill,
-                             args.format)]
   held = World(args.world)
-  held_out = {skill: examples(tokenizer, held, questions(held, skill, args.limit, args.world + 1,
-                                                         held_out=True), skill, args.format)
-              for skill in skills}
+  if skills == ["play"]:
+    train = [d for s in range(1000, 1000 + args.worlds) for demos in play_examples(
+        tokenizer, World(s), World(s).questions(args.per_world, np.random.default_rng(s), "attr"),
+        args.right_share, seed=s).values() for d in demos]
+    gold = held.gold["attr_search"][:args.limit]
+    held_out = {**play_examples(tokenizer, held, gold),  # and each role's copy on its own
+                **{f"{k}:copy": examples(tokenizer, held, gold, k, "piplay")
+                   for k in ("search", "ask")}}
+  else:
+    train = [d for skill in skills for s in range(1000, 1000 + args.worlds)
+             for d in examples(tokenizer, World(s), questions(World(s), skill, args.per_world, s),
+                               skill, args.format)]
+    held_out = {skill: examples(tokenizer, held, questions(held, skill, args.limit,
+                                                           args.world + 1, held_out=True),
+                                skill, args.format)
+                for skill in skills}
   print(f"{args.size} ({transformer.count_params(params):,} parameters), skill {args.skill}: "
         f"{len(train)} training questions from {args.worlds} worlds, "
-        f"{len(held_out[skills[0]])} held out per skill")
+        f"{len(next(iter(held_out.values())))} held out per skill")
   score = lambda: "  ".join(f"{k} {exact_match(config, params, d):.3f}"
                             for k, d in held_out.items())
   print(f"step {0:5d}  greedy EM {score()}", flush=True)

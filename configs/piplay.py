@@ -10,11 +10,12 @@
 Presets:
   demo            (default) the bundled warmed demo model over the bundled Wikipedia corpus and
                   its MiniLM index, compact prompts, 1- and 2-hop questions; a few CPU minutes.
-  learn           π-Play on the synthetic world `world.seed` at CPU scale: the bundled demo
-                  model warmed on four other worlds' one-hop questions (formats right, this
-                  world's facts unknown), one iteration with the paper's <tool_call> syntax,
-                  held-out pass@1 on 300 questions of the world's hop1 gold set before, every
-                  10 updates and after; --config.control=shuffled_rewards is its control.
+  learn           π-Play on the synthetic world `world.seed` at CPU scale: the bundled
+                  searcher model, which plays the three roles on other worlds' closed-class
+                  facts (names copied into searches and questions, 30% of its answers right),
+                  one iteration with the paper's <tool_call> syntax and one search result,
+                  held-out pass@1 on 300 questions of the world's attr_search gold set before,
+                  every 10 updates and after; --config.control=shuffled_rewards is its control.
   paper           App. A for Qwen3-4B and Qwen3-8B (thinking prompts, λ = 0.03, 0.003, 0.002);
                   for Qwen3-8B set model.source / model.tokenizer to its checkpoint.
   paper_instruct  App. A for Qwen3-4B-Instruct-2507 (Instruct prompts, λ = 0.1, 0.03, 0.03).
@@ -27,6 +28,7 @@ of the construction path); the default is qcp (the whole path).
 import ml_collections
 
 from scope_jax import configs_base as base
+from scope_jax.data import SEARCHER_MODEL
 
 PRESETS = ("demo", "learn", "paper", "paper_instruct")
 
@@ -157,7 +159,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
 
 
 def learn(c: ml_collections.ConfigDict) -> None:
-  """The `learn` preset: π-Play's own loop at CPU scale on the synthetic world."""
+  """The `learn` preset: π-Play's own loop at CPU scale on the synthetic world's closed-class
+  facts, asked through one search."""
   s = c.piplay
   s.iterations = 1
   s.examiner_steps = 2
@@ -166,7 +169,7 @@ def learn(c: ml_collections.ConfigDict) -> None:
   s.student_batch = 16
   s.group_size = 4
   s.attempts = 4
-  s.hop_choices = (1,)  # the world's hop1 skill: search the entity, read the fact
+  s.hop_choices = (1,)  # the world's attr_search skill: search the entity, read the fact
   s.hop_ratio = (1,)
   s.lambdas = (0.3,)
   s.prompt_style = "compact"
@@ -179,9 +182,10 @@ def learn(c: ml_collections.ConfigDict) -> None:
       student=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160),
       teacher=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160)))
   c.retrieval.corpus = "world"
-  c.retrieval.topk = 2
-  # From the bundled demo model, which already copies words out of search results (its own
-  # warm-up), re-warmed on the world's formats: 600 steps leave the names uncopied; by 1,500
-  # their first pieces are copied.
-  base.world_learn(c, "hop1", max_new_tokens=112)
-  c.warmup.documents = 600  # 1,200 questions from 4 worlds: too many names to memorise
+  c.retrieval.topk = 1  # the page the query names: one result, as the start model was shown
+  base.world_learn(c, "attr_search", max_new_tokens=112)
+  # The searcher model already plays the three roles on other worlds (names copied into the
+  # search and the question, 30% of the student's answers right): no warm-up on top of it, which
+  # would overwrite the copying with a few worlds' names (docs/learning.md).
+  c.model.source = f"hf:{SEARCHER_MODEL}"
+  c.warmup.steps = 0

@@ -103,7 +103,8 @@ def base_config() -> ml_collections.ConfigDict:
   # answering role's own training prompt (a small model knows no other)
 
   c.control = ""  # 'shuffled_rewards': each update's advantages permuted across its rows (no
-  # signal, the same distribution), the control a learning claim is measured against
+  # signal, the same distribution), and a distilling update's teacher inputs (π-Play: the
+  # teacher's log-probs are a per-token reward); the control a learning claim is measured against
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.max_context = 8192  # prompt + response tokens per sequence

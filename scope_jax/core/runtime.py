@@ -39,9 +39,11 @@ from scope_jax.sampling import engine as engine_lib
 CONTROLS = ("", "shuffled_rewards")
 
 
-def shuffled(advantages: Sequence[float], seed) -> list[float]:
+def shuffled(advantages: Sequence, seed) -> list:
   """The control's update signal: the same advantages, permuted across the update's rows, so
-  each row is pushed by another row's reward (the same distribution, no signal)."""
+  each row is pushed by another row's reward (the same distribution, no signal). A distilling
+  update's teacher inputs are permuted too (another seed): the teacher then scores each row as
+  the answer to another row's question, with another row's privileged view."""
   order = np.random.default_rng(seed).permutation(len(advantages))
   return [advantages[i] for i in order]
 
@@ -296,8 +298,10 @@ class Runtime:
     teacher_params = self.frozen[teacher] if teacher is not None and teacher_prompts else None
     trajectories, advantages = list(trajectories), list(advantages)
     if self.config.get("control", "") == "shuffled_rewards":
-      advantages = shuffled(advantages, [self.config.seed, getattr(self, "step", 0),
-                                         zlib.crc32(policy.name.encode())])
+      seed = [self.config.seed, getattr(self, "step", 0), zlib.crc32(policy.name.encode())]
+      advantages = shuffled(advantages, seed)
+      if teacher_params is not None:  # a distillation teacher's log-probs are a per-token reward
+        teacher_prompts = shuffled(list(teacher_prompts), seed + [1])
     stats = health.update_stats(trajectories, advantages)
     with self.timer("train"):
       out = self.learner.train(policy, list(trajectories), list(advantages), loss=loss,

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import zlib
 
 import chex
 import jax
@@ -549,3 +550,56 @@ def test_cli_sigkill_and_resume_in_each_phase(tmp_path, kill_after, phase):
   records = metrics_lib.read_jsonl(tmp_path / "cut" / "metrics.jsonl")
   assert [r["step"] for r in records] == [0, 1, 2, 3]
   assert records[int(kill_after)]["phase"] == piplay.PHASES.index(phase)
+
+
+def test_the_searcher_model_was_shown_the_learn_presets_own_tokens(tmp_path):
+  """The bench that fits the `learn` preset's start (`bench/world_reading.py --skill=play`)
+  shows each role exactly the tokens π-Play's own world warm-up builds with the preset's prompts,
+  limits and one search result: what the start learned is what the run asks of it."""
+  from bench import world_reading  # pylint: disable=import-outside-toplevel
+  from scope_jax.retrieval import search  # pylint: disable=import-outside-toplevel
+  c = piplay_config.get_config("learn")
+  c.warmup.update(dict(world_seed=7, skill="attr", right_share=1.0))
+  c.progress = False
+  rt = runtime.Runtime(c, str(tmp_path))
+  method = piplay.PiPlay(rt)
+  world = World(7)
+  builder = piplay_demos._WorldDemos(method, np.random.default_rng(0))  # pylint: disable=protected-access
+  builder.tool = search.from_config(ml_collections.ConfigDict(dict(
+      url="", index="", corpus="world", max_documents=0, encoder="minilm", topk=1)), 7)[1]
+  questions = world.questions(4, np.random.default_rng(0), "attr")
+  ours = world_reading.play_examples(rt.tokenizer, world, questions,
+                                     max_obs=c.piplay.roles.student.max_obs_tokens)
+  by_id = {d.id: d for d in world.documents}
+  for i, q in enumerate(questions):
+    theirs = builder.question(by_id[q["support"][0]], q["question"], q["gold"][0])
+    assert len(theirs) == 3, q  # the page came back first: all three roles are shown
+    for role, demo in zip(world_reading.PLAY_ROLES, theirs):
+      chex.assert_trees_all_equal((ours[role][i].tokens, ours[role][i].loss_mask),
+                                  (demo.tokens, demo.loss_mask))
+
+
+def test_the_control_permutes_the_teachers_inputs_as_well_as_the_advantages(tmp_path,
+                                                                             monkeypatch):
+  """`control=shuffled_rewards` on a distilling update: the teacher's inputs, whose log-probs
+  are the student's per-token reward, are permuted across rows too (another seed), so that no
+  row is pulled toward its own question's privileged answer."""
+  seen = []
+  train = learner_lib.Learner.train
+
+  def spy(self, policy, trajectories, advantages, **kw):
+    if kw.get("teacher_prompts") is not None:
+      seen.append((list(advantages), [list(p) for p in kw["teacher_prompts"]]))
+    return train(self, policy, trajectories, advantages, **kw)
+
+  monkeypatch.setattr(learner_lib.Learner, "train", spy)
+  for control in ("", "shuffled_rewards"):
+    rt = runtime.Runtime(small_config(**{"piplay.examiner_steps": 1, "control": control}),
+                         str(tmp_path / (control or "plain")))
+    m = scripted(rt, malformed_every=0)
+    rt.begin_step(1)
+    m.step(1)  # the first student step
+  (advs, prompts), (c_advs, c_prompts) = seen
+  seed = [0, 1, zlib.crc32(b"student")]
+  assert c_advs == runtime.shuffled(advs, seed)
+  assert c_prompts == runtime.shuffled(prompts, seed + [1]) and c_prompts != prompts
