@@ -12,7 +12,7 @@ Presets:
                   its MiniLM index, compact prompts, 1- and 2-hop questions; a few CPU minutes.
   learn           π-Play on the synthetic world `world.seed` at CPU scale: the bundled
                   searcher model, which plays the three roles on other worlds' closed-class
-                  facts (names copied into searches and questions, 30% of its answers right),
+                  facts (names copied into searches and questions, the student mostly wrong),
                   one iteration with the paper's <tool_call> syntax and one search result,
                   held-out pass@1 on 300 questions of the world's attr_search gold set before,
                   every 10 updates and after; --config.control=shuffled_rewards is its control.
@@ -185,7 +185,7 @@ def learn(c: ml_collections.ConfigDict) -> None:
   c.retrieval.topk = 1  # the page the query names: one result, as the start model was shown
   base.world_learn(c, "attr_search", max_new_tokens=112)
   # The searcher model already plays the three roles on other worlds (names copied into the
-  # search and the question, 30% of the student's answers right): no warm-up on top of it, which
-  # would overwrite the copying with a few worlds' names (docs/learning.md).
+  # search and the question; the teacher reads, the student mostly does not): no warm-up on top
+  # of it, which would overwrite the copying with a few worlds' names (docs/learning.md).
   c.model.source = f"hf:{SEARCHER_MODEL}"
   c.warmup.steps = 0

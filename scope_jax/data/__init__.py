@@ -20,8 +20,9 @@ CATEGORIES = BUNDLED / "wiki_leads_2k.categories.json"  # passage id → vital-a
 ASL_TOPICS = BUNDLED / "asl_topics.txt"
 SEARCHER_MODEL = BUNDLED / "searcher_model"  # the reader model taught to copy names into
 # searches and questions, then to play π-Play's three roles on other worlds' closed-class facts
-# (worlds 1000-1199, 30% of the student's answers right): `python -m bench.world_reading
-# --size=reader --skill=search,ask --worlds=200 --per_world=100 --steps=1500 --every=750
-# --out=<a>`, `python -m bench.world_reading --size=<a> --skill=play --format=piplay --worlds=200
-# --per_world=40 --steps=600 --every=300 --right_share=0.3 --out=<b>`, then the same from <b>
-# with --steps=900 --lr=2e-3 --out=<dir> rebuild it
+# (worlds 1000-1199; every teacher answer right, the student's right in 30%, then in none):
+# `python -m bench.world_reading --size=reader --skill=search,ask --worlds=200 --per_world=100
+# --steps=1500 --every=750 --out=<a>`, `python -m bench.world_reading --size=<a> --skill=play
+# --format=piplay --worlds=200 --per_world=40 --steps=600 --every=300 --right_share=0.3
+# --out=<b>`, the same from <b> with --steps=900 --lr=2e-3 --out=<c>, then from <c> with
+# --steps=300 --right_share=0 --lr=1e-3 --out=<dir> rebuild it
