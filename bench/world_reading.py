@@ -288,7 +288,7 @@ def main() -> None:
                                 skill, args.format)
                 for skill in skills}
   print(f"{args.size} ({transformer.count_params(params):,} parameters), skill {args.skill}: "
-        f"{len(train)} training questions from {args.worlds} worlds, "
+        f"{len(train)} training examples from {args.worlds} worlds, "
         f"{len(next(iter(held_out.values())))} held out per skill")
   score = lambda: "  ".join(f"{k} {exact_match(config, params, d):.3f}"
                             for k, d in held_out.items())
