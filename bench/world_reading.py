@@ -22,6 +22,9 @@ problems: the arithmetic OpenSIR's student needs before its majority vote has an
 whole turns with one search result as π-Play's world warm-up shows them (`--right_share` of the
 student's answers right; the teacher's always are), and scores each role and each copy on world
 `--world`'s `attr_search` gold questions: how π-Play's `learn` start, the searcher model, is fitted.
+`--skill=play --format=scope` does the same for SCOPE's roles (`methods/scope/demos.py`: the
+Challenger, the Solver, and the Judge's gates, rubric and grades, `--grades` of each answer kind
+per question): how SCOPE's `learn` start, the judge model, is fitted.
 `--vote=K` (with `--format=opensir`) then samples K solutions of each held-out problem at
 temperature 1 and prints what OpenSIR's pseudo-label is worth: greedy and sampled pass@1, maj@K,
 and how often the majority is right at each level of agreement (the student is trained toward it).
@@ -59,6 +62,8 @@ from scope_jax import sampling  # noqa: E402
 from scope_jax.data import DEMO_MODEL, READER_MODEL, SOLVER_MODEL  # noqa: E402
 from scope_jax.methods.opensir import demos as opensir_demos  # noqa: E402
 from scope_jax.methods.piplay import prompts as piplay_prompts  # noqa: E402
+from scope_jax.methods.scope import demos as scope_demos  # noqa: E402
+from scope_jax.methods.scope import prompts as scope_prompts  # noqa: E402
 from scope_jax.methods.piplay import rewards as piplay_rewards  # noqa: E402
 from scope_jax.models import hf_io, transformer  # noqa: E402
 from scope_jax.models.config import tiny_config  # noqa: E402
@@ -170,6 +175,16 @@ def play_examples(tokenizer, world: World, qs: list[dict], right_share: float = 
   return out
 
 
+def scope_examples(tokenizer, world: World, qs: list[dict], right_share: float = 1.0,
+                   seed: int = 0, grades: int = 1, near_copies: bool = False) -> dict[str, list]:
+  """SCOPE's roles on each closed-class question in the `learn` preset's compact prompts and
+  <tool_call> syntax (`methods/scope/demos.world_demonstrations`), keyed by role."""
+  prompts = scope_prompts.Prompts(style="compact", syntax="qwen", max_doc_chars=400,
+                                  task_form="plain", max_criteria=1)
+  return scope_demos.world_demonstrations(tokenizer, prompts, world, qs, right_share, seed,
+                                          grades=grades, near_copies=near_copies)
+
+
 def opensir_example(skill: str, q: dict) -> tuple[list[dict], str]:
   """(chat messages, target) of `arith` in OpenSIR's student prompt: the worked sums, then the
   boxed answer in the sentence its student reward looks for, and the end of the turn (so a
@@ -239,9 +254,9 @@ def main() -> None:
                  "directory, or <layers>x<width> initialised at random")
   p.add_argument("--skill", default="doc",
                  help="doc, attr, search, ask or arith; several, comma-separated, train together")
-  p.add_argument("--format", default="plain", choices=("plain", "piplay", "opensir"),
-                 help="plain 'Question: … Search:' text, π-Play's chat prompts (search, ask) or "
-                 "OpenSIR's student prompt (arith)")
+  p.add_argument("--format", default="plain", choices=("plain", "piplay", "opensir", "scope"),
+                 help="plain 'Question: … Search:' text, π-Play's chat prompts (search, ask, "
+                 "play), OpenSIR's student prompt (arith) or SCOPE's roles (play)")
   p.add_argument("--steps", type=int, default=2000)
   p.add_argument("--every", type=int, default=500)
   p.add_argument("--lr", type=float, default=3e-3)
@@ -255,6 +270,12 @@ def main() -> None:
   p.add_argument("--right_share", type=float, default=1.0, help="with --skill=play: the share of "
                  "the student's demonstrated answers that are right (the rest are wrong)")
   p.add_argument("--per_world", type=int, default=400, help="training questions per world")
+  p.add_argument("--grades", type=int, default=1, help="with --format=scope: right and wrong "
+                 "answers the Judge grades per question (each)")
+  p.add_argument("--near_copies", action="store_true", help="with --format=scope: the source "
+                 "gate also fails tasks that garble the entity's name")
+  p.add_argument("--roles", default="", help="with --skill=play: train only these roles "
+                 "(comma-separated; all of them when empty)")
   args = p.parse_args()
   skills = args.skill.split(",")
   if unknown := set(skills) - set(SKILLS):
@@ -264,14 +285,24 @@ def main() -> None:
             "or play")
   if args.format == "opensir" and skills != ["arith"]:
     p.error("--format=opensir asks only the word problems: use --skill=arith")
-  if "play" in skills and (skills != ["play"] or args.format != "piplay"):
-    p.error("--skill=play is π-Play's three roles on their own: use it alone, with --format=piplay")
+  if "play" in skills and (skills != ["play"] or args.format not in ("piplay", "scope")):
+    p.error("--skill=play is a method's roles on their own: use it alone, with --format=piplay "
+            "or --format=scope")
+  if args.format == "scope" and skills != ["play"]:
+    p.error("--format=scope asks SCOPE's roles: use --skill=play")
   if args.vote and (args.format != "opensir" or args.vote < 2):
     p.error(f"--vote={args.vote}: the vote needs --format=opensir and at least 2 samples")
   tokenizer = load_tokenizer("demo")
   config, params = model(args.size, 0)
   held = World(args.world)
-  if skills == ["play"]:
+  roles = set(args.roles.split(",")) if args.roles else None
+  if skills == ["play"] and args.format == "scope":
+    train = [d for s in range(1000, 1000 + args.worlds) for role, demos in scope_examples(
+        tokenizer, World(s), World(s).questions(args.per_world, np.random.default_rng(s), "attr"),
+        args.right_share, seed=s, grades=args.grades, near_copies=args.near_copies).items()
+        if roles is None or role in roles for d in demos]
+    held_out = scope_examples(tokenizer, held, held.gold["attr_search"][:args.limit])
+  elif skills == ["play"]:
     train = [d for s in range(1000, 1000 + args.worlds) for demos in play_examples(
         tokenizer, World(s), World(s).questions(args.per_world, np.random.default_rng(s), "attr"),
         args.right_share, seed=s).values() for d in demos]

@@ -9,6 +9,13 @@ Presets:
   demo         (default) a small random model, format-warmed on synthetic demonstrations (cached
                after the first run), with compact prompts, over the bundled Wikipedia corpus and
                its MiniLM index; about 9 minutes on 2 CPU cores the first time, then under 2.
+  learn        SCOPE on the synthetic world `world.seed` at CPU scale: the bundled judge model,
+               which plays every role on other worlds' closed-class facts (one-criterion rubrics
+               copied from the document, grades that compare an answer with the criterion; the
+               Solver mostly wrong), one iteration with paper_qwen3's <tool_call> syntax and one
+               search result, held-out pass@1 on 300 questions of the world's attr_search gold
+               set before, every 10 updates and after. It does not learn yet: the Challenger's
+               tasks garble their entity's name (docs/learning.md).
   paper        Table 9 for Qwen2.5-7B-Instruct (XML <search> syntax).
   paper_qwen3  Table 9 for Qwen3-8B (native <tool_call> syntax, per-turn datums).
   paper_olmo3  Table 9 for OLMo-3-7B, the paper's third model (its <function_calls> search
@@ -18,8 +25,9 @@ Presets:
 import ml_collections
 
 from scope_jax import configs_base as base
+from scope_jax.data import JUDGE_MODEL
 
-PRESETS = ("demo", "paper", "paper_qwen3", "paper_olmo3")
+PRESETS = ("demo", "learn", "paper", "paper_qwen3", "paper_olmo3")
 PAPER_MODELS = {"paper": "qwen2.5-7b", "paper_qwen3": "qwen3-8b", "paper_olmo3": "olmo3-7b"}
 
 
@@ -139,6 +147,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048
     c.rollout.max_prompt_tokens = 1536
+  elif preset == "learn":
+    learn(c)
   elif preset in PAPER_MODELS:
     c.model.source = f"preset:{PAPER_MODELS[preset]}"  # replace with hf:<path> for real weights
     c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
@@ -157,3 +167,46 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       # 32 slots, planned on a v5p-32 (`python -m scope_jax.plan`, launch/README.md).
       c.rollout.slots = 32
   return c
+
+
+def learn(c: ml_collections.ConfigDict) -> None:
+  """The `learn` preset: SCOPE's Algorithm 1 at CPU scale on the synthetic world's closed-class
+  facts, asked through one search and graded by the frozen Judge against a one-criterion rubric
+  it writes from the source document."""
+  s = c.scope
+  s.iterations = 1
+  s.challenger_steps = 2
+  s.solver_steps = 30
+  s.challenger_batch = 16
+  s.solver_batch = 16
+  s.group_size = 4
+  s.solver_rollouts_train = 4
+  s.task_types = ("longform_qa",)  # a question about one fact of the document
+  s.search_choices = (1,)  # search the entity, read its page
+  s.search_ratio = (1,)
+  s.syntax = "qwen"  # paper_qwen3's <tool_call>, one datum per rollout (no thinking model)
+  s.prompt_style = "compact"
+  s.max_doc_chars = 400
+  s.max_answer_chars = 100
+  s.min_criteria = 1  # a closed-class fact is one criterion: the answer names it
+  s.max_criteria = 1
+  s.rubric_sees_searches = False  # the source document states the fact
+  s.stage1_solver_sampling = ()  # the Solver's own sampling, as it trains
+  s.task_set.solver_rollouts = 4
+  s.task_set.samples_per_document = 2
+  s.task_set.candidates_per_round = 64
+  s.task_set.max_rounds = 4  # the world's documents after Stage 1's (268 in all)
+  s.roles = ml_collections.ConfigDict(dict(
+      challenger=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160),
+      solver=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160),
+      gate=base.role(24, temperature=0.0, top_p=1.0),
+      rubric=base.role(48, temperature=0.0, top_p=1.0),
+      grader=base.role(24, temperature=0.6, top_p=1.0)))
+  c.retrieval.corpus = "world"
+  c.retrieval.topk = 1  # the page the query names: one result, as the start model was shown
+  base.world_learn(c, "attr_search", max_new_tokens=112)
+  # The judge model already plays every role on other worlds: no warm-up on top of it, which
+  # would overwrite its copying with a few worlds' names (docs/learning.md).
+  c.model.source = f"hf:{JUDGE_MODEL}"
+  c.warmup.steps = 0
+  c.warmup.world_seed = -1

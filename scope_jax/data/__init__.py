@@ -26,3 +26,10 @@ SEARCHER_MODEL = BUNDLED / "searcher_model"  # the reader model taught to copy n
 # --format=piplay --worlds=200 --per_world=40 --steps=600 --every=300 --right_share=0.3
 # --out=<b>`, the same from <b> with --steps=900 --lr=2e-3 --out=<c>, then from <c> with
 # --steps=300 --right_share=0 --lr=1e-3 --out=<dir> rebuild it
+JUDGE_MODEL = BUNDLED / "judge_model"  # the searcher model taught to play SCOPE's roles on other
+# worlds' closed-class facts (worlds 1000-1199; the Judge's rubrics and grades right, the
+# Solver's answers right in 30%, then in none): `python -m bench.world_reading
+# --size=<searcher_model> --skill=play --format=scope --worlds=200 --per_world=40 --steps=1200
+# --every=400 --right_share=0.3 --out=<a>`, the same from <a> with --grades=4 --out=<b>, from <b>
+# with --steps=1000 --every=250 --grades=2 --roles=grader --out=<c>, then from <c> with
+# --steps=800 --every=400 --right_share=0 --grades=4 --lr=2e-3 --out=<dir> rebuild it

@@ -472,3 +472,80 @@ def test_paper_solver_clips_higher_as_released_and_schedule_follows_overrides():
   assert (c.optim.total_steps, c.total_steps) == (150, 300)
   roles = c.scope.roles
   assert (roles.challenger.max_prompt_tokens, roles.solver.max_prompt_tokens) == (1024, 2048)
+
+
+def test_the_judge_model_was_shown_the_learn_presets_own_prompts(tmp_path):
+  """The bench that fits the `learn` preset's start (`bench/world_reading.py --format=scope`)
+  shows each role exactly the prompt tokens the run builds with the preset's prompts and limits,
+  and the Judge's rubric is one the run parses to the criterion the grader was shown."""
+  from bench import world_reading  # pylint: disable=import-outside-toplevel
+  from scope_jax.world import World  # pylint: disable=import-outside-toplevel
+  c = scope_config.get_config("learn")
+  c.progress = False
+  rt = runtime.Runtime(c, str(tmp_path))
+  method = scope.Scope(rt)
+  world = World(7)
+  questions = world.questions(3, np.random.default_rng(0), "attr")
+  demos = world_reading.scope_examples(rt.tokenizer, world, questions)
+  by_id = {d.id: d for d in world.documents}
+  prompts, roles = method.prompts, method.roles
+  for i, q in enumerate(questions):
+    doc, gold = by_id[q["support"][0]], q["gold"][0]
+    entity, source = prompts.gates(q["question"], doc)
+    expected = {
+        "challenger": [roles["challenger"].prompt(prompts.challenger(doc, "longform_qa", 1))],
+        "solver": [roles["solver"].prompt(method.answer_prompt(q["question"], "qa_search"))],
+        "gate": [roles["gate"].prompt(entity), roles["gate"].prompt(source)],
+        "rubric": [roles["rubric"].prompt(prompts.rubric(q["question"], doc))],
+        "grader": [roles["grader"].prompt(prompts.grader(q["question"],
+                                                         scope_demos.criterion(gold), gold))]}
+    gates = [d for d in demos["gate"] if q["question"] in rt.tokenizer.decode(d.tokens)]
+    shown = {"challenger": [demos["challenger"][i]], "solver": [demos["solver"][i]],
+             "gate": gates[:2], "rubric": [demos["rubric"][i]], "grader": [demos["grader"][2 * i]]}
+    for role, ids in expected.items():
+      for want, demo in zip(ids, shown[role], strict=True):
+        assert list(demo.tokens[:len(want)]) == list(want), (role, q["question"])
+    rubric = rt.tokenizer.decode(demos["rubric"][i].tokens[len(expected["rubric"][0]):])
+    criteria = R.parse_rubrics(rubric, c.scope.min_criteria, c.scope.max_criteria)
+    assert [x.text for x in criteria] == [scope_demos.criterion(gold)]
+
+
+def test_the_learn_preset_starts_from_the_shipped_judge_model():
+  """The judge model ships with the package (a few MB, listed in setup.py's package data) and
+  has the demo model's shape; the preset adds no warm-up and asks for a one-criterion rubric."""
+  from scope_jax.data import DEMO_MODEL, JUDGE_MODEL  # pylint: disable=import-outside-toplevel
+  from scope_jax.models import hf_io  # pylint: disable=import-outside-toplevel
+  c = scope_config.get_config("learn")
+  assert c.model.source == f"hf:{JUDGE_MODEL}" and c.warmup.steps == 0
+  assert (JUDGE_MODEL / "model.safetensors").stat().st_size < 8 * 2**20
+  assert "data/bundled/judge_model/*" in open(os.path.join(ROOT, "setup.py")).read()
+  judge, params = hf_io.load_hf(JUDGE_MODEL)
+  shape, demo_params = hf_io.load_hf(DEMO_MODEL)
+  assert judge == shape
+  chex.assert_trees_all_equal_shapes(params, demo_params)
+  assert "one criterion" in P.Prompts("compact", max_criteria=1).rubric(
+      "Q?", demo.demo_passages()[0]).text()
+
+
+def test_the_rubric_prompt_asks_for_the_papers_three_to_five_criteria_by_default():
+  for style in P.STYLES:
+    text = P.Prompts(style).rubric("Q?", demo.demo_passages()[0]).text()
+    assert "3 to 5 criteria" in text and "{rubric_size}" not in text
+
+
+def test_world_demonstrations_show_each_role_its_share():
+  """Per question: one Challenger and one Solver turn, two passing gates and one failing (two
+  with `near_copies`), one rubric, and `grades` right and as many wrong answers graded."""
+  from scope_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
+  from scope_jax.world import World  # pylint: disable=import-outside-toplevel
+  world = World(3)
+  questions = world.questions(3, np.random.default_rng(0), "attr")
+  prompts = P.Prompts("compact", "qwen", 400, "plain", max_criteria=1)
+  tok = load_tokenizer("demo")
+  demos = scope_demos.world_demonstrations(tok, prompts, world, questions, grades=2,
+                                           near_copies=True)
+  assert {k: len(v) for k, v in demos.items()} == {
+      "challenger": 3, "solver": 3, "gate": 12, "rubric": 3, "grader": 12}
+  verdicts = [tok.decode(d.tokens).rsplit("<score>", 1)[1][0] for d in demos["grader"]]
+  assert verdicts == ["1", "1", "0", "0"] * 3
+  assert scope_demos.near_copy("Theal Thoukrio", "Pezux Holdings") == "Theal Toldings"

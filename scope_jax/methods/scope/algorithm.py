@@ -127,7 +127,8 @@ class Scope(Method):
     super().__init__(rt)
     self.cfg = cfg = rt.config.scope
     self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed)
-    self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax, cfg.max_doc_chars, cfg.task_form)
+    self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax, cfg.max_doc_chars, cfg.task_form,
+                             cfg.max_criteria)
     self.task_sets: dict[str, list[dict]] = {}  # iteration → the Solver's task set
     self.clock = StageClock()
     self.schedule = Schedule((("challenger", cfg.challenger_steps), ("solver", cfg.solver_steps)))
@@ -148,6 +149,10 @@ class Scope(Method):
 
   def demonstrations(self, rng):
     return scope_demos.demonstrations(self, rng)
+
+  def answer_prompt(self, question: str, kind: str):
+    return self.prompts.solver(question, self.cfg.roles.solver.max_turns) \
+        if kind == "qa_search" else None
 
   # ------------------------------------------------------------------------------ schedule
   def locate(self, step: int) -> tuple[int, str, int]:

@@ -16,8 +16,10 @@ import numpy as np
 from scope_jax.methods.scope import prompts as P
 from scope_jax.retrieval.corpus import Passage
 from scope_jax.rl import sft
+from scope_jax.rollout.agent import render_chat
 from scope_jax.rollout.search_agent import observation_ids, search_action
 from scope_jax.rollout.types import Trajectory
+from scope_jax.world import entities as E
 
 QUESTION_FORMS = {
     "longform_qa": "How is {a} connected to {b}, and why does it matter?",
@@ -147,3 +149,74 @@ class _Demos:
 
 def demonstrations(scope, rng: np.random.Generator) -> list[Trajectory]:
   return _Demos(scope, rng).build(scope.rt.config.warmup.documents)
+
+
+# ------------------------------------------------------------------------------ world demos
+
+WORLD_ROLES = ("challenger", "solver", "gate", "rubric", "grader")
+
+
+def criterion(answer: str) -> str:
+  """The one criterion a closed-class fact's rubric holds."""
+  return f"Answers {answer}."
+
+
+def near_copy(name: str, other: str) -> str:
+  """A garbled copy of `name`: its first half, then the second half of `other` (what a small
+  model's copy looks like, and a task about no entity of the document)."""
+  return name[:len(name) // 2] + other[len(other) // 2:]
+
+
+def world_demonstrations(tokenizer, prompts: P.Prompts, world, questions: Sequence[dict],
+                         right_share: float = 1.0, seed: int = 0, max_obs: int = 160,
+                         max_turns: int = 1, grades: int = 1,
+                         near_copies: bool = False) -> dict[str, list[Trajectory]]:
+  """Every SCOPE role on each of `world`'s closed-class questions, whole turns with one search
+  result, keyed by role: the Challenger searches the document's title and asks the question;
+  the Solver searches the entity's name, reads its page and answers (right in `right_share` of
+  them, else another member of the fact's class); the Judge passes the task through both gates
+  and fails one about another document or with no name in it, writes the one-criterion rubric
+  the document states, and grades `grades` right and as many wrong answers against it (comparing
+  two names is the slowest of these to learn). With `near_copies` the source gate also fails the
+  task with a near copy of the entity's name, which asks about no entity of the document. How the
+  `learn`
+  preset's start is fitted, on other worlds (`bench/world_reading.py --format=scope`)."""
+  rng = np.random.default_rng(seed)
+  eos = "<|im_end|>"
+  chat = lambda prompt: render_chat(tokenizer, [{"role": "user", "content": prompt.text()}])
+  by_id = {d.id: d for d in world.documents}
+  think = lambda why, text: ("generated", f"<think>{why}</think>\n{text}")
+  verdict = lambda why, score: [think(why, f"<score>{score}</score>{eos}")]
+  out = {role: [] for role in WORLD_ROLES}
+  demo = lambda role, prompt, pieces: out[role].append(
+      sft.demonstration(chat(prompt), pieces, tokenizer))
+  for i, q in enumerate(questions):
+    doc, gold, question = by_id[q["support"][0]], q["gold"][0], q["question"]
+    other = by_id[questions[(i + 1) % len(questions)]["support"][0]]
+    search = think("Search.", search_action(doc.title, prompts.syntax))
+    seen = ("observation", observation_ids(tokenizer, [doc], prompts.syntax, max_obs))
+    wrong = E.other_members(gold)
+    pick = lambda: wrong[rng.integers(len(wrong))] if wrong else gold
+    reply = gold if rng.random() < right_share else pick()
+    demo("challenger", prompts.challenger(doc, "longform_qa", 1),
+         [search, seen, think("Ask.", P.task_output(question, prompts.task_form) + eos)])
+    demo("solver", prompts.solver(question, max_turns),
+         [search, seen, think("Answer.", f"<answer>{reply}</answer>{eos}")])
+    entity, source = prompts.gates(question, doc)
+    _, unrelated = prompts.gates(question, other)
+    generic, _ = prompts.gates(GENERIC_QUESTION, doc)
+    demo("gate", entity, verdict("Named.", 1))
+    demo("gate", source, verdict("Grounded.", 1))
+    if other.id != doc.id:
+      demo("gate", unrelated if rng.random() < 0.5 else generic, verdict("No.", 0))
+    if near_copies and other.id != doc.id:
+      _, garbled = prompts.gates(question.replace(doc.title, near_copy(doc.title, other.title)),
+                                 doc)
+      demo("gate", garbled, verdict("No.", 0))
+    rubric = f"<rubric>\n1. [critical] {criterion(gold)}\n</rubric>{eos}"
+    demo("rubric", prompts.rubric(question, doc), [("generated", rubric)])
+    for response in [gold] * grades + [pick() for _ in range(grades)]:
+      right = int(response == gold)
+      demo("grader", prompts.grader(question, criterion(gold), response),
+           verdict("Covered." if right else "Missed.", right))
+  return out

@@ -30,6 +30,12 @@ TASK_PLACEHOLDER = {"paper": "the complete task, as the assistant will read it",
                     "compact": "the task"}
 
 
+def rubric_size(max_criteria: int) -> str:
+  """How many criteria the rubric prompt asks for: the paper's 3 to 5, or one where the rubric
+  holds a single criterion (`scope.max_criteria=1`, a closed-class fact's)."""
+  return "one criterion" if max_criteria == 1 else "3 to 5 criteria"
+
+
 def task_output(text: str, form: str) -> str:
   """A task as the Challenger writes it: the released plain `<task>` or one holding a
   `<question>` (`scope.task_form`)."""
@@ -50,11 +56,11 @@ class Prompts:
   content (documents, tasks, answers) a role may cut to its prompt limit, never the template."""
 
   def __init__(self, style: str = "paper", syntax: str = "xml", max_doc_chars: int = 4000,
-               task_form: str = "question"):
+               task_form: str = "question", max_criteria: int = 5):
     if style not in STYLES:
       raise ValueError(f"Unknown prompt style {style!r}; use one of {sorted(STYLES)}.")
     self.style, self.syntax, self.max_doc_chars = style, syntax, max_doc_chars
-    self.task_form = task_form
+    self.task_form, self.rubric_size = task_form, rubric_size(max_criteria)
 
   def _prompt(self, name: str, fit: tuple[str, ...], **fields) -> prompts.Prompt:
     return prompts.Prompt(prompts.load(STYLES[self.style], name), fields, fit)
@@ -84,7 +90,7 @@ class Prompts:
     Challenger read (`found`; the paper's text gives it the document alone)."""
     document = "\n\n---\n\n".join([self.document(passage), *found])
     return self._prompt("rubric", ("document", "task"), task=task, title=passage.title,
-                        document=document)
+                        document=document, rubric_size=self.rubric_size)
 
   def grader(self, task: str, criterion: str, response: str) -> prompts.Prompt:
     return self._prompt("grader", ("response", "task", "criterion"), task=task,
