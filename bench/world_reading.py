@@ -62,9 +62,9 @@ from scope_jax import sampling  # noqa: E402
 from scope_jax.data import DEMO_MODEL, READER_MODEL, SOLVER_MODEL  # noqa: E402
 from scope_jax.methods.opensir import demos as opensir_demos  # noqa: E402
 from scope_jax.methods.piplay import prompts as piplay_prompts  # noqa: E402
+from scope_jax.methods.piplay import rewards as piplay_rewards  # noqa: E402
 from scope_jax.methods.scope import demos as scope_demos  # noqa: E402
 from scope_jax.methods.scope import prompts as scope_prompts  # noqa: E402
-from scope_jax.methods.piplay import rewards as piplay_rewards  # noqa: E402
 from scope_jax.models import hf_io, transformer  # noqa: E402
 from scope_jax.models.config import tiny_config  # noqa: E402
 from scope_jax.rewards.mathcheck import final_answer  # noqa: E402
@@ -274,7 +274,7 @@ def main() -> None:
                  "answers the Judge grades per question (each)")
   p.add_argument("--near_copies", action="store_true", help="with --format=scope: the source "
                  "gate also fails tasks that garble the entity's name")
-  p.add_argument("--roles", default="", help="with --skill=play: train only these roles "
+  p.add_argument("--roles", default="", help="with --format=scope: train only these roles "
                  "(comma-separated; all of them when empty)")
   args = p.parse_args()
   skills = args.skill.split(",")
@@ -290,6 +290,11 @@ def main() -> None:
             "or --format=scope")
   if args.format == "scope" and skills != ["play"]:
     p.error("--format=scope asks SCOPE's roles: use --skill=play")
+  if args.format != "scope" and (args.roles or args.grades != 1 or args.near_copies):
+    p.error("--roles, --grades and --near_copies choose SCOPE's demonstrations: use them with "
+            "--skill=play --format=scope")
+  if unknown := set(filter(None, args.roles.split(","))) - set(scope_demos.WORLD_ROLES):
+    p.error(f"--roles: unknown role {sorted(unknown)}; use {', '.join(scope_demos.WORLD_ROLES)}")
   if args.vote and (args.format != "opensir" or args.vote < 2):
     p.error(f"--vote={args.vote}: the vote needs --format=opensir and at least 2 samples")
   tokenizer = load_tokenizer("demo")

@@ -195,7 +195,8 @@ def learn(c: ml_collections.ConfigDict) -> None:
   s.task_set.solver_rollouts = 4
   s.task_set.samples_per_document = 2
   s.task_set.candidates_per_round = 64
-  s.task_set.max_rounds = 4  # the world's documents after Stage 1's (268 in all)
+  s.task_set.max_rounds = 4  # the world's 268 documents after Stage 1's 32, the last 20 again
+  # (at most one task per document: the set stays under its target of 480)
   s.roles = ml_collections.ConfigDict(dict(
       challenger=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160),
       solver=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160),

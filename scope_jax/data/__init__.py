@@ -31,5 +31,5 @@ JUDGE_MODEL = BUNDLED / "judge_model"  # the searcher model taught to play SCOPE
 # Solver's answers right in 30%, then in none): `python -m bench.world_reading
 # --size=<searcher_model> --skill=play --format=scope --worlds=200 --per_world=40 --steps=1200
 # --every=400 --right_share=0.3 --out=<a>`, the same from <a> with --grades=4 --out=<b>, from <b>
-# with --steps=1000 --every=250 --grades=2 --roles=grader --out=<c>, then from <c> with
-# --steps=800 --every=400 --right_share=0 --grades=4 --lr=2e-3 --out=<dir> rebuild it
+# with --steps=1000 --every=250 --grades=2 --roles=grader --out=<c>, then from <c> on every role
+# with --steps=800 --every=400 --right_share=0 --grades=4 --lr=2e-3 --out=<dir> rebuild it

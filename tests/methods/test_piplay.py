@@ -122,9 +122,13 @@ def test_optimizer_settings_go_to_the_optimizer_overrides():
 
 
 def _adam_first_update(policy):
-  """Adam's first update of a unit gradient: −lr on every entry (the moments normalise it)."""
-  ones = jax.tree.map(jnp.ones_like, policy.state.params)
-  updates, state = policy.optimizer.update(ones, policy.state.opt_state, policy.state.params)
+  """Adam's first update of a unit gradient: −lr on every entry (the moments normalise it).
+  Applied eagerly to one-device copies of the policy's state: eager ops on arrays sharded over
+  the test mesh run a collective per op, which the suite's two busy workers have seen abort."""
+  local = lambda tree: jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), tree)
+  params, opt_state = local(policy.state.params), local(policy.state.opt_state)
+  ones = jax.tree.map(jnp.ones_like, params)
+  updates, state = policy.optimizer.update(ones, opt_state, params)
   return np.concatenate([np.asarray(u).ravel() for u in jax.tree.leaves(updates)]), state
 
 

@@ -151,6 +151,7 @@ class Scope(Method):
     return scope_demos.demonstrations(self, rng)
 
   def answer_prompt(self, question: str, kind: str):
+    """The Solver's prompt for a held-out search question (`eval.prompt='role'`)."""
     return self.prompts.solver(question, self.cfg.roles.solver.max_turns) \
         if kind == "qa_search" else None
 

@@ -1,4 +1,5 @@
-"""Format demonstrations of every SCOPE role for the demo warm-up (`core/warmup.py`).
+"""Demonstrations of every SCOPE role: the formats for the demo warm-up (`core/warmup.py`), and
+the world's closed-class facts for fitting the `learn` preset's start (`world_demonstrations`).
 
 SCOPE starts from instruction-tuned 7–8B models that already think, search, write <task>s,
 rubrics and <score>s when asked. The CPU demo's small model does none of that, so the warm-up
@@ -179,8 +180,7 @@ def world_demonstrations(tokenizer, prompts: P.Prompts, world, questions: Sequen
   the document states, and grades `grades` right and as many wrong answers against it (comparing
   two names is the slowest of these to learn). With `near_copies` the source gate also fails the
   task with a near copy of the entity's name, which asks about no entity of the document. How the
-  `learn`
-  preset's start is fitted, on other worlds (`bench/world_reading.py --format=scope`)."""
+  `learn` preset's start is fitted, on other worlds (`bench/world_reading.py --format=scope`)."""
   rng = np.random.default_rng(seed)
   eos = "<|im_end|>"
   chat = lambda prompt: render_chat(tokenizer, [{"role": "user", "content": prompt.text()}])

@@ -31,8 +31,9 @@ TASK_PLACEHOLDER = {"paper": "the complete task, as the assistant will read it",
 
 
 def rubric_size(max_criteria: int) -> str:
-  """How many criteria the rubric prompt asks for: the paper's 3 to 5, or one where the rubric
-  holds a single criterion (`scope.max_criteria=1`, a closed-class fact's)."""
+  """How many criteria the compact rubric prompt asks for: the paper's 3 to 5, or one where the
+  rubric holds a single criterion (`scope.max_criteria=1`, a closed-class fact's). The paper
+  style's prompt always asks for 3 to 5, as its example rubric shows."""
   return "one criterion" if max_criteria == 1 else "3 to 5 criteria"
 
 
@@ -89,8 +90,9 @@ class Prompts:
     """The rubric Judge's prompt: the source document and, as released, the search results the
     Challenger read (`found`; the paper's text gives it the document alone)."""
     document = "\n\n---\n\n".join([self.document(passage), *found])
+    size = {"rubric_size": self.rubric_size} if self.style == "compact" else {}
     return self._prompt("rubric", ("document", "task"), task=task, title=passage.title,
-                        document=document, rubric_size=self.rubric_size)
+                        document=document, **size)
 
   def grader(self, task: str, criterion: str, response: str) -> prompts.Prompt:
     return self._prompt("grader", ("response", "task", "criterion"), task=task,
