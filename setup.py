@@ -13,7 +13,8 @@ setup(
     package_data={"scope_jax": ["prompts/**/*.txt", "data/bundled/*", "data/bundled/demo_model/*",
                                "data/bundled/reader_model/*", "data/bundled/solver_model/*",
                                "data/bundled/searcher_model/*",
-                               "data/bundled/judge_model/*"]},
+                               "data/bundled/judge_model/*",
+                               "data/bundled/verifier_model/*"]},
     install_requires=[
         "jax>=0.6",
         "flax>=0.10",

@@ -24,7 +24,11 @@ student's answers right; the teacher's always are), and scores each role and eac
 `--world`'s `attr_search` gold questions: how π-Play's `learn` start, the searcher model, is fitted.
 `--skill=play --format=scope` does the same for SCOPE's roles (`methods/scope/demos.py`: the
 Challenger, the Solver, and the Judge's gates, rubric and grades, `--grades` of each answer kind
-per question): how SCOPE's `learn` start, the judge model, is fitted.
+per question): how SCOPE's `learn` start, the judge model, is fitted. `--skill=play --format=asl`
+fits ASL's roles (`methods/asl/demos.py`: the PG asks about the entity it is given as a topic,
+the PM answers, the GRM says what the page states and judges `--grades` right and as many wrong
+answers), scoring each role's whole turns and, as `pm:last` and `grm:last`, the answer and the
+verdict alone: how ASL's `learn` start, the verifier model, is fitted.
 `--vote=K` (with `--format=opensir`) then samples K solutions of each held-out problem at
 temperature 1 and prints what OpenSIR's pseudo-label is worth: greedy and sampled pass@1, maj@K,
 and how often the majority is right at each level of agreement (the student is trained toward it).
@@ -47,6 +51,7 @@ and how often the majority is right at each level of agreement (the student is t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import time
@@ -60,6 +65,8 @@ import numpy as np  # noqa: E402
 from scope_jax import prompts as prompts_lib  # noqa: E402
 from scope_jax import sampling  # noqa: E402
 from scope_jax.data import DEMO_MODEL, READER_MODEL, SOLVER_MODEL  # noqa: E402
+from scope_jax.methods.asl import demos as asl_demos  # noqa: E402
+from scope_jax.methods.asl import prompts as asl_prompts  # noqa: E402
 from scope_jax.methods.opensir import demos as opensir_demos  # noqa: E402
 from scope_jax.methods.piplay import prompts as piplay_prompts  # noqa: E402
 from scope_jax.methods.piplay import rewards as piplay_rewards  # noqa: E402
@@ -185,6 +192,15 @@ def scope_examples(tokenizer, world: World, qs: list[dict], right_share: float =
                                           grades=grades, near_copies=near_copies)
 
 
+def asl_examples(tokenizer, world: World, qs: list[dict], right_share: float = 1.0,
+                 seed: int = 0, grades: int = 1, reasoning: str = "both") -> dict[str, list]:
+  """ASL's roles on each closed-class question in the `learn` preset's compact prompts and
+  <tool_call> syntax (`methods/asl/demos.world_demonstrations`), keyed by role."""
+  prompts = asl_prompts.Prompts(style="compact", syntax="qwen")
+  return asl_demos.world_demonstrations(tokenizer, prompts, world, qs, right_share, seed,
+                                        grades=grades, reasoning=reasoning)
+
+
 def opensir_example(skill: str, q: dict) -> tuple[list[dict], str]:
   """(chat messages, target) of `arith` in OpenSIR's student prompt: the worked sums, then the
   boxed answer in the sentence its student reward looks for, and the end of the turn (so a
@@ -212,6 +228,14 @@ def examples(tokenizer, world: World, qs: list[dict], skill: str = "doc", fmt: s
       prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     out.append(sft.demonstration(prompt_ids, [("generated", target)], tokenizer))
   return out
+
+
+def last_turn(demo):
+  """`demo` scored on its last generated turn alone (the answer or verdict, not the search)."""
+  start = next(s.start for s in reversed(demo.spans) if s.kind == "generated")
+  mask = demo.loss_mask.copy()
+  mask[:start] = 0
+  return dataclasses.replace(demo, loss_mask=mask)
 
 
 def exact_match(config, params, demos) -> float:
@@ -254,9 +278,10 @@ def main() -> None:
                  "directory, or <layers>x<width> initialised at random")
   p.add_argument("--skill", default="doc",
                  help="doc, attr, search, ask or arith; several, comma-separated, train together")
-  p.add_argument("--format", default="plain", choices=("plain", "piplay", "opensir", "scope"),
+  p.add_argument("--format", default="plain",
+                 choices=("plain", "piplay", "opensir", "scope", "asl"),
                  help="plain 'Question: … Search:' text, π-Play's chat prompts (search, ask, "
-                 "play), OpenSIR's student prompt (arith) or SCOPE's roles (play)")
+                 "play), OpenSIR's student prompt (arith), or SCOPE's or ASL's roles (play)")
   p.add_argument("--steps", type=int, default=2000)
   p.add_argument("--every", type=int, default=500)
   p.add_argument("--lr", type=float, default=3e-3)
@@ -270,12 +295,15 @@ def main() -> None:
   p.add_argument("--right_share", type=float, default=1.0, help="with --skill=play: the share of "
                  "the student's demonstrated answers that are right (the rest are wrong)")
   p.add_argument("--per_world", type=int, default=400, help="training questions per world")
-  p.add_argument("--grades", type=int, default=1, help="with --format=scope: right and wrong "
-                 "answers the Judge grades per question (each)")
+  p.add_argument("--grades", type=int, default=1, help="with --format=scope or asl: right and "
+                 "wrong answers the Judge (GRM) grades per question (each)")
   p.add_argument("--near_copies", action="store_true", help="with --format=scope: the source "
                  "gate also fails tasks that garble the entity's name")
-  p.add_argument("--roles", default="", help="with --format=scope: train only these roles "
-                 "(comma-separated; all of them when empty)")
+  p.add_argument("--grm_reasoning", default="both", choices=asl_demos.GRM_REASONING,
+                 help="with --format=asl: what the GRM says before its verdict (the page's fact "
+                 "and the answer, the fact alone, or nothing)")
+  p.add_argument("--roles", default="", help="with --format=scope or asl: train only these "
+                 "roles (comma-separated; all of them when empty)")
   args = p.parse_args()
   skills = args.skill.split(",")
   if unknown := set(skills) - set(SKILLS):
@@ -285,16 +313,23 @@ def main() -> None:
             "or play")
   if args.format == "opensir" and skills != ["arith"]:
     p.error("--format=opensir asks only the word problems: use --skill=arith")
-  if "play" in skills and (skills != ["play"] or args.format not in ("piplay", "scope")):
-    p.error("--skill=play is a method's roles on their own: use it alone, with --format=piplay "
-            "or --format=scope")
-  if args.format == "scope" and skills != ["play"]:
-    p.error("--format=scope asks SCOPE's roles: use --skill=play")
-  if args.format != "scope" and (args.roles or args.grades != 1 or args.near_copies):
-    p.error("--roles, --grades and --near_copies choose SCOPE's demonstrations: use them with "
-            "--skill=play --format=scope")
-  if unknown := set(filter(None, args.roles.split(","))) - set(scope_demos.WORLD_ROLES):
-    p.error(f"--roles: unknown role {sorted(unknown)}; use {', '.join(scope_demos.WORLD_ROLES)}")
+  if "play" in skills and (skills != ["play"] or args.format not in ("piplay", "scope", "asl")):
+    p.error("--skill=play is a method's roles on their own: use it alone, with --format=piplay, "
+            "scope or asl")
+  if args.format in ("scope", "asl") and skills != ["play"]:
+    p.error(f"--format={args.format} asks the method's roles: use --skill=play")
+  if args.format not in ("scope", "asl") and (args.roles or args.grades != 1):
+    p.error("--roles and --grades choose SCOPE's or ASL's demonstrations: use them with "
+            "--skill=play --format=scope or asl")
+  if args.format != "asl" and args.grm_reasoning != "both":
+    p.error("--grm_reasoning chooses ASL's GRM demonstrations: use it with --skill=play "
+            "--format=asl")
+  if args.format != "scope" and args.near_copies:
+    p.error("--near_copies chooses SCOPE's gate demonstrations: use it with --skill=play "
+            "--format=scope")
+  world_roles = asl_demos.WORLD_ROLES if args.format == "asl" else scope_demos.WORLD_ROLES
+  if unknown := set(filter(None, args.roles.split(","))) - set(world_roles):
+    p.error(f"--roles: unknown role {sorted(unknown)}; use {', '.join(world_roles)}")
   if args.vote and (args.format != "opensir" or args.vote < 2):
     p.error(f"--vote={args.vote}: the vote needs --format=opensir and at least 2 samples")
   tokenizer = load_tokenizer("demo")
@@ -307,6 +342,15 @@ def main() -> None:
         args.right_share, seed=s, grades=args.grades, near_copies=args.near_copies).items()
         if roles is None or role in roles for d in demos]
     held_out = scope_examples(tokenizer, held, held.gold["attr_search"][:args.limit])
+  elif skills == ["play"] and args.format == "asl":
+    train = [d for s in range(1000, 1000 + args.worlds) for role, demos in asl_examples(
+        tokenizer, World(s), World(s).questions(args.per_world, np.random.default_rng(s), "attr"),
+        args.right_share, seed=s, grades=args.grades, reasoning=args.grm_reasoning).items()
+        if roles is None or role in roles for d in demos]
+    held_out = asl_examples(tokenizer, held, held.gold["attr_search"][:args.limit], grades=2,
+                            reasoning=args.grm_reasoning)
+    held_out.update({f"{role}:last": [last_turn(d) for d in held_out[role]]
+                     for role in ("pm", "grm")})  # the answer or verdict alone
   elif skills == ["play"]:
     train = [d for s in range(1000, 1000 + args.worlds) for demos in play_examples(
         tokenizer, World(s), World(s).questions(args.per_world, np.random.default_rng(s), "attr"),

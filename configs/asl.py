@@ -11,6 +11,9 @@ Presets:
   demo   (default) the small demo model, format-warmed on ASL's demonstrations, compact prompts,
          the bundled corpus and its MiniLM index, topics from the corpus's categories, small
          phase targets: every phase runs within the demo's steps.
+  learn  ASL's loop at CPU scale on the synthetic world (docs/learning.md): the world's entities
+         as topics, one search result, the frozen start as the GRM, held-out pass@1 of the PM on
+         300 `world:attr_search` questions every 10 updates.
   paper  App. D for Qwen2.5-7B-Instruct: N = 128, K = 5, C = 0.8, M = 10, seed 37, |D_PM|
          targets 2,000 (iteration 0) and 4,000, E5 over the 2018 Wikipedia dump (paths from you).
 
@@ -22,8 +25,9 @@ caps the run; a resumed run continues in the phase it was in.
 import ml_collections
 
 from scope_jax import configs_base as base
+from scope_jax.data import VERIFIER_MODEL
 
-PRESETS = ("demo", "paper")
+PRESETS = ("demo", "learn", "paper")
 
 
 def phase_limits(min_steps: int, max_steps: int) -> ml_collections.ConfigDict:
@@ -142,6 +146,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.loss.micro_batch_rows = 8
     c.rollout.max_context = 2048
     c.rollout.max_prompt_tokens = 1536
+  elif preset == "learn":
+    learn(c)
   elif preset == "paper":
     c.model.source = "preset:qwen2.5-7b"  # replace with hf:<path> for the real weights
     c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
@@ -152,3 +158,37 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
     c.loss.micro_batch_rows = 4
   return c
+
+
+def learn(c: ml_collections.ConfigDict) -> None:
+  """The `learn` preset: ASL's PG and PM phases at CPU scale on the synthetic world's closed-class
+  facts, asked through one search and judged by the GRM, which searches too."""
+  a = c.asl
+  a.topics = "world"  # the world's people, organisations and countries, by name
+  a.syntax = "qwen"  # the paper's <tool_call> to `retrieve`
+  a.prompt_style = "compact"
+  a.grm_mode = "frozen"  # the start judges (the paper's frozen-GRM ablation; docs/learning.md)
+  a.pg_batch = 16
+  a.pm_batch = 16
+  a.group_size = 4
+  a.validity_samples = 5  # K, as in the paper: a pair is valid with 4 of 5 verdicts correct
+  a.pm_samples = 4  # M answers per valid question; D_PM keeps the ones the GRM splits
+  a.format_reward = False  # the compact prompts ask for no <think>
+  a.pm_target_first = 64
+  a.phase_end = "slope"  # with min = max below: fixed phase lengths
+  a.phases = ml_collections.ConfigDict(dict(
+      pg=phase_limits(4, 4), grm=phase_limits(1, 1), pm=phase_limits(30, 30)))
+  a.roles = ml_collections.ConfigDict(dict(
+      pg=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160),
+      pm=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160),
+      # The frozen judge is never trained: it samples near its greedy verdict.
+      grm=base.role(112, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=160)))
+  c.total_steps = 34  # one iteration: 4 PG updates, then 30 PM updates
+  c.retrieval.corpus = "world"
+  c.retrieval.topk = 1  # the page the query names: one result, as the start model was shown
+  base.world_learn(c, "attr_search", max_new_tokens=112)
+  # The verifier model already plays the three roles on other worlds: no warm-up on top of it,
+  # which would overwrite its copying with a few worlds' names (docs/learning.md).
+  c.model.source = f"hf:{VERIFIER_MODEL}"
+  c.warmup.steps = 0
+  c.warmup.world_seed = -1

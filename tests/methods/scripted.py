@@ -8,6 +8,7 @@ import numpy as np
 
 from scope_jax.sampling import SampleResult
 from scope_jax.sampling.stops import find_stop
+from scope_jax.world import entities as world_entities
 
 
 def search_call(query: str, prompt: str) -> str:
@@ -255,9 +256,11 @@ class ScriptedAslSampler(ScriptedSampler):
   """Plays ASL's three roles (compact or paper prompts, XML search; searches go to the real tool).
 
   PG: searches its topic (or the previous answer), then asks which entity that search returns
-  first, answered with the first retrieved title. PM: makes the same search and answers with the
-  first title 3 times in 5, else 'nothing'. GRM: makes the same search and says correct iff the
-  student's answer is the first title, flipped 1 time in 10. `pg_mode` makes the PG malformed
+  first, answered with the first retrieved title; where that title is the topic itself (the
+  world's topics name their own pages) it asks which closed-class fact the page states instead.
+  PM: makes the same search and answers with the first title (or the page's fact) 3 times in 5,
+  else 'nothing'. GRM: makes the same search and says correct iff the student's answer is that
+  title (or fact), flipped 1 time in 10. `pg_mode` makes the PG malformed
   ('no_question', 'empty_answer', 'answer_in_question'); `grm_garbage` makes every GRM output
   unparseable.
   """
@@ -271,8 +274,20 @@ class ScriptedAslSampler(ScriptedSampler):
 
   @staticmethod
   def _query(question):
-    found = re.search(r"does the search for (.*?) return first\?", question)
-    return found.group(1) if found else question
+    found = re.search(r"does the search for (.*?) return first\?|Which fact does the page of "
+                      r"(.*?) state\?", question)
+    return next(g for g in found.groups() if g) if found else question
+
+  @staticmethod
+  def _fact(response: str) -> str:
+    """The closed-class fact (profession, industry, language) the first retrieved page states."""
+    page = response.split("Doc 1(Title: ", 1)[1].split("\n", 1)[0]
+    return next((m for members in world_entities.CLASSES.values() for m in members
+                 if re.search(rf"\b{re.escape(m)}\b", page)), "nothing")
+
+  def _truth(self, question: str, response: str, first: list[str]) -> str:
+    return self._fact(response) if question.startswith("Which fact does the page of") \
+        else first[0]
 
   def _answer(self, text, rng):
     prompt, _, response = text.partition("<|im_start|>assistant\n")
@@ -289,6 +304,9 @@ class ScriptedAslSampler(ScriptedSampler):
         return search_call(query, prompt)
       query = last_query(response)
       question = f"Which entity does the search for {query} return first?"
+      if first[0] == query and self._fact(response) != "nothing":
+        question = f"Which fact does the page of {query} state?"
+        first = [self._fact(response)]
       if self.pg_mode == "no_question":
         return f"<answer>{first[0]}</answer>"
       if self.pg_mode == "empty_answer":
@@ -306,7 +324,8 @@ class ScriptedAslSampler(ScriptedSampler):
         return "<answer>I cannot decide.</answer>"
       student = re.search(r"Student's answer: (.*)|My student's answer is:\n(.*)\n", prompt)
       student = next(g for g in student.groups() if g)
-      right = (student.strip() == first[0]) != (rng.random() < self.grm_flip)
+      truth = self._truth(question, response, first)
+      right = (student.strip() == truth) != (rng.random() < self.grm_flip)
       return "<answer>conclusion: " + ("correct" if right else "wrong") + "</answer>"
-    name = first[0] if rng.random() < 0.6 else "nothing"
+    name = self._truth(question, response, first) if rng.random() < 0.6 else "nothing"
     return f"<answer>{name}</answer>"

@@ -62,7 +62,7 @@ def test_every_preset_loads(preset):
   a = c.asl
   assert c.method == "asl" and c.preset == preset
   assert (a.validity_threshold, a.pg_reward, a.grm_mode, a.slope_threshold) == (
-      0.8, "entropy", "co_trained", 0.05)
+      0.8, "entropy", "frozen" if preset == "learn" else "co_trained", 0.05)
   if preset == "paper":
     assert (a.pg_batch, a.grm_batch, a.pm_batch, a.group_size) == (32, 32, 32, 4)  # 128 rows
     assert (a.phase_end, tuple(a.plateau_window.values()), a.plateau_tolerance) == (
@@ -75,7 +75,7 @@ def test_every_preset_loads(preset):
     assert (a.syntax, a.prompt_style, a.topics) == ("qwen", "paper", "")
     assert c.model.source == "preset:qwen2.5-7b" and c.retrieval.topk == 3
     assert c.retrieval.encoder == "" and c.model.tokenizer == ""  # paths supplied by the user
-  else:
+  elif preset == "demo":
     assert (a.topics, a.syntax, a.prompt_style, c.warmup.steps) == ("corpus", "xml", "compact",
                                                                       3000)
 
@@ -489,3 +489,100 @@ def test_cli_sigkill_inside_a_phase_and_resume(tmp_path):
   assert sorted(a) == sorted(b)
   for step in a:
     assert _comparable(a[step]) == _comparable(b[step]), step
+
+
+# ------------------------------------------------------------------------- the learn preset
+
+def test_world_topics_are_the_entities_with_a_closed_class_fact():
+  from scope_jax.world import World  # pylint: disable=import-outside-toplevel
+  world = World(5)
+  topics = P.load_topics("world", 5)
+  kinds = {d.title: d.id.split(":")[0] for d in world.documents}
+  assert len(topics) == 160 + 60 + 8  # people, organisations, countries; no cities
+  assert {kinds[t] for t in topics} == {"person", "organisation", "country"}
+  assert topics != P.load_topics("world", 6)
+
+
+def test_the_verifier_model_was_shown_the_learn_presets_own_prompts(tmp_path):
+  """The bench that fits the `learn` preset's start (`bench/world_reading.py --format=asl`)
+  shows each role exactly the prompt tokens the run builds with the preset's prompts, then the
+  preset's search action, and its final tags parse as the run parses them."""
+  from bench import world_reading  # pylint: disable=import-outside-toplevel
+  from scope_jax.world import World  # pylint: disable=import-outside-toplevel
+  c = asl_config.get_config("learn")
+  c.progress = False
+  rt = runtime.Runtime(c, str(tmp_path))
+  method = asl.Asl(rt)
+  world = World(7)
+  questions = world.questions(3, np.random.default_rng(0), "attr")
+  demos = world_reading.asl_examples(rt.tokenizer, world, questions, grades=1)
+  by_id = {d.id: d for d in world.documents}
+  roles, prompts = method.roles, method.prompts
+  for i, q in enumerate(questions):
+    doc, gold = by_id[q["support"][0]], q["gold"][0]
+    wrong = rt.tokenizer.decode(demos["grm"][2 * i + 1].tokens).split("Student's answer: ")[1]
+    wrong = wrong.split("<|im_end|>")[0].strip()
+    expected = {
+        "pg": (roles["pg"].prompt(prompts.pg({"topic": doc.title}, 0)), demos["pg"][i]),
+        "pm": (roles["pm"].prompt(method.answer_prompt(q["question"], "qa_search")),
+               demos["pm"][i]),
+        "grm_right": (roles["grm"].prompt(prompts.grm(q["question"], gold)), demos["grm"][2 * i]),
+        "grm_wrong": (roles["grm"].prompt(prompts.grm(q["question"], wrong)),
+                      demos["grm"][2 * i + 1])}
+    for name, (want, demo) in expected.items():
+      assert list(demo.tokens[:len(want)]) == list(want), (name, q["question"])
+      turns = [s.text for s in demo.spans if s.kind == "generated"]
+      assert turns[0] == asl_demos.search_action(doc.title, "qwen"), (name, turns[0])
+    final = lambda demo: [s.text for s in demo.spans if s.kind == "generated"][-1]
+    task, error = R.parse_task(final(demos["pg"][i]))
+    assert error is None and (task.question, task.answer) == (q["question"], gold)
+    assert R.parse_verdict(final(demos["grm"][2 * i])) == 1
+    assert R.parse_verdict(final(demos["grm"][2 * i + 1])) == 0 and wrong != gold
+
+
+def test_world_demonstrations_show_each_role_its_share():
+  """Per question: one PG and one PM turn, and `grades` right and as many wrong answers judged;
+  the PM's answers are right in `right_share` of them."""
+  from scope_jax.tokenizer import load_tokenizer  # pylint: disable=import-outside-toplevel
+  from scope_jax.world import World  # pylint: disable=import-outside-toplevel
+  world = World(3)
+  questions = world.questions(40, np.random.default_rng(0), "attr")
+  tok = load_tokenizer("demo")
+  demos = asl_demos.world_demonstrations(tok, P.Prompts("compact", "qwen"), world, questions,
+                                         right_share=0.0, grades=2)
+  assert {k: len(v) for k, v in demos.items()} == {"pg": 40, "pm": 40, "grm": 160}
+  assert asl_demos.verdict("surgeon", "botanist") == (
+      "The page says surgeon. The answer is botanist.\n<answer>conclusion: wrong</answer>")
+  assert R.parse_verdict(asl_demos.verdict("surgeon", "surgeon")) == 1
+  last = lambda d: [s.text for s in d.spans if s.kind == "generated"][-1]
+  assert [R.parse_verdict(last(d)) for d in demos["grm"]] == [1, 1, 0, 0] * 40
+  assert last(demos["grm"][0]).startswith(f"The page says {questions[0]['gold'][0]}. The answer "
+                                          f"is {questions[0]['gold'][0]}.\n<answer>")
+  golds = [q["gold"][0] for q in questions]
+  answers = [tok.decode(d.tokens).rsplit("<answer>", 1)[1].split("</answer>")[0]
+             for d in demos["pm"]]
+  assert not any(a == g for a, g in zip(answers, golds))  # right_share = 0: every one wrong
+  right = asl_demos.world_demonstrations(tok, P.Prompts("compact", "qwen"), world, questions)
+  assert [tok.decode(d.tokens).rsplit("<answer>", 1)[1].split("</answer>")[0]
+          for d in right["pm"]] == golds
+
+
+def test_the_learn_preset_starts_from_the_shipped_verifier_model():
+  """The verifier model ships with the package (a few MB, listed in setup.py's package data)
+  and has the demo model's shape; the preset adds no warm-up, judges with the frozen start and
+  runs one PG phase and one PM phase of fixed lengths."""
+  from scope_jax.data import DEMO_MODEL, VERIFIER_MODEL  # pylint: disable=import-outside-toplevel
+  from scope_jax.models import hf_io  # pylint: disable=import-outside-toplevel
+  c = asl_config.get_config("learn")
+  assert c.model.source == f"hf:{VERIFIER_MODEL}" and c.warmup.steps == 0
+  assert (VERIFIER_MODEL / "model.safetensors").stat().st_size < 8 * 2**20
+  assert "data/bundled/verifier_model/*" in open(os.path.join(ROOT, "setup.py")).read()
+  verifier, params = hf_io.load_hf(VERIFIER_MODEL)
+  shape, demo_params = hf_io.load_hf(DEMO_MODEL)
+  assert verifier == shape
+  chex.assert_trees_all_equal_shapes(params, demo_params)
+  a = c.asl
+  assert (a.grm_mode, a.topics, a.phase_end) == ("frozen", "world", "slope")
+  assert (a.phases.pg.min_steps, a.phases.pg.max_steps) == (4, 4)
+  assert (a.phases.pm.min_steps, a.phases.pm.max_steps) == (30, 30)
+  assert c.total_steps == 4 + 30

@@ -68,7 +68,7 @@ def test_every_preset_is_wired(method, preset, overrides, tmp_path):
   # Every phase ran and an update was applied.
   if method in PHASES:
     key, phases = PHASES[method]
-    if not (method == "asl" and overrides.get("asl.grm_mode") in ("no_grm_phase", "frozen")):
+    if not (method == "asl" and config.asl.grm_mode in ("no_grm_phase", "frozen")):
       assert set(m[key]) == phases, m[key]
   applied = [x for k, v in m.items() if k.endswith("train/applied") for x in v]
   assert applied and max(applied) == 1.0, applied

@@ -85,7 +85,8 @@ class Asl(Method):
            "asl.group_size": 2, "asl.validity_samples": 2,
            # M = 4: D_PM keeps questions whose answers the GRM splits (r_PG > 0), rare at M = 2
            "asl.pm_samples": 4,
-           "asl.pm_target_first": 1, "asl.pm_target": 1, "asl.phases.pg.max_steps": 1,
+           "asl.pm_target_first": 1, "asl.pm_target": 1, "asl.phases.pg.min_steps": 1,
+           "asl.phases.pg.max_steps": 1,
            "asl.phases.grm.min_steps": 1, "asl.phases.grm.max_steps": 1,
            "asl.phases.pm.min_steps": 1, "asl.phases.pm.max_steps": 1}
 
@@ -101,7 +102,7 @@ class Asl(Method):
   @classmethod
   def check(cls, c) -> None:
     a = c.asl
-    P.load_topics(a.topics)
+    P.load_topics(a.topics, c.world.seed)
     if not 0.0 <= a.validity_threshold <= 1.0 or (a.validity_threshold == 1.0
                                                    and not a.validity_inclusive):
       raise ValueError(f"asl.validity_threshold={a.validity_threshold} must be in [0, 1] (below 1 "
@@ -135,7 +136,7 @@ class Asl(Method):
     self.cfg = cfg = rt.config.asl
     self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed)
     self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax)
-    self.topics = P.load_topics(cfg.topics)
+    self.topics = P.load_topics(cfg.topics, rt.config.world.seed)
     self.verification = load_verification(cfg.verification_data) \
         if cfg.verification_share > 0 else []
     self.parse = ParseGuard()
@@ -162,6 +163,10 @@ class Asl(Method):
 
   def demonstrations(self, rng):
     return asl_demos.demonstrations(self, rng)
+
+  def answer_prompt(self, question: str, kind: str):
+    """The PM's prompt for a held-out search question (`eval.prompt='role'`)."""
+    return self.prompts.pm(question) if kind == "qa_search" else None
 
   # ------------------------------------------------------------------------------ roles
   def judge(self, pairs: list[tuple[str, str]], k: int) -> list[list[int | None]]:

@@ -1,4 +1,5 @@
-"""Format demonstrations of ASL's three roles for the demo warm-up (`core/warmup.py`).
+"""Demonstrations of ASL's three roles: the formats for the demo warm-up (`core/warmup.py`), and
+the world's closed-class facts for fitting the `learn` preset's start (`world_demonstrations`).
 
 The paper starts from Qwen2.5-7B-Instruct, which already searches and writes `<question>`,
 `<answer>` and "conclusion: correct/wrong" when asked. The demo's small model learns the formats
@@ -21,8 +22,10 @@ from scope_jax.retrieval.corpus import Passage
 from scope_jax.methods.asl import rewards as R
 from scope_jax.rewards.match import normalize
 from scope_jax.rl import sft
+from scope_jax.rollout.agent import render_chat
 from scope_jax.rollout.search_agent import observation_ids
 from scope_jax.rollout.types import Trajectory
+from scope_jax.world import entities as E
 
 PHRASE_WORDS = 8
 
@@ -107,3 +110,53 @@ class _Demos:
 
 def demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
   return _Demos(method, rng).build(method.rt.config.warmup.documents)
+
+
+# ------------------------------------------------------------------------------ world demos
+
+WORLD_ROLES = ("pg", "pm", "grm")
+
+
+GRM_REASONING = ("both", "page", "none")  # what the GRM's demonstrated turn says before its verdict
+
+
+def verdict(fact: str, response: str, reasoning: str = "both") -> str:
+  """The GRM's last turn: what the page states and what the answer was ('both'), the page alone
+  ('page') or nothing ('none'), then its verdict (Fig. 12's "conclusion: correct/wrong"). Naming
+  both turns the judgment into comparing two words side by side: a small model does not learn
+  to compare an answer with a page it read a hundred tokens later (docs/learning.md)."""
+  said = {"both": f"The page says {fact}. The answer is {response}.\n",
+          "page": f"The page says {fact}.\n", "none": ""}[reasoning]
+  return f"{said}<answer>conclusion: {'correct' if response == fact else 'wrong'}</answer>"
+
+
+def world_demonstrations(tokenizer, prompts, world, questions, right_share: float = 1.0,
+                         seed: int = 0, max_obs: int = 160, grades: int = 1,
+                         reasoning: str = "both") -> dict[str, list[Trajectory]]:
+  """ASL's three roles on each of `world`'s closed-class questions, whole turns with one search
+  result, keyed by role: the PG is given the entity's name as its topic, searches it and writes
+  the question with the fact its page states; the PM searches the name and answers (right in
+  `right_share` of them, else another member of the fact's class); the GRM searches the name,
+  says what the page states and what the answer was (`reasoning`, `verdict`), and judges
+  `grades` right and as many wrong answers. How the `learn`
+  preset's start is fitted, on other worlds (`bench/world_reading.py --format=asl`)."""
+  rng = np.random.default_rng(seed)
+  eos = "<|im_end|>"
+  chat = lambda prompt: render_chat(tokenizer, [{"role": "user", "content": prompt.text()}])
+  by_id = {d.id: d for d in world.documents}
+  out = {role: [] for role in WORLD_ROLES}
+  for q in questions:
+    doc, gold, question = by_id[q["support"][0]], q["gold"][0], q["question"]
+    turn = lambda role, prompt, final: out[role].append(sft.demonstration(chat(prompt), [
+        ("generated", search_action(doc.title, prompts.syntax)),
+        ("observation", observation_ids(tokenizer, [doc], prompts.syntax, max_obs)),
+        ("generated", final + eos)], tokenizer))
+    wrong = E.other_members(gold)
+    pick = lambda: str(wrong[rng.integers(len(wrong))]) if wrong else gold
+    reply = gold if rng.random() < right_share else pick()
+    turn("pg", prompts.pg({"topic": doc.title}, 0),
+         f"<question>{question}</question>\n<answer>{gold}</answer>")
+    turn("pm", prompts.pm(question), f"<answer>{reply}</answer>")
+    for response in [gold] * grades + [pick() for _ in range(grades)]:
+      turn("grm", prompts.grm(question, response), verdict(gold, response, reasoning))
+  return out

@@ -19,6 +19,7 @@ from scope_jax import prompts
 from scope_jax.data import ASL_TOPICS
 from scope_jax.retrieval import demo_corpus as demo
 from scope_jax.methods.asl import rewards as R
+from scope_jax.world import World
 
 STYLES = {"paper": "asl", "compact": "asl_compact"}  # prompt style → template directory
 SYNTAXES = ("xml", "qwen")
@@ -38,17 +39,28 @@ HOP = {
                            "as the holiest city in Judaism?' (Jerusalem)."),
 }
 MAX_TOPIC_CHARS = 200
+WORLD_TOPIC_KINDS = ("person", "organisation", "country")
 
 
-def load_topics(spec: str) -> list[str]:
+def world_topics(seed: int) -> list[str]:
+  """World `seed`'s people, organisations and countries by name: the entities whose pages state
+  a closed-class fact (profession, industry, language) to ask about."""
+  return [d.title for d in World(seed).documents if d.id.split(":", 1)[0] in WORLD_TOPIC_KINDS]
+
+
+def load_topics(spec: str, world_seed: int = 0) -> list[str]:
   """Topics for iteration-0 meta prompts: '' = the shipped list, 'corpus' = the bundled corpus's
-  categories (the demo), else a text file with one topic per line ('#' starts a comment)."""
+  categories (the demo), 'world' = the entities of world `world_seed` (`world_topics`), else a
+  text file with one topic per line ('#' starts a comment)."""
   if spec == "corpus":
     return demo.demo_categories()
+  if spec == "world":
+    return world_topics(world_seed)
   path = SHIPPED_TOPICS if not spec else pathlib.Path(spec).expanduser()
   if not path.exists():
     raise ValueError(f"asl.topics={spec!r}: no such file; give a text file with one topic per "
-                     "line, 'corpus' (the bundled corpus's categories) or '' (the shipped list).")
+                     "line, 'corpus' (the bundled corpus's categories), 'world' (the world's "
+                     "entities) or '' (the shipped list).")
   topics = []
   for line in path.read_text(encoding="utf-8").splitlines():
     line = line.split("#", 1)[0].strip()
