@@ -20,6 +20,7 @@ from scope_jax.core import runner
 from scope_jax.core import runtime
 from scope_jax.methods.asl import prompts as P
 from scope_jax.methods.asl import rewards as R
+from tests.methods import bundled
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedAslSampler, play_all_roles
 
@@ -571,16 +572,9 @@ def test_the_learn_preset_starts_from_the_shipped_verifier_model():
   """The verifier model ships with the package (a few MB, listed in setup.py's package data)
   and has the demo model's shape; the preset adds no warm-up, judges with the frozen start and
   runs one PG phase and one PM phase of fixed lengths."""
-  from scope_jax.data import DEMO_MODEL, VERIFIER_MODEL  # pylint: disable=import-outside-toplevel
-  from scope_jax.models import hf_io  # pylint: disable=import-outside-toplevel
+  from scope_jax.data import VERIFIER_MODEL  # pylint: disable=import-outside-toplevel
   c = asl_config.get_config("learn")
-  assert c.model.source == f"hf:{VERIFIER_MODEL}" and c.warmup.steps == 0
-  assert (VERIFIER_MODEL / "model.safetensors").stat().st_size < 8 * 2**20
-  assert "data/bundled/verifier_model/*" in open(os.path.join(ROOT, "setup.py")).read()
-  verifier, params = hf_io.load_hf(VERIFIER_MODEL)
-  shape, demo_params = hf_io.load_hf(DEMO_MODEL)
-  assert verifier == shape
-  chex.assert_trees_all_equal_shapes(params, demo_params)
+  bundled.assert_learn_starts_from(c, VERIFIER_MODEL)
   a = c.asl
   assert (a.grm_mode, a.topics, a.phase_end) == ("frozen", "world", "slope")
   assert (a.phases.pg.min_steps, a.phases.pg.max_steps) == (4, 4)

@@ -33,6 +33,7 @@ from scope_jax.rl import learner as learner_lib
 from scope_jax.rollout.types import Trajectory
 from scope_jax.world import World
 from scope_jax.world import entities as E
+from tests.methods import bundled
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedPiPlaySampler, play_all_roles
 
@@ -612,14 +613,5 @@ def test_the_control_permutes_the_teachers_inputs_as_well_as_the_advantages(tmp_
 def test_the_learn_preset_starts_from_the_shipped_searcher_model():
   """The searcher model ships with the package (a few MB, listed in setup.py's package data) and
   has the demo model's shape, so the demo tokenizer fits it; the preset adds no warm-up."""
-  from scope_jax.data import DEMO_MODEL, SEARCHER_MODEL  # pylint: disable=import-outside-toplevel
-  from scope_jax.models import hf_io  # pylint: disable=import-outside-toplevel
-  c = piplay_config.get_config("learn")
-  assert c.model.source == f"hf:{SEARCHER_MODEL}" and c.warmup.steps == 0
-  assert (SEARCHER_MODEL / "model.safetensors").stat().st_size < 8 * 2**20
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  assert "data/bundled/searcher_model/*" in open(os.path.join(root, "setup.py")).read()
-  searcher, params = hf_io.load_hf(SEARCHER_MODEL)
-  demo, demo_params = hf_io.load_hf(DEMO_MODEL)
-  assert searcher == demo
-  chex.assert_trees_all_equal_shapes(params, demo_params)
+  from scope_jax.data import SEARCHER_MODEL  # pylint: disable=import-outside-toplevel
+  bundled.assert_learn_starts_from(piplay_config.get_config("learn"), SEARCHER_MODEL)

@@ -22,6 +22,7 @@ from scope_jax.methods.scope import demos as scope_demos
 from scope_jax.methods.scope import prompts as P
 from scope_jax.methods.scope import rewards as R
 from scope_jax.rollout import search_agent
+from tests.methods import bundled
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedScopeSampler, play_all_roles
 
@@ -513,16 +514,8 @@ def test_the_judge_model_was_shown_the_learn_presets_own_prompts(tmp_path):
 def test_the_learn_preset_starts_from_the_shipped_judge_model():
   """The judge model ships with the package (a few MB, listed in setup.py's package data) and
   has the demo model's shape; the preset adds no warm-up and asks for a one-criterion rubric."""
-  from scope_jax.data import DEMO_MODEL, JUDGE_MODEL  # pylint: disable=import-outside-toplevel
-  from scope_jax.models import hf_io  # pylint: disable=import-outside-toplevel
-  c = scope_config.get_config("learn")
-  assert c.model.source == f"hf:{JUDGE_MODEL}" and c.warmup.steps == 0
-  assert (JUDGE_MODEL / "model.safetensors").stat().st_size < 8 * 2**20
-  assert "data/bundled/judge_model/*" in open(os.path.join(ROOT, "setup.py")).read()
-  judge, params = hf_io.load_hf(JUDGE_MODEL)
-  shape, demo_params = hf_io.load_hf(DEMO_MODEL)
-  assert judge == shape
-  chex.assert_trees_all_equal_shapes(params, demo_params)
+  from scope_jax.data import JUDGE_MODEL  # pylint: disable=import-outside-toplevel
+  bundled.assert_learn_starts_from(scope_config.get_config("learn"), JUDGE_MODEL)
   assert "one criterion" in P.Prompts("compact", max_criteria=1).rubric(
       "Q?", demo.demo_passages()[0]).text()
 
