@@ -24,7 +24,8 @@ student's answers right; the teacher's always are), and scores each role and eac
 `--world`'s `attr_search` gold questions: how π-Play's `learn` start, the searcher model, is fitted.
 `--skill=play --format=scope` does the same for SCOPE's roles (`methods/scope/demos.py`: the
 Challenger, the Solver, and the Judge's gates, rubric and grades, `--grades` of each answer kind
-per question): how SCOPE's `learn` start, the judge model, is fitted. `--skill=play --format=asl`
+per question, `--grader_reasoning` before each score): how SCOPE's `learn` start, the judge model,
+is fitted. `--skill=play --format=asl`
 fits ASL's roles (`methods/asl/demos.py`: the PG asks about the entity it is given as a topic,
 the PM answers, the GRM says what the page states and judges `--grades` right and as many wrong
 answers), scoring each role's whole turns and, as `pm:last` and `grm:last`, the answer and the
@@ -183,13 +184,15 @@ def play_examples(tokenizer, world: World, qs: list[dict], right_share: float = 
 
 
 def scope_examples(tokenizer, world: World, qs: list[dict], right_share: float = 1.0,
-                   seed: int = 0, grades: int = 1, near_copies: bool = False) -> dict[str, list]:
+                   seed: int = 0, grades: int = 1, near_copies: bool = False,
+                   reasoning: str = "none") -> dict[str, list]:
   """SCOPE's roles on each closed-class question in the `learn` preset's compact prompts and
   <tool_call> syntax (`methods/scope/demos.world_demonstrations`), keyed by role."""
   prompts = scope_prompts.Prompts(style="compact", syntax="qwen", max_doc_chars=400,
                                   task_form="plain", max_criteria=1)
   return scope_demos.world_demonstrations(tokenizer, prompts, world, qs, right_share, seed,
-                                          grades=grades, near_copies=near_copies)
+                                          grades=grades, near_copies=near_copies,
+                                          grader_reasoning=reasoning)
 
 
 def asl_examples(tokenizer, world: World, qs: list[dict], right_share: float = 1.0,
@@ -302,6 +305,9 @@ def main() -> None:
   p.add_argument("--grm_reasoning", default="both", choices=asl_demos.GRM_REASONING,
                  help="with --format=asl: what the GRM says before its verdict (the page's fact "
                  "and the answer, the fact alone, or nothing)")
+  p.add_argument("--grader_reasoning", default="none", choices=scope_demos.GRADER_REASONING,
+                 help="with --format=scope: the grader's reason before its score, a word (none) or "
+                 "the criterion's fact and the answer side by side (both)")
   p.add_argument("--roles", default="", help="with --format=scope or asl: train only these "
                  "roles (comma-separated; all of them when empty)")
   args = p.parse_args()
@@ -324,6 +330,9 @@ def main() -> None:
   if args.format != "asl" and args.grm_reasoning != "both":
     p.error("--grm_reasoning chooses ASL's GRM demonstrations: use it with --skill=play "
             "--format=asl")
+  if args.format != "scope" and args.grader_reasoning != "none":
+    p.error("--grader_reasoning chooses SCOPE's grader demonstrations: use it with --skill=play "
+            "--format=scope")
   if args.format != "scope" and args.near_copies:
     p.error("--near_copies chooses SCOPE's gate demonstrations: use it with --skill=play "
             "--format=scope")
@@ -339,9 +348,10 @@ def main() -> None:
   if skills == ["play"] and args.format == "scope":
     train = [d for s in range(1000, 1000 + args.worlds) for role, demos in scope_examples(
         tokenizer, World(s), World(s).questions(args.per_world, np.random.default_rng(s), "attr"),
-        args.right_share, seed=s, grades=args.grades, near_copies=args.near_copies).items()
-        if roles is None or role in roles for d in demos]
-    held_out = scope_examples(tokenizer, held, held.gold["attr_search"][:args.limit])
+        args.right_share, seed=s, grades=args.grades, near_copies=args.near_copies,
+        reasoning=args.grader_reasoning).items() if roles is None or role in roles for d in demos]
+    held_out = scope_examples(tokenizer, held, held.gold["attr_search"][:args.limit],
+                              reasoning=args.grader_reasoning)
   elif skills == ["play"] and args.format == "asl":
     train = [d for s in range(1000, 1000 + args.worlds) for role, demos in asl_examples(
         tokenizer, World(s), World(s).questions(args.per_world, np.random.default_rng(s), "attr"),

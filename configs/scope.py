@@ -73,6 +73,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.task_form = "plain"  # released: the <task> text is the task; 'question': a <question> inside
   s.rubric_sees_searches = True  # released: the rubric Judge reads the Challenger's search
   # results after the source document (the paper's text: the document alone)
+  s.retrievable_tasks = False  # True: a task whose question, searched as it stands, does not
+  # bring back its source document fails the quality gate before the Judge sees it
   s.stage1_solver_sampling = (0.7, 0.9)  # (T, top-p) of the Solver rollouts behind a Stage-1
   # ḡ, as released (they are not trained on); () = the Solver role's own settings
   s.task_set = ml_collections.ConfigDict()
@@ -191,9 +193,10 @@ def learn(c: ml_collections.ConfigDict) -> None:
   s.min_criteria = 1  # a closed-class fact is one criterion: the answer names it
   s.max_criteria = 1
   s.rubric_sees_searches = False  # the source document states the fact
+  s.retrievable_tasks = True  # the task must name its entity well enough to find its page
   s.stage1_solver_sampling = ()  # the Solver's own sampling, as it trains
   s.task_set.solver_rollouts = 4
-  s.task_set.samples_per_document = 2
+  s.task_set.samples_per_document = 4  # as released
   s.task_set.candidates_per_round = 64
   s.task_set.max_rounds = 4  # the world's 268 documents after Stage 1's 32, the last 20 again
   # (at most one task per document: the set stays under its target of 480)
@@ -202,7 +205,8 @@ def learn(c: ml_collections.ConfigDict) -> None:
       solver=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160),
       gate=base.role(24, temperature=0.0, top_p=1.0),
       rubric=base.role(48, temperature=0.0, top_p=1.0),
-      grader=base.role(24, temperature=0.6, top_p=1.0)))
+      grader=base.role(64, temperature=0.6, top_p=1.0)))  # the fact and the answer, then
+  # the verdict (`demos.grade_turn`)
   c.retrieval.corpus = "world"
   c.retrieval.topk = 1  # the page the query names: one result, as the start model was shown
   base.world_learn(c, "attr_search", max_new_tokens=112)

@@ -281,6 +281,33 @@ def test_task_set_and_solver_step(tmp_path):
   assert m.task_sets["0"] == tasks
 
 
+def test_retrievable_tasks_gate_before_the_judge(tmp_path):
+  """`scope.retrievable_tasks`: a task whose question, searched, does not bring back its source
+  document fails the gate, and the Judge is never asked about it."""
+  c = small_config(**{"scope.retrievable_tasks": True, "retrieval.topk": 1})
+  rt = runtime.Runtime(c, str(tmp_path))
+  m = scope.Scope(rt)
+  sampler = RecordingScopeSampler(rt.tokenizer)
+  play_all_roles(rt, sampler)
+  cands = m.propose(m.stage1_prompts(0)[:2], 2)
+  own, other = cands[0], cands[1]
+  assert own.doc.id != m.passages[-1].id
+  own.question = f"{own.doc.title}: {own.doc.text}"  # names its document outright
+  other.question = f"{m.passages[-1].title}: {m.passages[-1].text}"  # another document's page
+  for x in cands[2:]:
+    x.fmt = 0.0  # not well formed: never searched or judged
+  sampler.log.clear()
+  m.evaluate(cands, 2, scope.GradeStats())
+  assert own.found_source is True and other.found_source is False
+  assert all(x.found_source is None for x in cands[2:])
+  assert own.gate and not other.gate and own.criteria
+  gate_prompts = [t for texts, *_ in sampler.log for t in texts if other.question in t]
+  assert not gate_prompts  # the Judge never saw the unretrievable task
+  assert any(own.question in t for texts, *_ in sampler.log for t in texts)
+  off = scope.Scope(runtime.Runtime(small_config(**{"retrieval.topk": 1}), str(tmp_path / "off")))
+  assert not off.cfg.retrievable_tasks  # the paper presets keep the Judge's gates alone
+
+
 def test_task_set_samples_each_document_several_times(tmp_path):
   """As released (N_ROLLOUTS=4, MAX_TASKS_PER_PROMPT=1): k Challenger samples per document, at
   most one task kept per document."""
@@ -487,7 +514,7 @@ def test_the_judge_model_was_shown_the_learn_presets_own_prompts(tmp_path):
   method = scope.Scope(rt)
   world = World(7)
   questions = world.questions(3, np.random.default_rng(0), "attr")
-  demos = world_reading.scope_examples(rt.tokenizer, world, questions)
+  demos = world_reading.scope_examples(rt.tokenizer, world, questions, reasoning="both")
   by_id = {d.id: d for d in world.documents}
   prompts, roles = method.prompts, method.roles
   for i, q in enumerate(questions):
@@ -509,6 +536,12 @@ def test_the_judge_model_was_shown_the_learn_presets_own_prompts(tmp_path):
     rubric = rt.tokenizer.decode(demos["rubric"][i].tokens[len(expected["rubric"][0]):])
     criteria = R.parse_rubrics(rubric, c.scope.min_criteria, c.scope.max_criteria)
     assert [x.text for x in criteria] == [scope_demos.criterion(gold)]
+    for k, demo in enumerate(demos["grader"][2 * i:2 * i + 2]):  # a right and a wrong answer
+      turn = demo.tokens[len(expected["grader"][0]) if k == 0 else 0:]
+      said = rt.tokenizer.decode(turn).rsplit("<|im_start|>assistant\n", 1)[-1]
+      assert len(rt.tokenizer.encode(said, add_special_tokens=False)) <= \
+          c.scope.roles.grader.max_new_tokens, said  # the whole turn fits the role's budget
+      assert R.parse_binary_grade(said) == int(k == 0), said
 
 
 def test_the_learn_preset_starts_from_the_shipped_judge_model():
@@ -542,3 +575,16 @@ def test_world_demonstrations_show_each_role_its_share():
   verdicts = [tok.decode(d.tokens).rsplit("<score>", 1)[1][0] for d in demos["grader"]]
   assert verdicts == ["1", "1", "0", "0"] * 3
   assert scope_demos.near_copy("Theal Thoukrio", "Pezux Holdings") == "Theal Toldings"
+
+
+def test_the_grader_turn_names_the_fact_and_the_answer_side_by_side():
+  """By hand: the one-word reason and the side-by-side one, each ending in the verdict the
+  parser reads."""
+  assert scope_demos.grade_turn("botanist", "botanist") == \
+      "<think>Covered.</think>\n<score>1</score>"
+  both = scope_demos.grade_turn("botanist", "surgeon", "both")
+  assert both == ("<think>The criterion asks for botanist. The answer is surgeon.</think>\n"
+                  "<score>0</score>")
+  assert R.parse_binary_grade(both) == 0
+  assert R.parse_binary_grade(scope_demos.grade_turn("rail transport", "rail transport",
+                                                     "both")) == 1

@@ -54,6 +54,7 @@ class Candidate:
   traj: Trajectory | None = None
   question: str | None = None  # the <question> of a well-formed <task>
   fmt: float = 0.0
+  found_source: bool | None = None  # the question, searched, brings its document (when checked)
   gate: bool = False
   gate_malformed: bool = False
   criteria: list[R.Criterion] | None = None
@@ -253,6 +254,9 @@ class Scope(Method):
     top-p if given) → grades → ḡ (in place)."""
     cfg = self.cfg
     live = [c for c in cands if c.fmt > 0 and c.question]
+    if cfg.retrievable_tasks:  # identifiability checked by the search tool, before the Judge
+      self._find_sources(live)
+      live = [c for c in live if c.found_source]
     gate_texts = [g for c in live for g in self.prompts.gates(c.question, c.doc)]
     verdicts = [self.guard(R.parse_binary_grade, t, malformed=None)
                 for t in self.judge(gate_texts, "gate")]
@@ -278,6 +282,13 @@ class Scope(Method):
     for c in ready:
       c.g_bar = R.mean_grade(c.grades, [bool(t.final("answer")) for t in c.rollouts],
                              answered_only=cfg.rewards_as_released)
+
+  def _find_sources(self, cands: Sequence[Candidate]) -> None:
+    """Marks whether each task's question, searched as it stands, brings back its source
+    document among the results a search returns (`scope.retrievable_tasks`)."""
+    rows = self.tool.retrieve([c.question for c in cands]) if cands else []
+    for c, hits in zip(cands, rows):
+      c.found_source = any(p.id == c.doc.id for p, _ in hits)
 
   def _found(self, c: Candidate) -> list[str]:
     """The search results the Challenger read, for the rubric Judge (`scope.rubric_sees_searches`)."""
@@ -371,6 +382,7 @@ class Scope(Method):
     n = max(len(cands_all), 1)
     metrics.update({"taskset/candidates": len(cands_all), "taskset/rounds": rounds,
                     "taskset/share_gate_passed": sum(c.gate for c in cands_all) / n,
+                    "taskset/share_found_source": sum(bool(c.found_source) for c in cands_all) / n,
                     "taskset/share_in_window": len(tasks) / n})
     metrics.update(metrics_lib.summarize([c.g_bar for c in cands_all if c.g_bar is not None],
                                          "taskset/g_bar"))
@@ -413,6 +425,8 @@ class Scope(Method):
     asked = [c for c in cands if c.question and c.fmt > 0]
     m["challenger/share_task"] = len(asked) / n
     m["challenger/share_gate_passed"] = sum(c.gate for c in cands) / n
+    if self.cfg.retrievable_tasks:
+      m["challenger/share_found_source"] = sum(bool(c.found_source) for c in asked) / max(len(asked), 1)
     m["challenger/share_gate_malformed"] = sum(c.gate_malformed for c in asked) / max(len(asked), 1)
     gated = [c for c in cands if c.gate]
     if gated:
@@ -436,7 +450,8 @@ class Scope(Method):
            "required searches": c.required, "format": f"{c.fmt:.3f}",
            "searches": [call.queries for call in c.traj.tool_calls] if c.traj else [],
            "challenger output": c.traj.response_text()[-1500:] if c.traj else "",
-           "question": c.question, "gate passed": c.gate, "reward": f"{c.reward:.3f}"}
+           "question": c.question, "found source": c.found_source, "gate passed": c.gate,
+           "reward": f"{c.reward:.3f}"}
     if c.criteria is not None or c.rubric_text:
       rec["rubric"] = "\n".join(f"[{x.priority}] {x.text}" for x in c.criteria or []) or (
           "(malformed) " + c.rubric_text[-400:])

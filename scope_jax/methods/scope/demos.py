@@ -162,6 +162,20 @@ def criterion(answer: str) -> str:
   return f"Answers {answer}."
 
 
+GRADER_REASONING = ("none", "both")
+
+
+def grade_turn(fact: str, response: str, reasoning: str = "none") -> str:
+  """The grader's turn on a one-criterion rubric: a one-word reason ('none'), or the fact the
+  criterion asks for and the answer given, side by side ('both'), then the verdict. Naming both
+  turns grading into comparing two words next to each other, which a small model learns where
+  comparing an answer with a criterion a line above it stays near chance (docs/learning.md)."""
+  right = int(response == fact)
+  why = {"none": "Covered." if right else "Missed.",
+         "both": f"The criterion asks for {fact}. The answer is {response}."}[reasoning]
+  return f"<think>{why}</think>\n<score>{right}</score>"
+
+
 def near_copy(name: str, other: str) -> str:
   """A garbled copy of `name`: its first half, then the second half of `other` (what a small
   model's copy looks like, and a task about no entity of the document)."""
@@ -170,15 +184,16 @@ def near_copy(name: str, other: str) -> str:
 
 def world_demonstrations(tokenizer, prompts: P.Prompts, world, questions: Sequence[dict],
                          right_share: float = 1.0, seed: int = 0, max_obs: int = 160,
-                         max_turns: int = 1, grades: int = 1,
-                         near_copies: bool = False) -> dict[str, list[Trajectory]]:
+                         max_turns: int = 1, grades: int = 1, near_copies: bool = False,
+                         grader_reasoning: str = "none") -> dict[str, list[Trajectory]]:
   """Every SCOPE role on each of `world`'s closed-class questions, whole turns with one search
   result, keyed by role: the Challenger searches the document's title and asks the question;
   the Solver searches the entity's name, reads its page and answers (right in `right_share` of
   them, else another member of the fact's class); the Judge passes the task through both gates
   and fails one about another document or with no name in it, writes the one-criterion rubric
   the document states, and grades `grades` right and as many wrong answers against it (comparing
-  two names is the slowest of these to learn). With `near_copies` the source gate also fails the
+  two names is the slowest of these to learn; `grader_reasoning`, `grade_turn`). With
+  `near_copies` the source gate also fails the
   task with a near copy of the entity's name, which asks about no entity of the document. How the
   `learn` preset's start is fitted, on other worlds (`bench/world_reading.py --format=scope`)."""
   rng = np.random.default_rng(seed)
@@ -216,7 +231,6 @@ def world_demonstrations(tokenizer, prompts: P.Prompts, world, questions: Sequen
     rubric = f"<rubric>\n1. [critical] {criterion(gold)}\n</rubric>{eos}"
     demo("rubric", prompts.rubric(question, doc), [("generated", rubric)])
     for response in [gold] * grades + [pick() for _ in range(grades)]:
-      right = int(response == gold)
       demo("grader", prompts.grader(question, criterion(gold), response),
-           verdict("Covered." if right else "Missed.", right))
+           [("generated", grade_turn(gold, response, grader_reasoning) + eos)])
   return out
