@@ -35,10 +35,12 @@ JUDGE_MODEL = BUNDLED / "judge_model"  # the searcher model taught to play SCOPE
 # with --steps=800 --every=400 --right_share=0 --grades=4 --lr=2e-3 --out=<dir> rebuild it
 VERIFIER_MODEL = BUNDLED / "verifier_model"  # the judge model taught to play ASL's roles on other
 # worlds' closed-class facts (worlds 1000-1199; the PG's questions and the GRM's verdicts right,
-# the PM's answers right in 30%, none, then 10%), in five `python -m bench.world_reading
+# the PM's answers right in 30%, none, then 10%), in six `python -m bench.world_reading
 # --skill=play --format=asl --worlds=200 --per_world=40 --lr=2e-3` fits: from <judge_model> with
 # --steps=1200 --every=400 --right_share=0.3 --grades=2 --grm_reasoning=none --out=<a>; from <a>
 # with --steps=600 --every=200 --right_share=0.3 --grades=2 --roles=grm --grm_reasoning=page
 # --out=<b>; from <b> with --steps=600 --every=200 --right_share=0 --grades=2 --out=<c>; from <c>
-# with --steps=800 --every=400 --right_share=0.1 --grades=4 --out=<d>; then from <d> with
-# --steps=600 --every=300 --right_share=0.1 --grades=2 --roles=grm --lr=1e-3 --out=<dir>
+# with --steps=800 --every=400 --right_share=0.1 --grades=4 --out=<d>; from <d> with
+# --steps=600 --every=300 --right_share=0.1 --grades=2 --roles=grm --lr=1e-3 --out=<e>; then
+# from <e> on every role with --steps=400 --every=400 --right_share=0.1 --grades=1 --lr=1e-3
+# --out=<dir>
