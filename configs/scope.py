@@ -174,7 +174,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
 def learn(c: ml_collections.ConfigDict) -> None:
   """The `learn` preset: SCOPE's Algorithm 1 at CPU scale on the synthetic world's closed-class
   facts, asked through one search and graded by the frozen Judge against a one-criterion rubric
-  it writes from the source document."""
+  it writes from the source document; a task must find its own page (`retrievable_tasks`)."""
   s = c.scope
   s.iterations = 1
   s.challenger_steps = 2

@@ -382,7 +382,8 @@ class Scope(Method):
     n = max(len(cands_all), 1)
     metrics.update({"taskset/candidates": len(cands_all), "taskset/rounds": rounds,
                     "taskset/share_gate_passed": sum(c.gate for c in cands_all) / n,
-                    "taskset/share_found_source": sum(bool(c.found_source) for c in cands_all) / n,
+                    "taskset/share_found_source": sum(bool(c.found_source)
+                                                      for c in cands_all) / n,
                     "taskset/share_in_window": len(tasks) / n})
     metrics.update(metrics_lib.summarize([c.g_bar for c in cands_all if c.g_bar is not None],
                                          "taskset/g_bar"))
@@ -426,7 +427,8 @@ class Scope(Method):
     m["challenger/share_task"] = len(asked) / n
     m["challenger/share_gate_passed"] = sum(c.gate for c in cands) / n
     if self.cfg.retrievable_tasks:
-      m["challenger/share_found_source"] = sum(bool(c.found_source) for c in asked) / max(len(asked), 1)
+      m["challenger/share_found_source"] = (sum(bool(c.found_source) for c in asked)
+                                            / max(len(asked), 1))
     m["challenger/share_gate_malformed"] = sum(c.gate_malformed for c in asked) / max(len(asked), 1)
     gated = [c for c in cands if c.gate]
     if gated:
