@@ -266,6 +266,7 @@ def test_task_set_and_solver_step(tmp_path):
   metrics = m.step(2)  # the first Stage-2 step builds the task set
   tasks = m.task_sets["0"]
   assert 1 <= len(tasks) <= 4 and metrics["taskset/size"] == len(tasks)
+  assert "taskset/share_found_source" not in metrics  # reported only where it is checked
   assert all(0.2 <= t["g_bar"] <= 0.8 for t in tasks)
   assert len({t["doc_id"] for t in tasks}) == len(tasks)  # at most one task per document
   written = [json.loads(x) for x in (tmp_path / "tasks" / "iteration_0.jsonl").read_text().splitlines()]
@@ -305,6 +306,9 @@ def test_retrievable_tasks_gate_before_the_judge(tmp_path):
   assert not gate_prompts  # the Judge never saw the unretrievable task
   assert any(own.question in t for texts, *_ in sampler.log for t in texts)
   assert not scope_config.get_config("paper").scope.retrievable_tasks  # the Judge's gates alone
+  metrics = {}
+  m.build_task_set(0, metrics)
+  assert 0 <= metrics["taskset/share_found_source"] <= 1
 
 
 def test_task_set_samples_each_document_several_times(tmp_path):

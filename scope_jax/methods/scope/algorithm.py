@@ -382,9 +382,9 @@ class Scope(Method):
     n = max(len(cands_all), 1)
     metrics.update({"taskset/candidates": len(cands_all), "taskset/rounds": rounds,
                     "taskset/share_gate_passed": sum(c.gate for c in cands_all) / n,
-                    "taskset/share_found_source": sum(bool(c.found_source)
-                                                      for c in cands_all) / n,
                     "taskset/share_in_window": len(tasks) / n})
+    if cfg.retrievable_tasks:
+      metrics["taskset/share_found_source"] = sum(bool(c.found_source) for c in cands_all) / n
     metrics.update(metrics_lib.summarize([c.g_bar for c in cands_all if c.g_bar is not None],
                                          "taskset/g_bar"))
     metrics.update(metrics_lib.summarize([t["g_bar"] for t in tasks], "taskset/kept_g_bar"))
