@@ -84,7 +84,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   a.verification_data = ""  # JSONL of real (question, response, score) for the GRM phase
   a.verification_share = 0.0  # share of each GRM batch drawn from it (the paper's late-stage boost)
   a.verification_from_iteration = 2  # ... from this iteration on (the paper: the third, §4.3)
-  a.adv_std = "population"  # group z-score std: population | unbiased
+  a.adv_std = "population"  # group z-score std: population | unbiased | none (centred only)
   a.adv_eps = 1e-6
   # The released search budget: 9 assistant turns (8 searches and a search-free last turn here),
   # 2,048 new tokens per turn, 10,240 response tokens; prompts up to 2,048 (the GRM's).

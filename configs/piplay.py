@@ -61,7 +61,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.variant = "thinking"  # App. D prompts: 'thinking' (Qwen3-4B/8B) or 'instruct' (2507)
   s.max_doc_chars = 4000  # source document characters shown to the examiner
   s.adv_eps = 1e-6  # δ of the hop-keyed and group z-scores, added to the std
-  s.adv_std = "unbiased"  # Dr.Zero's verl: torch.std (n − 1); 'population' divides by n
+  s.adv_std = "unbiased"  # Dr.Zero's verl: torch.std (n − 1); 'population' divides by n;
+  # 'none' only centres
   # Per-policy LossConfig overrides. KL: loss.kl_beta for both, 0 as in the paper (Table 6 also
   # lists 1e-3 for the student): --config.loss.kl_beta=1e-3 trains both against M0.
   s.examiner_loss = ml_collections.ConfigDict()

@@ -14,8 +14,8 @@ Presets:
                copied from the document, grades that compare an answer with the criterion; the
                Solver mostly wrong), one iteration with paper_qwen3's <tool_call> syntax and one
                search result, held-out pass@1 on 300 questions of the world's attr_search gold
-               set before, every 10 updates and after. It does not learn yet: the Challenger's
-               tasks garble their entity's name (docs/learning.md).
+               set before, every 10 updates and after. It does not learn yet: its Solver learns
+               its few dozen training tasks, not reading (docs/learning.md).
   paper        Table 9 for Qwen2.5-7B-Instruct (XML <search> syntax).
   paper_qwen3  Table 9 for Qwen3-8B (native <tool_call> syntax, per-turn datums).
   paper_olmo3  Table 9 for OLMo-3-7B, the paper's third model (its <function_calls> search
@@ -59,7 +59,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.min_criteria = 3  # fewer parsed rubric criteria = malformed rubric
   s.max_criteria = 10  # extra criteria are dropped (released: 3–10; the paper's text: 3–5)
   s.adv_eps = 1e-6  # z-score epsilon, added to the std
-  s.adv_std = "unbiased"  # released verl's torch.std (n − 1); 'population': App. D's Σ A² = G
+  s.adv_std = "unbiased"  # released verl's torch.std (n − 1); 'population': App. D's Σ A² = G;
+  # 'none': centred only (Dr. GRPO)
   s.challenger_loss = ml_collections.ConfigDict(dict(eps_high=0.2))  # LossConfig overrides
   s.solver_loss = ml_collections.ConfigDict(dict(eps_high=0.28))  # released clip-higher (Eq. 3:
   # one symmetric ε = 0.2)

@@ -11,7 +11,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-STD_KINDS = ("population", "unbiased")
+STD_KINDS = ("population", "unbiased", "none")
 
 
 def zscore_by_key(rewards: Sequence[float], keys: Sequence[Hashable] | None = None, *,
@@ -19,7 +19,8 @@ def zscore_by_key(rewards: Sequence[float], keys: Sequence[Hashable] | None = No
   """A_i = (r_i − mean_k) / (std_k + eps) over the rewards sharing key k (one key if None).
 
   std='population' divides by n (SCOPE App. D relies on Σ A² = G); 'unbiased' by n − 1 (verl,
-  OpenSIR). A key with a single reward gets advantage 0.
+  OpenSIR); 'none' only centres, A_i = r_i − mean_k (Dr. GRPO), so a group whose rewards differ
+  by a little keeps small advantages. A key with a single reward gets advantage 0.
   """
   r = np.asarray(rewards, np.float64)
   if std not in STD_KINDS:
@@ -35,8 +36,8 @@ def zscore_by_key(rewards: Sequence[float], keys: Sequence[Hashable] | None = No
     vals = r[idx]
     if len(vals) < 2:
       continue
-    sd = vals.std(ddof=1 if std == "unbiased" else 0)
-    out[idx] = (vals - vals.mean()) / (sd + eps)
+    centred = vals - vals.mean()
+    out[idx] = centred if std == "none" else centred / (vals.std(ddof=int(std == "unbiased")) + eps)
   return out.astype(np.float32)
 
 

@@ -28,6 +28,20 @@ class AdvantagesTest(chex.TestCase):
                                 np.array([0.5, -0.5, -0.5, 0.5]) / (math.sqrt(1 / 3) + 1e-4),
                                 rtol=1e-6, atol=0)
 
+
+  @chex.variants(with_device=True, without_device=True)
+  def test_group_centring_alone_keeps_small_differences_small(self):
+    # SCOPE's Solver rewards by hand: three wrong well-formed answers (0.5·1 + 0.1·1/3) and one
+    # malformed call (0.5·1/6); then one right answer among three wrong ones.
+    wrong, broken, right = 0.5 + 0.1 / 3, 0.5 / 6, 1.5 + 0.1 / 3
+    r = np.array([[wrong, wrong, wrong, broken], [right, wrong, wrong, wrong]])
+    a = self.variant(lambda x: adv.group_zscore(x, std="none"))(r)
+    chex.assert_trees_all_close(a[0], np.array([0.1125, 0.1125, 0.1125, -0.3375]), rtol=1e-5,
+                                atol=0)  # mean 0.42083…: (0.53333 − 0.42083), (0.08333 − 0.42083)
+    chex.assert_trees_all_close(a[1], np.array([0.75, -0.25, -0.25, -0.25]), rtol=1e-5, atol=0)
+    z = self.variant(lambda x: adv.group_zscore(x, std="unbiased"))(r)
+    chex.assert_trees_all_close(z, np.array([[0.5, 0.5, 0.5, -1.5], [1.5, -0.5, -0.5, -0.5]]),
+                                rtol=1e-4, atol=0)  # the z-score gives both groups the same scale
   @chex.variants(with_device=True, without_device=True)
   def test_batch_zscore_per_key_and_singletons(self):
     a = self.variant(lambda r: adv.batch_zscore(r, keys=["qa", "qa", "mc", "math"], eps=0.0))(
