@@ -31,7 +31,7 @@ the PM answers, the GRM says what the page states and judges `--grades` right an
 answers), scoring each role's whole turns and, as `pm:last` and `grm:last`, the answer and the
 verdict alone: how ASL's `learn` start, the verifier model, is fitted.
 `--vote=K` (with `--format=opensir`) then samples K solutions of each held-out problem at
-temperature 1 and prints what OpenSIR's pseudo-label is worth: greedy and sampled pass@1, maj@K,
+temperature 1 (`--vote_temperature`) and prints what OpenSIR's pseudo-label is worth: greedy and sampled pass@1, maj@K,
 and how often the majority is right at each level of agreement (the student is trained toward it).
 `--out` saves the fitted model.
 
@@ -251,14 +251,15 @@ def exact_match(config, params, demos) -> float:
   return float(np.mean(np.where(mask_BT, pred_BT == batch.tokens[:, 1:], True).all(-1)))
 
 
-def vote(config, params, tokenizer, qs: list[dict], k: int, seed: int = 1) -> dict[str, float]:
+def vote(config, params, tokenizer, qs: list[dict], k: int, seed: int = 1,
+         temperature: float = 1.0) -> dict[str, float]:
   """Greedy and sampled pass@1, maj@k and the majority's accuracy by agreement (the share of
   the k answers that give it) on OpenSIR-format problems: the label OpenSIR's student chases."""
   prompts = [render_chat(tokenizer, opensir_example("arith", q)[0]) for q in qs]
   run = lambda **kw: [final_answer(r.text) for r in sampling.generate(
       config, params, prompts, max_new_tokens=64, tokenizer=tokenizer, stop=("<|im_end|>",),
       **kw)]
-  greedy, sampled = run(), run(temperature=1.0, num_samples=k, seed=seed)
+  greedy, sampled = run(), run(temperature=temperature, num_samples=k, seed=seed)
   gold = [q["gold"][0] for q in qs]
   out = {"greedy": np.mean([a == g for a, g in zip(greedy, gold)]),
          "sampled": np.mean([a == gold[i // k] for i, a in enumerate(sampled)])}
@@ -295,6 +296,8 @@ def main() -> None:
   p.add_argument("--out", default="", help="save the fitted model here (Hugging Face layout)")
   p.add_argument("--vote", type=int, default=0, help="with --format=opensir: sample this many "
                  "solutions per held-out problem and report maj@K and the majority's accuracy")
+  p.add_argument("--vote_temperature", type=float, default=1.0, help="with --vote: the "
+                 "sampling temperature of the K solutions")
   p.add_argument("--right_share", type=float, default=1.0, help="with --skill=play: the share of "
                  "the student's demonstrated answers that are right (the rest are wrong)")
   p.add_argument("--per_world", type=int, default=400, help="training questions per world")
@@ -341,6 +344,8 @@ def main() -> None:
     p.error(f"--roles: unknown role {sorted(unknown)}; use {', '.join(world_roles)}")
   if args.vote and (args.format != "opensir" or args.vote < 2):
     p.error(f"--vote={args.vote}: the vote needs --format=opensir and at least 2 samples")
+  if not 0.0 < args.vote_temperature <= 2.0:
+    p.error(f"--vote_temperature={args.vote_temperature}: use a temperature in (0, 2]")
   tokenizer = load_tokenizer("demo")
   config, params = model(args.size, 0)
   held = World(args.world)
@@ -393,8 +398,9 @@ def main() -> None:
     qs = questions(held, "arith", args.limit, args.world + 1, held_out=True)
     print("vote  " + "  ".join(f"{key} {value:.3f}" if isinstance(value, float) else
                                f"{key} {value}"
-                               for key, value in vote(config, params, tokenizer, qs,
-                                                      args.vote).items()), flush=True)
+                               for key, value in vote(config, params, tokenizer, qs, args.vote,
+                                                      temperature=args.vote_temperature
+                                                      ).items()), flush=True)
   if args.out:
     hf_io.save_hf(config, params, args.out)
 

@@ -351,11 +351,15 @@ def test_the_arithmetic_probes_vote_by_hand(monkeypatch):
   boxed = lambda a: SimpleNamespace(text=f"x. Therefore, the final answer is: $\\boxed{{{a}}}$")
   canned = {False: [boxed(7), boxed(3)],  # greedy: right, wrong
             True: [boxed(a) for a in (7, 7, 7, 1)] + [boxed(a) for a in (12, 5, 5, 9)]}
-  monkeypatch.setattr(world_reading.sampling, "generate",
-                      lambda *a, num_samples=1, **kw: canned[num_samples > 1])
+  temperatures = []
+  def generate(*a, num_samples=1, **kw):
+    temperatures.append(kw.get("temperature"))
+    return canned[num_samples > 1]
+  monkeypatch.setattr(world_reading.sampling, "generate", generate)
   qs = [{"question": "A has 2 and 5 more. How many?", "gold": ["7"], "steps": ""},
         {"question": "B has 3 and 9 more. How many?", "gold": ["12"], "steps": ""}]
-  got = world_reading.vote(None, None, load_tokenizer("demo"), qs, 4)
+  got = world_reading.vote(None, None, load_tokenizer("demo"), qs, 4, temperature=0.7)
+  assert temperatures == [None, 0.7]  # greedy, then the K samples at the vote's temperature
   chex.assert_trees_all_close(
       got, {"greedy": 0.5, "sampled": 4 / 8, "maj@4": 0.5,  # 7 (3 of 4) right; 5 (2 of 4) wrong
             "agree 0.00-0.50: n": 0, "agree 0.00-0.50: right": 0.0,
