@@ -31,8 +31,9 @@ the PM answers, the GRM says what the page states and judges `--grades` right an
 answers), scoring each role's whole turns and, as `pm:last` and `grm:last`, the answer and the
 verdict alone: how ASL's `learn` start, the verifier model, is fitted.
 `--vote=K` (with `--format=opensir`) then samples K solutions of each held-out problem at
-temperature 1 (`--vote_temperature`) and prints what OpenSIR's pseudo-label is worth: greedy and sampled pass@1, maj@K,
-and how often the majority is right at each level of agreement (the student is trained toward it).
+temperature 1 (`--vote_temperature`) and prints what OpenSIR's pseudo-label is worth: greedy and
+sampled pass@1, maj@K, and how often the majority is right at each level of agreement (the
+student is trained toward it).
 `--out` saves the fitted model.
 
     python -m bench.world_reading                       # the bundled demo model, 2,000 steps
