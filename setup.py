@@ -14,6 +14,7 @@ setup(
                                "data/bundled/reader_model/*", "data/bundled/solver_model/*",
                                "data/bundled/searcher_model/*",
                                "data/bundled/judge_model/*",
+                               "data/bundled/grader_model/*",
                                "data/bundled/verifier_model/*"]},
     install_requires=[
         "jax>=0.6",

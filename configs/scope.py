@@ -25,7 +25,7 @@ Presets:
 import ml_collections
 
 from scope_jax import configs_base as base
-from scope_jax.data import JUDGE_MODEL
+from scope_jax.data import GRADER_MODEL
 
 PRESETS = ("demo", "learn", "paper", "paper_qwen3", "paper_olmo3")
 PAPER_MODELS = {"paper": "qwen2.5-7b", "paper_qwen3": "qwen3-8b", "paper_olmo3": "olmo3-7b"}
@@ -197,22 +197,27 @@ def learn(c: ml_collections.ConfigDict) -> None:
   s.retrievable_tasks = True  # the task must name its entity well enough to find its page
   s.stage1_solver_sampling = ()  # the Solver's own sampling, as it trains
   s.task_set.solver_rollouts = 4
-  s.task_set.samples_per_document = 4  # as released
+  s.task_set.window = (0.2, 0.5)  # hard tasks: answers the Solver does not yet give (the
+  # released (0.2, 0.8), or (0.4, 0.8), keeps the answers it gives anyway: docs/learning.md)
+  s.task_set.samples_per_document = 8  # twice the released 4: 2-3% of candidates are kept
   s.task_set.candidates_per_round = 64
-  s.task_set.max_rounds = 4  # the world's 268 documents after Stage 1's 32, the last 20 again
-  # (at most one task per document: the set stays under its target of 480)
+  s.task_set.max_rounds = 16  # 1,024 documents after Stage 1's 32, of the corpus's 1,071 (at
+  # most one task per document: the set stays under its target of 480)
   s.roles = ml_collections.ConfigDict(dict(
       challenger=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160),
-      solver=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160),
+      solver=base.role(112, temperature=0.7, top_p=0.9, max_turns=1, max_obs_tokens=160),
+      # (sampled cooler, fewer malformed calls to reward against; the loss keeps T = 1)
       gate=base.role(24, temperature=0.0, top_p=1.0),
       rubric=base.role(48, temperature=0.0, top_p=1.0),
       grader=base.role(64, temperature=0.6, top_p=1.0)))  # the fact and the answer, then
   # the verdict (`demos.grade_turn`)
   c.retrieval.corpus = "world"
+  c.world.corpus_seeds = (500, 501, 502)  # three more worlds' pages (1,071 in all): each task is
+  # drawn 2-3 times, not 12, so remembering its answer pays less than reading
   c.retrieval.topk = 1  # the page the query names: one result, as the start model was shown
   base.world_learn(c, "attr_search", max_new_tokens=112)
-  # The judge model already plays every role on other worlds: no warm-up on top of it, which
+  # The grader model already plays every role on other worlds: no warm-up on top of it, which
   # would overwrite its copying with a few worlds' names (docs/learning.md).
-  c.model.source = f"hf:{JUDGE_MODEL}"
+  c.model.source = f"hf:{GRADER_MODEL}"
   c.warmup.steps = 0
   c.warmup.world_seed = -1

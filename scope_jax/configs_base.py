@@ -87,6 +87,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.world = ml_collections.ConfigDict()  # the synthetic world (scope_jax.world)
   c.world.seed = 0  # which world: retrieval.corpus='world' and 'world:<set>' benchmarks read it
+  c.world.corpus_seeds = ()  # other worlds whose documents join world.seed's in the 'world'
+  # corpus: more pages to write tasks from and to search among (the gold sets stay world.seed's)
 
   c.eval = ml_collections.ConfigDict()  # held-out evaluation during training (core/evals.py)
   c.eval.every = 0  # evaluate at step 0, every this many steps and at the end (0 = never)

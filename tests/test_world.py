@@ -10,7 +10,7 @@ import pytest
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.methods.piplay import rewards as piplay_rewards
 from scope_jax.rollout import parsers
-from scope_jax.world import GOLD_SETS, World
+from scope_jax.world import GOLD_SETS, World, corpus
 from scope_jax.world import entities as E
 from scope_jax.world import render as R
 
@@ -149,6 +149,57 @@ def test_the_world_index_finds_the_document_a_question_names(tmp_path, monkeypat
   found = tool([q["question"] for q in hop1])
   hits = [q["support"][0].split(":", 1)[1] in text for q, text in zip(hop1, found)]
   assert sum(hits) / len(hits) >= 0.8, sum(hits) / len(hits)
+
+
+def test_a_corpus_of_several_worlds_keeps_the_worlds_own_pages_first():
+  """world.corpus_seeds: world 0's documents as they are, then every other world's page whose id
+  is new (a repeated name keeps world 0's page, so no world-0 fact is contradicted)."""
+  own = World(0).documents
+  docs = corpus(0, (500, 501))
+  assert docs[:len(own)] == own
+  ids = [d.id for d in docs]
+  assert len(ids) == len(set(ids))
+  for seed in (500, 501):
+    assert {d.id for d in World(seed).documents} <= set(ids)
+  taken = {d.id for d in own}
+  new_500 = [d for d in World(500).documents if d.id not in taken]
+  assert docs[len(own):len(own) + len(new_500)] == new_500
+  assert corpus(0) == own
+  for bad in ((0, 500), (500, 500)):
+    with pytest.raises(ValueError, match="corpus_seeds"):
+      corpus(0, bad)
+
+
+def test_a_world_index_over_several_worlds_is_cached_under_all_their_seeds(tmp_path,
+                                                                          monkeypatch):
+  import ml_collections
+  from scope_jax import assets
+  from scope_jax.configs_base import retrieval
+  from scope_jax.retrieval import search
+  monkeypatch.setattr(assets, "cache_dir", lambda: tmp_path)
+  r = retrieval()
+  r.corpus = "world"
+  passages, tool = search.from_config(ml_collections.ConfigDict(r), world_seed=4,
+                                      corpus_seeds=(9,))
+  assert passages == corpus(4, (9,)) and (tmp_path / "world_4+9_index" / "meta.json").exists()
+  assert not (tmp_path / "world_4_index").exists()
+  page = World(9).documents[3]
+  assert page.text in tool([page.title])[0]  # another world's page is found by its name
+
+
+def test_corpus_seeds_need_a_world_corpus():
+  from configs import scope as scope_config
+  from scope_jax.core import runner
+  c = scope_config.get_config("learn")
+  c.world.corpus_seeds = (500, 501)
+  runner.check_world(c)
+  c.world.corpus_seeds = (0, 501)
+  with pytest.raises(ValueError, match="other than world.seed=0"):
+    runner.check_world(c)
+  c = scope_config.get_config("demo")
+  c.world.corpus_seeds = (500,)
+  with pytest.raises(ValueError, match="retrieval.corpus=world"):
+    runner.check_world(c)
 
 
 def test_methods_read_the_world():

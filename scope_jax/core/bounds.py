@@ -89,6 +89,7 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     # Retrieval and corpora.
     ("retrieval.topk", SIZE), ("retrieval.max_documents", COUNT),
     ("world.seed", Bound(0, integer=True, why="a non-negative seed")),
+    ("world.corpus_seeds", Bound(0, integer=True, why="other worlds' non-negative seeds")),
     ("eval.every", COUNT), ("eval.limit", COUNT), ("eval.max_turns", COUNT),
     ("eval.temperature", Bound(0, why="0 is greedy")), ("eval.*", SIZE),
     ("data.max_cluster_size", COUNT), ("data.max_passages", COUNT), ("data.num_clusters", COUNT),

@@ -47,6 +47,13 @@ def due(updates: int, config: ml_collections.ConfigDict) -> bool:
       updates % every == 0 or updates == config.total_steps)
 
 
+def searches_own_world(config: ml_collections.ConfigDict) -> bool:
+  """Whether the run searches world `world.seed`'s documents alone, so that its world questions
+  can use the run's own tool (no other corpus, no other worlds' pages)."""
+  return (config.get("retrieval", {}).get("corpus") == "world"
+          and not tuple(config.get("world", {}).get("corpus_seeds", ())))
+
+
 def validate(config: ml_collections.ConfigDict, method_cls) -> None:
   """One-line errors for an eval section that cannot run, before any model loads."""
   e = config.eval
@@ -107,12 +114,13 @@ class Evaluations:
         max_obs_tokens=self.role.settings.get("max_obs_tokens", 500), syntax=rt.syntax,
         temperature=e.get("temperature", 0.0), num_samples=e.get("num_samples", 1),
         seed=config.seed)
-    tools = {}  # a world question searches the world, whatever corpus the run trains on
+    tools = {}  # a world question searches its world's documents alone, whatever corpus the run
+    # trains on (other worlds' documents included)
 
     def tool_for(bench):
       if bench.type != "qa_search":
         return None
-      if bench.name in world_names and config.get("retrieval", {}).get("corpus") != "world":
+      if bench.name in world_names and not searches_own_world(config):
         if "world" not in tools:
           world = ml_collections.ConfigDict(dict(url="", index="", corpus="world", max_documents=0,
                                                  encoder=config.get("retrieval", {}).get(
@@ -126,7 +134,8 @@ class Evaluations:
         raise ValueError(f"eval.benchmarks: {bench.name} (qa_search) needs a search tool and the "
                          "run has none: add a retrieval section or evaluate without search.")
       if "run" not in tools:
-        tools["run"] = search.from_config(config.retrieval, config.world.seed)[1]
+        tools["run"] = search.from_config(config.retrieval, config.world.seed,
+                                          config.world.get("corpus_seeds", ()))[1]
       return tools["run"]
 
     # eval.prompt='role': a question is asked as the role is asked in training (its template,

@@ -97,8 +97,27 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   module.METHOD.validate(config, data=data)
   check_policies(module.METHOD, config)
   check_choice("control", config.get("control", ""), CONTROLS)
+  check_world(config)
   evals_lib.validate(config, module.METHOD)
   return module
+
+
+def check_world(config: ml_collections.ConfigDict) -> None:
+  """`world.corpus_seeds` adds documents to the 'world' corpus, so it needs a corpus that is the
+  world's; its seeds are distinct non-negative worlds other than `world.seed`."""
+  w = config.get("world", {})
+  extra = tuple(w.get("corpus_seeds", ()))
+  if not extra:
+    return
+  corpora = (config.get("retrieval", {}).get("corpus"), config.get("data", {}).get("corpus"))
+  if "world" not in corpora:
+    raise ValueError(f"world.corpus_seeds={extra} adds other worlds' documents to the 'world' "
+                     "corpus, and this run reads none: set --config.retrieval.corpus=world (or "
+                     "data.corpus=world), or leave world.corpus_seeds empty.")
+  if any(not isinstance(s, int) or s < 0 for s in extra) or w.seed in extra or (
+      len(set(extra)) != len(extra)):
+    raise ValueError(f"world.corpus_seeds={extra} must be distinct non-negative integers other "
+                     f"than world.seed={w.seed}, e.g. (500, 501, 502).")
 
 
 def check_policies(method, config: ml_collections.ConfigDict) -> None:

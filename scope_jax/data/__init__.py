@@ -33,6 +33,15 @@ JUDGE_MODEL = BUNDLED / "judge_model"  # the searcher model taught to play SCOPE
 # --every=400 --right_share=0.3 --out=<a>`, the same from <a> with --grades=4 --out=<b>, from <b>
 # with --steps=1000 --every=250 --grades=2 --roles=grader --out=<c>, then from <c> on every role
 # with --steps=800 --every=400 --right_share=0 --grades=4 --lr=2e-3 --out=<dir> rebuild it
+GRADER_MODEL = BUNDLED / "grader_model"  # the judge model taught to grade SCOPE's answers side
+# by side with the criterion ("The criterion asks for economist. The answer is engineer.") on
+# other worlds' closed-class facts (worlds 1000-1199; the Solver's answers right in 10%, 20%,
+# then 40%), in five `python -m bench.world_reading --skill=play --format=scope --worlds=200
+# --per_world=40 --grader_reasoning=both --grades=2` fits: from <judge_model> with
+# --roles=grader --steps=600 --every=200 --out=<a>; from <a> with --right_share=0.1 --steps=400
+# --every=400 --lr=1e-3 --out=<b>; from <b> with --roles=grader --steps=600 --every=600
+# --lr=1e-3 --out=<c>; from <c> with --right_share=0.2 --steps=400 --every=400 --lr=1e-3
+# --out=<d>; then from <d> with --right_share=0.4 --steps=600 --every=600 --lr=1e-3 --out=<dir>
 VERIFIER_MODEL = BUNDLED / "verifier_model"  # the judge model taught to play ASL's roles on other
 # worlds' closed-class facts (worlds 1000-1199; the PG's questions and the GRM's verdicts right,
 # the PM's answers right in 30%, none, then 10%), in six `python -m bench.world_reading

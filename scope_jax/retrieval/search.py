@@ -10,7 +10,7 @@ from scope_jax.retrieval import demo_corpus as demo
 from scope_jax.retrieval.corpus import load_corpus
 from scope_jax.retrieval.index import DenseIndex, SearchTool
 from scope_jax.retrieval.service import RetrievalClient, load_encoder
-from scope_jax.world import World
+from scope_jax import world as world_lib
 
 
 def validate(r: ml_collections.ConfigDict) -> None:
@@ -25,11 +25,12 @@ def validate(r: ml_collections.ConfigDict) -> None:
                      "world corpus.")
 
 
-def from_config(r: ml_collections.ConfigDict, world_seed: int = 0):
+def from_config(r: ml_collections.ConfigDict, world_seed: int = 0, corpus_seeds=()):
   """(source documents, search tool): the bundled demo index, a prebuilt index directory, or a
   running Search-R1-compatible server (`retrieval.url`) with the corpus it serves; from a
   `retrieval` config section (SCOPE, ASL and π-Play search the same way); `world_seed` is the
-  world of `corpus='world'` (the run's `world.seed`)."""
+  world of `corpus='world'` (the run's `world.seed`) and `corpus_seeds` the worlds whose
+  documents join it (`world.corpus_seeds`)."""
   if r.url:
     passages = demo.demo_passages() if r.corpus == "demo" else load_corpus(r.corpus)
     return passages, RetrievalClient(r.url, topk=r.topk)
@@ -39,7 +40,7 @@ def from_config(r: ml_collections.ConfigDict, world_seed: int = 0):
   elif r.corpus == "demo":
     index = demo.demo_index(encoder)
   elif r.corpus == "world":
-    index = world_index(world_seed, encoder)
+    index = world_index(world_seed, encoder, corpus_seeds)
   else:
     raise ValueError(f"retrieval.corpus={r.corpus!r} needs a prebuilt index: build one with "
                      "`python -m scope_jax.retrieval.build_index --corpus=... --out=DIR` and set "
@@ -50,10 +51,11 @@ def from_config(r: ml_collections.ConfigDict, world_seed: int = 0):
   return passages, SearchTool(index, encoder, topk=r.topk)
 
 
-def world_index(seed: int, encoder) -> DenseIndex:
-  """The dense index over world `seed`'s documents, built once into the asset cache."""
-  passages = World(seed).documents
-  out = assets.cache_dir() / f"world_{seed}_index"
+def world_index(seed: int, encoder, corpus_seeds=()) -> DenseIndex:
+  """The dense index over world `seed`'s documents and those of `corpus_seeds`' worlds
+  (`world_lib.corpus`), built once into the asset cache."""
+  passages = world_lib.corpus(seed, corpus_seeds)
+  out = assets.cache_dir() / f"world_{'+'.join(str(s) for s in (seed, *corpus_seeds))}_index"
   if (out / "meta.json").exists():
     try:
       index = DenseIndex.load(out, encoder.identity)

@@ -102,3 +102,17 @@ class World:
     if name not in GOLD_SETS:
       raise ValueError(f"Unknown world gold set {name!r}; choose from {', '.join(GOLD_SETS)}.")
     return f"file:{epath.Path(directory) / 'gold' / f'{name}.jsonl'}:{GOLD_SETS[name]}"
+
+
+def corpus(seed: int, corpus_seeds=()) -> list[Passage]:
+  """World `seed`'s documents, then each of `corpus_seeds`' worlds' whose id is not yet taken: a
+  larger corpus to draw pages from and search among, while the gold sets stay world `seed`'s."""
+  extra = [int(s) for s in corpus_seeds]
+  if seed in extra or len(set(extra)) != len(extra):
+    raise ValueError(f"world.corpus_seeds={tuple(extra)} must be distinct and leave out "
+                     f"world.seed={seed}, whose documents come first anyway.")
+  by_id: dict[str, Passage] = {}
+  for s in (seed, *extra):
+    for d in World(s).documents:
+      by_id.setdefault(d.id, d)
+  return list(by_id.values())

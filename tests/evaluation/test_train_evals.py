@@ -137,6 +137,18 @@ def test_bad_eval_or_control_settings_name_the_fix(overrides, message):
     runner.validate(config(**overrides))
 
 
+def test_world_questions_search_their_own_worlds_documents():
+  """A world gold set is searched over its world's documents alone: the run's tool only when it
+  is exactly that corpus (not a prebuilt index, not one with other worlds' pages)."""
+  from configs import scope as scope_config  # pylint: disable=import-outside-toplevel
+  learn = scope_config.get_config("learn")
+  assert learn.world.corpus_seeds and not evals.searches_own_world(learn)
+  learn.world.corpus_seeds = ()
+  assert evals.searches_own_world(learn)
+  assert not evals.searches_own_world(scope_config.get_config("demo"))  # the Wikipedia corpus
+  assert not evals.searches_own_world(config())  # no retrieval section at all
+
+
 def test_world_specs_become_files(tmp_path):
   spec = evals.world_specs("gsm8k,world:hop1", 0, tmp_path)
   assert spec == f"gsm8k,file:{tmp_path}/gold/hop1.jsonl:qa_search"

@@ -546,11 +546,11 @@ def test_the_judge_model_was_shown_the_learn_presets_own_prompts(tmp_path):
       assert R.parse_binary_grade(said) == int(k == 0), said
 
 
-def test_the_learn_preset_starts_from_the_shipped_judge_model():
-  """The judge model ships with the package (a few MB, listed in setup.py's package data) and
+def test_the_learn_preset_starts_from_the_shipped_grader_model():
+  """The grader model ships with the package (a few MB, listed in setup.py's package data) and
   has the demo model's shape; the preset adds no warm-up and asks for a one-criterion rubric."""
-  from scope_jax.data import JUDGE_MODEL  # pylint: disable=import-outside-toplevel
-  bundled.assert_learn_starts_from(scope_config.get_config("learn"), JUDGE_MODEL)
+  from scope_jax.data import GRADER_MODEL  # pylint: disable=import-outside-toplevel
+  bundled.assert_learn_starts_from(scope_config.get_config("learn"), GRADER_MODEL)
   assert "one criterion" in P.Prompts("compact", max_criteria=1).rubric(
       "Q?", demo.demo_passages()[0]).text()
 

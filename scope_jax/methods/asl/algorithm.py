@@ -134,7 +134,8 @@ class Asl(Method):
   def __init__(self, rt: Runtime):
     super().__init__(rt)
     self.cfg = cfg = rt.config.asl
-    self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed)
+    self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed,
+                                                  rt.config.world.corpus_seeds)
     self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax)
     self.topics = P.load_topics(cfg.topics, rt.config.world.seed)
     self.verification = load_verification(cfg.verification_data) \

@@ -129,7 +129,8 @@ class PiPlay(Method):
   def __init__(self, rt: Runtime):
     super().__init__(rt)
     self.cfg = cfg = rt.config.piplay
-    self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed)
+    self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed,
+                                                  rt.config.world.corpus_seeds)
     self.prompts = P.Prompts(cfg.prompt_style, cfg.variant, cfg.syntax, cfg.max_doc_chars)
     self.guard = ParseGuard()
     self.datasets: dict[str, list[dict]] = {}  # iteration → its (q, privileged info, o*) records

@@ -127,7 +127,8 @@ class Scope(Method):
   def __init__(self, rt: Runtime):
     super().__init__(rt)
     self.cfg = cfg = rt.config.scope
-    self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed)
+    self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed,
+                                                  rt.config.world.corpus_seeds)
     self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax, cfg.max_doc_chars, cfg.task_form,
                              cfg.max_criteria)
     self.task_sets: dict[str, list[dict]] = {}  # iteration → the Solver's task set

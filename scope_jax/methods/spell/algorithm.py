@@ -96,7 +96,8 @@ class Spell(Method):
     super().__init__(rt)
     self.cfg = cfg = rt.config.spell
     self.passages, self.clusters = clusters_lib.from_config(rt.config.data, rt.config.seed,
-                                                            rt.config.world.seed)
+                                                            rt.config.world.seed,
+                                                            rt.config.world.corpus_seeds)
     self.by_id = {p.id: p for p in self.passages}
     tasks_of = [clusters_lib.cluster_tasks([self.passages[i] for i in c], cfg.tasks)
                 for c in self.clusters]

@@ -12,7 +12,7 @@ from scope_jax.retrieval import demo_corpus as demo
 from scope_jax.retrieval.corpus import Passage, load_corpus
 from scope_jax.retrieval.service import load_encoder
 from scope_jax.rewards.match import numbers
-from scope_jax.world import World
+from scope_jax import world as world_lib
 
 
 def kmeans_clusters(vectors: np.ndarray, num_clusters: int, *, seed: int = 0, min_size: int = 2,
@@ -97,12 +97,13 @@ class HistoryMemory:
     return mem
 
 
-def from_config(data, seed: int = 0, world_seed: int = 0):
+def from_config(data, seed: int = 0, world_seed: int = 0, corpus_seeds=()):
   """The corpus (bundled demo corpus by default) and its document clusters: k-means into
   `num_clusters` groups, or groups of about `cluster_size` documents when num_clusters is 0
-  (from a `data` config section); `data.corpus='world'` is world `world_seed`'s documents."""
+  (from a `data` config section); `data.corpus='world'` is world `world_seed`'s documents and
+  those of `corpus_seeds`' worlds."""
   if data.corpus == "world":
-    passages = World(world_seed).documents
+    passages = world_lib.corpus(world_seed, corpus_seeds)
   else:
     passages = demo.demo_passages() if data.corpus == "demo" else load_corpus(data.corpus)
   if data.max_passages:
