@@ -86,6 +86,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # (released: N_ROLLOUTS=4, MAX_TASKS_PER_PROMPT=1)
   s.task_set.candidates_per_round = 2000  # Challenger tasks generated per round (released)
   s.task_set.max_rounds = 20  # stop after this many rounds even if the set is short (released)
+  s.task_set.max_per_rubric = 0  # keep at most this many tasks with the same rubric (0 = any)
   s.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
       challenger=base.role(8192, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500,
                            max_prompt_tokens=1024),

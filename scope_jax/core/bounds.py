@@ -95,7 +95,7 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     ("data.max_cluster_size", COUNT), ("data.max_passages", COUNT), ("data.num_clusters", COUNT),
     ("data.cluster_size", COUNT), ("data.min_cluster_size", COUNT),
     ("data.*", SIZE), ("*.max_doc_chars", COUNT), ("*.data.size", COUNT),
-    ("*.task_set.size", COUNT),
+    ("*.task_set.size", COUNT), ("*.task_set.max_per_rubric", COUNT),
     # Rewards and advantages, shared names.
     ("*.group_size", GROUP), ("*.adv_eps", POSITIVE),
     ("*.verifier_agreement", Bound(0, 1, why="a share of verifier votes")),

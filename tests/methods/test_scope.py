@@ -323,6 +323,18 @@ def test_task_set_samples_each_document_several_times(tmp_path):
   assert len({t["doc_id"] for t in tasks}) == len(tasks)
 
 
+def test_task_set_keeps_few_tasks_per_rubric(tmp_path, monkeypatch):
+  """`scope.task_set.max_per_rubric`: no more than that many kept tasks share one rubric (here
+  every rubric counts as the same one)."""
+  monkeypatch.setattr(R, "rubric_key", lambda criteria: "the same")
+  def build(cap):
+    c = small_config(**{"scope.task_set.samples_per_document": 2,
+                        "scope.task_set.max_per_rubric": cap})
+    m = scripted(runtime.Runtime(c, str(tmp_path / f"cap{cap}")))
+    return m.build_task_set(0, {})
+  assert len(build(0)) > 2 and len(build(2)) == 2 and len(build(1)) == 1
+
+
 def test_solver_reward_parts_by_hand(tmp_path):
   rt = runtime.Runtime(small_config(), str(tmp_path))
   m = scripted(rt)

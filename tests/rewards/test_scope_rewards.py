@@ -27,6 +27,14 @@ def test_search_reward_and_window():
   assert not S.in_difficulty_window(0.19) and not S.in_difficulty_window(0.81)
 
 
+def test_rubric_key_ignores_case_spacing_and_order():
+  a = [S.Criterion("Answers  Painter.", "critical"), S.Criterion("Names the city.", "minor")]
+  b = [S.Criterion("names the city.", "critical"), S.Criterion("answers painter.", "minor")]
+  assert S.rubric_key(a) == S.rubric_key(b) == "answers painter. | names the city."
+  assert S.rubric_key([S.Criterion("Answers surgeon.", "critical")]) != S.rubric_key(a[:1])
+  assert S.rubric_key(None) == ""
+
+
 def _traj(turns, searches_in_turns=(), errors=()):
   spans, toks = [Span(0, 1, "prompt", "")], 1
   for i, t in enumerate(turns):

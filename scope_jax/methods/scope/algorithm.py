@@ -16,6 +16,7 @@ One runner step is one Stage-1 or Stage-2 step, so checkpoints land inside and b
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import time
@@ -367,6 +368,7 @@ class Scope(Method):
     lo, hi = ts.window
     pool = self.candidate_prompts(it)
     tasks, seen, cands_all = [], set(), []
+    per_rubric = collections.Counter()  # tasks kept per rubric (`max_per_rubric`)
     stats = GradeStats()
     rounds = 0
     while len(tasks) < target and rounds < ts.max_rounds:
@@ -374,9 +376,12 @@ class Scope(Method):
       cands = self.propose(picks, ts.samples_per_document)
       self.evaluate(cands, ts.solver_rollouts, stats)
       for c in cands:
+        key = R.rubric_key(c.criteria)
         if c.gate and c.g_bar is not None and R.in_difficulty_window(c.g_bar, lo, hi) \
-            and c.doc.id not in seen and len(tasks) < target:
+            and c.doc.id not in seen and len(tasks) < target \
+            and (not ts.max_per_rubric or per_rubric[key] < ts.max_per_rubric):
           seen.add(c.doc.id)
+          per_rubric[key] += 1
           tasks.append(c.task_record())
       cands_all += cands
       rounds += 1

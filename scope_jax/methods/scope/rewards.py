@@ -32,6 +32,11 @@ def in_difficulty_window(g_bar: float, low: float = 0.2, high: float = 0.8) -> b
   return low <= g_bar <= high
 
 
+def rubric_key(criteria) -> str:
+  """What makes two tasks' rubrics the same: their criteria's texts, case and order aside."""
+  return " | ".join(sorted(" ".join(c.text.lower().split()) for c in criteria or []))
+
+
 def length_penalty(num_tokens: int, full: int = LENGTH_FULL, floor_at: int = LENGTH_FLOOR_AT,
                    floor: float = LENGTH_FLOOR) -> float:
   """Cosine length penalty L(n): 1 up to `full`, `floor` from `floor_at`, cosine in between."""
