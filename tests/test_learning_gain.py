@@ -3,8 +3,8 @@ held-out accuracy (greedy, 300 gold questions training never reads) by at least 
 each world seed it is measured on (the bar asks two), while its shuffled-rewards control gains
 less than 3 (docs/learning.md).
 
-Slow: each run is 3-7 minutes on a 2-core CPU, and SPELL's first one per seed another 4 to fit
-its warm-up.
+Slow: each run is 3-12 minutes on a 2-core CPU (SCOPE's the longest), and SPELL's first one per
+seed another 4 to fit its warm-up.
 """
 
 import os
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The methods whose `learn` preset meets the bar, and the world seeds it is measured on: the
 # rest are measured in docs/learning.md.
 LEARNERS = [("spell", 0), ("spell", 1), ("spell", 2), ("piplay", 0), ("piplay", 1), ("asl", 0),
-            ("asl", 1)]
+            ("asl", 1), ("scope", 0), ("scope", 1)]
 
 
 def _learn(method: str, seed: int, workdir, *flags) -> tuple[float, float]:

@@ -9,6 +9,8 @@ import sys
 
 import chex
 import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -115,6 +117,8 @@ def test_validation_names_the_fix(tmp_path):
     runner.validate(small_config(**{"scope.prompt_style": "short"}))
   with pytest.raises(ValueError, match="max_turns=1 is below the largest required search count 3"):
     runner.validate(small_config(**{"scope.roles.challenger.max_turns": 1}))
+  with pytest.raises(ValueError, match="scope.solver_optim: learning_rate is not an optimizer"):
+    runner.validate(small_config(**{"scope.solver_optim": {"learning_rate": 1e-6}}))
   paper = scope_config.get_config("paper")
   paper.model.tokenizer = str(tmp_path)
   with pytest.raises(ValueError, match="retrieval.encoder is empty"):
@@ -280,6 +284,20 @@ def test_task_set_and_solver_step(tmp_path):
     chex.assert_trees_all_equal(solver_before, leaves(m.solver.state.params))
   m.step(3)  # same iteration: reuses the set
   assert m.task_sets["0"] == tasks
+
+
+def test_each_policy_trains_with_its_own_optimizer(tmp_path):
+  """`scope.solver_optim` warms the Solver up alone: its first AdamW update is at rate 0 (the
+  linear warm-up's step 0) while the Challenger's is at the full rate, −lr on a unit gradient."""
+  c = small_config(**{"optim.lr": 5e-3, "optim.weight_decay": 0.0})
+  c.scope.solver_optim = ml_collections.ConfigDict(dict(warmup_steps=10))
+  m = scope.Scope(runtime.Runtime(c, str(tmp_path)))
+  for policy, rate in ((m.challenger, -5e-3), (m.solver, 0.0)):
+    params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), policy.state.params)
+    opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), policy.state.opt_state)
+    updates, _ = policy.optimizer.update(jax.tree.map(jnp.ones_like, params), opt_state, params)
+    u = np.concatenate([np.asarray(x).ravel() for x in jax.tree.leaves(updates)])
+    chex.assert_trees_all_close(u, np.full_like(u, rate), rtol=1e-4, atol=1e-12)
 
 
 def test_retrievable_tasks_gate_before_the_judge(tmp_path):

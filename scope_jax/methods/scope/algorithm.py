@@ -30,7 +30,7 @@ from etils import epath
 from scope_jax import metrics as metrics_lib
 from scope_jax.core.guard import ParseGuard
 from scope_jax.core.method import Method, Players, PolicyPlan
-from scope_jax.core.runtime import Runtime
+from scope_jax.core.runtime import Runtime, optim_settings
 from scope_jax.core.schedule import Schedule, StageClock, corpus_window
 from scope_jax.methods.scope import demos as scope_demos
 from scope_jax.methods.scope import prompts as P
@@ -121,6 +121,11 @@ class Scope(Method):
     if sampling and (len(sampling) != 2 or not 0.0 < sampling[1] <= 1.0):
       raise ValueError(f"scope.stage1_solver_sampling={sampling} must be (temperature, top_p) "
                        "with top_p in (0, 1], or () for the Solver role's own settings.")
+    for name in ("challenger", "solver"):
+      try:
+        optim_settings(c, s[f"{name}_optim"])
+      except ValueError as e:
+        raise ValueError(f"scope.{name}_optim: {e}") from None
     if s.roles.challenger.max_turns < max(s.search_choices):
       raise ValueError(f"scope.roles.challenger.max_turns={s.roles.challenger.max_turns} is below "
                        f"the largest required search count {max(s.search_choices)}.")
@@ -139,8 +144,10 @@ class Scope(Method):
     self.examples: list[dict] = []  # a few tasks, rubrics and grades for the final summary
     # Challenger and Solver are trained from M0; the Judge is M0 itself, frozen (so is π_ref).
     rt.add_frozen("judge")
-    self.challenger = rt.add_policy("challenger", loss_overrides=dict(cfg.challenger_loss))
-    self.solver = rt.add_policy("solver", loss_overrides=dict(cfg.solver_loss))
+    self.challenger = rt.add_policy("challenger", loss_overrides=dict(cfg.challenger_loss),
+                                    optim_overrides=dict(cfg.challenger_optim))
+    self.solver = rt.add_policy("solver", loss_overrides=dict(cfg.solver_loss),
+                                optim_overrides=dict(cfg.solver_optim))
     thinking = dict(strip_think=cfg.per_turn_datums)  # rollouts match the per-turn datums
     self.roles = {
         "challenger": rt.add_role("challenger", cfg.roles.challenger, policy=self.challenger,
