@@ -34,6 +34,7 @@ from scope_jax.rollout.types import Trajectory
 from scope_jax.world import World
 from scope_jax.world import entities as E
 from tests.methods import bundled
+from tests.methods import optimizers
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedPiPlaySampler, play_all_roles
 
@@ -122,17 +123,6 @@ def test_optimizer_settings_go_to_the_optimizer_overrides():
     runner.validate(c)
 
 
-def _adam_first_update(policy):
-  """Adam's first update of a unit gradient: −lr on every entry (the moments normalise it).
-  Applied eagerly to one-device copies of the policy's state: eager ops on arrays sharded over
-  the test mesh run a collective per op, which the suite's two busy workers have seen abort."""
-  local = lambda tree: jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), tree)
-  params, opt_state = local(policy.state.params), local(policy.state.opt_state)
-  ones = jax.tree.map(jnp.ones_like, params)
-  updates, state = policy.optimizer.update(ones, opt_state, params)
-  return np.concatenate([np.asarray(u).ravel() for u in jax.tree.leaves(updates)]), state
-
-
 def _moments(opt_state):
   return sum(float(np.abs(np.asarray(x, np.float64)).sum()) for x in jax.tree.leaves(opt_state))
 
@@ -145,8 +135,8 @@ def test_each_policy_trains_with_its_own_optimizer_and_the_student_restarts(tmp_
   c.piplay.examiner_optim = ml_collections.ConfigDict(dict(lr=5e-3))
   c.piplay.restart_optimizer = ("student",)
   m = piplay.PiPlay(runtime.Runtime(c, str(tmp_path)))
-  u_exam, exam_state = _adam_first_update(m.examiner)
-  u_stud, stud_state = _adam_first_update(m.student)
+  u_exam, exam_state = optimizers.adam_first_update(m.examiner)
+  u_stud, stud_state = optimizers.adam_first_update(m.student)
   chex.assert_trees_all_close(u_exam, np.full_like(u_exam, -5e-3), rtol=1e-4)
   chex.assert_trees_all_close(u_stud, np.full_like(u_stud, -c.optim.lr), rtol=1e-4)
   m.examiner.state = m.examiner.state.replace(opt_state=exam_state)

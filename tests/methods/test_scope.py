@@ -9,7 +9,6 @@ import sys
 
 import chex
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from scope_jax.methods.scope import prompts as P
 from scope_jax.methods.scope import rewards as R
 from scope_jax.rollout import search_agent
 from tests.methods import bundled
+from tests.methods import optimizers
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedScopeSampler, play_all_roles
 
@@ -293,10 +293,7 @@ def test_each_policy_trains_with_its_own_optimizer(tmp_path):
   c.scope.solver_optim = ml_collections.ConfigDict(dict(warmup_steps=10))
   m = scope.Scope(runtime.Runtime(c, str(tmp_path)))
   for policy, rate in ((m.challenger, -5e-3), (m.solver, 0.0)):
-    params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), policy.state.params)
-    opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), policy.state.opt_state)
-    updates, _ = policy.optimizer.update(jax.tree.map(jnp.ones_like, params), opt_state, params)
-    u = np.concatenate([np.asarray(x).ravel() for x in jax.tree.leaves(updates)])
+    u, _ = optimizers.adam_first_update(policy)
     chex.assert_trees_all_close(u, np.full_like(u, rate), rtol=1e-4, atol=1e-12)
 
 
