@@ -12,6 +12,7 @@ setup(
     packages=find_packages(include=["scope_jax", "scope_jax.*"]),
     package_data={"scope_jax": ["prompts/**/*.txt", "data/bundled/*", "data/bundled/demo_model/*",
                                "data/bundled/reader_model/*", "data/bundled/solver_model/*",
+                               "data/bundled/counter_model/*",
                                "data/bundled/searcher_model/*",
                                "data/bundled/judge_model/*",
                                "data/bundled/grader_model/*",

@@ -17,7 +17,7 @@ gain).
 import ml_collections
 
 from scope_jax import configs_base as base
-from scope_jax.data import SOLVER_MODEL
+from scope_jax.data import COUNTER_MODEL
 
 PRESETS = ("demo", "learn", "paper", "paper_gemma2")
 
@@ -124,15 +124,18 @@ def learn(c: ml_collections.ConfigDict) -> None:
   o.roles = ml_collections.ConfigDict(dict(
       teacher=base.role(192, temperature=1.0, top_p=1.0),  # a world problem is ~100 tokens
       student=base.role(64, temperature=1.0, top_p=1.0)))
-  c.total_steps = 60
   base.world_learn(c, "arith", max_new_tokens=64)
-  # From the solver model, which works other worlds' problems out in the student's prompt (the
-  # demo model, fitted to supervision alone, gets a quarter of them right after ~2,000 steps),
-  # re-warmed on both roles' formats: the teacher's is new to it (300 steps at 1e-3 left 3–9%
-  # of its problems legal; these settings, 58–68%).
-  c.model.source = f"hf:{SOLVER_MODEL}"
+  # From the counter model, which works other worlds' problems out in the student's prompt (58%
+  # of world 0's right), re-warmed on both roles' formats: the teacher's is new to it (300
+  # steps at 1e-3 left 3–9% of its problems legal; these settings, 58–68%). The warmed student
+  # guesses more often than it writes either way of working a problem out, so its greedy answer
+  # is a guess, never right, while most of its samples work the sums out and agree: a start
+  # whose vote beats its first choice, the only kind a majority reward can lift.
+  c.model.source = f"hf:{COUNTER_MODEL}"
+  c.total_steps = 40
   c.warmup.steps = 900
   c.warmup.lr = 2e-3
   c.warmup.documents = 1200  # of each role, from 4 other worlds' problems
-  c.warmup.right_share = 0.8  # the rest end one sum off by 1–10: the answers spread
+  c.warmup.right_share = 0.9  # of the worked solutions; the rest end one sum off by 1–10
+  c.warmup.guess_share = 0.4  # a uniformly drawn wrong number, boxed with no sums
   c.loss.kl_beta = 0.0

@@ -82,6 +82,8 @@ def base_config() -> ml_collections.ConfigDict:
   # member drawn without reading, right one time in the class's size)
   c.warmup.right_share = 0.0  # the share of the warmed responder's demonstrated answers that
   # are right (read off the other world's document): a reader that reads only sometimes
+  c.warmup.guess_share = 0.0  # OpenSIR's world warm-up: the share of the student's
+  # demonstrations that state a (wrong) guess without working the sums out
   c.warmup.answer_first = False  # the questioner's JSON demonstrated answer first: the label is
   # written from the document alone, before the question that could garble it
 

@@ -89,6 +89,7 @@ def test_every_numeric_field_is_checked(method, preset):
     ("warmup.skill", "hop3", "warmup.skill='hop3': use 'hop1' or 'attr'"),
     ("warmup.answers", "right", "warmup.answers='right': use 'wrong' or 'chance'"),
     ("warmup.right_share", 1.0, r"warmup.right_share=1.0: use a share in \[0, 1\)"),
+    ("warmup.guess_share", 1.0, r"warmup.guess_share=1.0: use a share in \[0, 1\)"),
     ("eval.num_samples", 0, "eval.num_samples=0 must be at least 1"),
     ("eval.temperature", -0.5, "eval.temperature=-0.5 must be at least 0"),
 ])

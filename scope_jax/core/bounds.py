@@ -77,6 +77,7 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     # The model (a random-init preset) and the warm-up.
     ("model.tiny.rope_theta", POSITIVE), ("model.tiny.*", SIZE),
     ("warmup.lr", POSITIVE), ("warmup.steps", COUNT), ("warmup.right_share", SHARE),
+    ("warmup.guess_share", SHARE),
     ("warmup.world_seed", Bound(-1, integer=True, why="a world's seed; -1 demonstrates on the "
                                 "method's own data")), ("warmup.*", SIZE),
     # Rollouts: the engine hangs or loops on a size of 0.

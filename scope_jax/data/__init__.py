@@ -12,6 +12,10 @@ SOLVER_MODEL = BUNDLED / "solver_model"  # the demo model taught to work out oth
 # problems in OpenSIR's student prompt (right answers, worlds 1000-1019): `python -m
 # bench.world_reading --skill=arith --format=opensir --steps=2500 --every=500 --out=<dir>`
 # rebuilds it
+COUNTER_MODEL = BUNDLED / "counter_model"  # the solver model fitted further on 60 other worlds'
+# problems (worlds 1000-1059, right answers; 58% of world 0's held-out problems right, against
+# the solver model's 22.5%): `python -m bench.world_reading --size=<solver_model> --skill=arith
+# --format=opensir --worlds=60 --steps=3000 --every=1000 --lr=2e-3 --out=<dir>` rebuilds it
 DEMO_TOKENIZER = BUNDLED / "demo_tokenizer.json"
 CORPUS = BUNDLED / "wiki_leads_2k.jsonl"  # 2,000 Wikipedia lead paragraphs (CC BY-SA 4.0)
 EMBEDDINGS = BUNDLED / "wiki_leads_2k.minilm.f16.npy"  # MiniLM passage vectors (float16)

@@ -1,6 +1,7 @@
 """OpenSIR end to end: configs, one scripted step through the real update, state, CLI, resume."""
 
 import base64
+import collections
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from scope_jax import metrics as metrics_lib
 from scope_jax.methods.opensir import algorithm as opensir
 from scope_jax.core import runner
 from scope_jax.core import runtime
-from scope_jax.data import SOLVER_MODEL
+from scope_jax.data import COUNTER_MODEL, SOLVER_MODEL
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedOpenSirSampler, play_all_roles
 
@@ -268,29 +269,31 @@ def test_held_out_problems_are_asked_in_the_students_prompt(tmp_path):
 
 def test_learn_preset_demonstrates_other_worlds_problems(tmp_path):
   """The `learn` preset warms both roles on other worlds' word problems (never the run's world,
-  never a gold one): the teacher writes a problem of another template, the student works one out
-  and boxes a result that is right in `warmup.right_share` of them and off by 1–10 otherwise;
+  never a gold one): the teacher writes a problem of another template, the student guesses in
+  `warmup.guess_share` of them (never right), else works one out and boxes a result that is right
+  in `warmup.right_share` of those and off by 1–10 otherwise;
   held-out `world:arith` problems are scored in the student's prompt from step 0."""
   from scope_jax.methods.opensir import demos as opensir_demos
   from scope_jax.world import World
   c = opensir_config.get_config("learn")
   assert (c.eval.benchmarks, c.eval.limit, c.eval.every, c.eval.prompt) == (
       "world:arith", 300, 10, "role")
-  assert c.warmup.world_seed == 1000 and c.warmup.worlds == 4 and c.warmup.right_share == 0.8
-  assert c.opensir.initial_pool.file == "world" and c.total_steps == 60
-  assert c.model.source == f"hf:{SOLVER_MODEL}"
+  assert c.warmup.world_seed == 1000 and c.warmup.worlds == 4
+  assert (c.warmup.right_share, c.warmup.guess_share) == (0.9, 0.4)
+  assert c.opensir.initial_pool.file == "world" and c.total_steps == 40
+  assert c.model.source == f"hf:{COUNTER_MODEL}"
   runner.validate(c)
   c.model.source, c.model.tokenizer = "tiny", "demo"  # prompts and demonstrations only
-  c.warmup.worlds, c.warmup.documents = 2, 40
+  c.warmup.worlds, c.warmup.documents = 2, 200
   rt = runtime.Runtime(c, str(tmp_path))
   method = opensir.OpenSir(rt)
   demos = opensir_demos.demonstrations(method, np.random.default_rng(0))
   text = [rt.tokenizer.decode(list(d.tokens)) for d in demos]
-  assert len(text) == 80
+  assert len(text) == 400
   worked = {q["question"]: q for s in (1000, 1001)
-            for q in World(s).training_problems(40, worked=True)}
+            for q in World(s).training_problems(200, worked=True)}
   gold = {q["question"] for q in World(0).gold["arith"]}
-  right = 0
+  right = guesses = 0
   for taught, solved in zip(text[::2], text[1::2]):
     problem = re.findall(r"<problem>(.*?)</problem>", taught)[-1]  # the reply's, not the prompt's
     assert problem in worked and problem not in gold
@@ -300,23 +303,30 @@ def test_learn_preset_demonstrates_other_worlds_problems(tmp_path):
     asked = next(q for q in worked if q in solved)
     boxed = int(re.search(r"\\boxed\{(\d+)\}", solved).group(1))
     sums = re.findall(r"(\d+) [-+*/] (\d+) = (\d+)", solved)
-    assert int(sums[-1][2]) == boxed  # the boxed answer is the last sum's result
     off = boxed - int(worked[asked]["gold"][0])
+    if not sums:  # a guess, never right
+      assert off != 0
+      guesses += 1
+      continue
     assert off == 0 or 1 <= abs(off) <= 10
+    assert int(sums[-1][2]) == boxed  # the boxed answer is the last sum's result
     right += off == 0
-  assert 24 <= right <= 39  # about 80% of 40
+  assert 60 <= guesses <= 100  # about 40% of 200
+  assert 0.8 <= right / (200 - guesses) <= 0.97  # about 90% of the worked ones
 
 
-def test_the_learn_preset_starts_from_the_shipped_solver_model():
-  """The solver model ships with the package (a few MB) and has the demo model's shape, so the
-  `learn` preset's warm-up and the demo tokenizer fit it."""
+def test_the_learn_preset_starts_from_a_shipped_model():
+  """The solver model and the counter model (the solver model fitted further; the `learn`
+  preset's start) ship with the package (a few MB each) and have the demo model's shape, so the
+  `learn` preset's warm-up and the demo tokenizer fit them."""
   from scope_jax.data import DEMO_MODEL
   from scope_jax.models import hf_io
-  assert (SOLVER_MODEL / "model.safetensors").stat().st_size < 8 * 2**20
-  solver, params = hf_io.load_hf(SOLVER_MODEL)
   demo, demo_params = hf_io.load_hf(DEMO_MODEL)
-  assert solver == demo
-  chex.assert_trees_all_equal_shapes(params, demo_params)
+  for path in (SOLVER_MODEL, COUNTER_MODEL):
+    assert (path / "model.safetensors").stat().st_size < 8 * 2**20
+    solver, params = hf_io.load_hf(path)
+    assert solver == demo
+    chex.assert_trees_all_equal_shapes(params, demo_params)
 
 
 def test_the_arithmetic_probe_asks_in_the_students_own_prompt(tmp_path):
@@ -365,3 +375,42 @@ def test_the_arithmetic_probes_vote_by_hand(monkeypatch):
             "agree 0.00-0.50: n": 0, "agree 0.00-0.50: right": 0.0,
             "agree 0.50-0.75: n": 1, "agree 0.50-0.75: right": 0.0,
             "agree 0.75-1.00: n": 1, "agree 0.75-1.00: right": 1.0})
+
+
+def test_a_guessing_student_is_demonstrated_guessing_and_working_two_ways():
+  """With `warmup.guess_share`, that share of the student's demonstrations box a guess with no
+  sums, a wrong number drawn uniformly; the rest work the sums out, half of them after "First, ",
+  so the guess is the commonest opening (the greedy choice) while most samples work the problem
+  out. With no guessing share the demonstrations are drawn as before, number for number."""
+  from scope_jax.methods.opensir import demos as opensir_demos
+  from scope_jax.world import World
+  problems = World(1000).training_problems(400, worked=True)
+  rng = np.random.default_rng(0)
+  kinds, guesses = collections.Counter(), set()
+  for q in problems:
+    text = opensir_demos.student_solution(q, rng, right_share=0.8, guess_share=0.4)
+    boxed = int(re.search(r"\\boxed\{(\d+)\}", text).group(1))
+    off = boxed - int(q["gold"][0])
+    if text.startswith("Therefore, the final answer is: "):
+      assert "=" not in text and off != 0 and 0 <= boxed < opensir_demos.GUESSES
+      kinds["guess"] += 1
+      guesses.add(boxed)
+    else:
+      assert text.startswith("First, " + q["steps"].split(" = ")[0]) or text.startswith(
+          q["steps"].split(" = ")[0])
+      kinds["first" if text.startswith("First, ") else "plain"] += 1
+      kinds["right"] += off == 0
+  assert 140 <= kinds["guess"] <= 180  # about 40% of 400
+  assert len(guesses) >= 100  # spread: two guesses seldom agree
+  assert max(kinds["first"], kinds["plain"]) < kinds["guess"]
+  assert 0.7 <= kinds["right"] / (kinds["first"] + kinds["plain"]) <= 0.9
+  # guess_share = 0 keeps the earlier draws: a right last sum 80% of the time, one way of writing
+  a, b = np.random.default_rng(1), np.random.default_rng(1)
+  for q in problems[:50]:
+    text = opensir_demos.student_solution(q, a, right_share=0.8)
+    steps, answer = q["steps"], int(q["gold"][0])
+    if not b.random() < 0.8:
+      offsets = [d for d in range(-10, 11) if d and answer + d >= 0]
+      answer += offsets[int(b.integers(len(offsets)))]
+      steps = f"{steps.rsplit(' = ', 1)[0]} = {answer}."
+    assert text == opensir_demos.student_text(steps, answer)

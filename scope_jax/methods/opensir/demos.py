@@ -112,6 +112,7 @@ def world_demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
   rt, w = method.rt, method.rt.config.warmup
   demo, worlds = _demo(rt), max(int(w.get("worlds", 1)), 1)
   right_share = float(w.get("right_share", 0.0))
+  guess_share = float(w.get("guess_share", 0.0))
   per_world = -(-w.documents // worlds)
   problems = [q for k in range(worlds)
               for q in World(w.world_seed + k).training_problems(2 * per_world, worked=True)]
@@ -128,11 +129,38 @@ def world_demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
                     f"<think>The new problem {how}, while {old}.</think>\n"
                     f"<problem>{new['question']}</problem>\n<concepts>{concepts}</concepts>"))
     solved = problems[(2 * i + 7) % len(problems)]
-    steps, answer = solved["steps"], int(solved["gold"][0])
-    if not rng.random() < right_share:  # a wrong last sum: another number, never negative
-      offsets = [d for d in range(-10, 11) if d and answer + d >= 0]
-      wrong = answer + offsets[int(rng.integers(len(offsets)))]
-      steps = f"{steps.rsplit(' = ', 1)[0]} = {wrong}."
-      answer = wrong
-    out.append(demo(method.student_prompt(solved["question"]), student_text(steps, answer)))
+    out.append(demo(method.student_prompt(solved["question"]),
+                    student_solution(solved, rng, right_share, guess_share)))
   return out
+
+
+GUESSES = 250  # a guess is a whole number below this (every world answer is), drawn uniformly
+
+
+def _off(answer: int, rng: np.random.Generator) -> int:
+  """Another whole number 1–10 away from `answer`."""
+  offsets = [d for d in range(-10, 11) if d and answer + d >= 0]
+  return answer + offsets[int(rng.integers(len(offsets)))]
+
+
+def student_solution(problem: dict, rng: np.random.Generator, right_share: float,
+                     guess_share: float = 0.0) -> str:
+  """A demonstrated solution of a worked world problem. The sums are worked out and the last
+  one is right in `right_share` of them (else off by 1–10). With `guess_share` > 0, that share
+  states a guess without working (a wrong number drawn uniformly, so two guesses seldom agree),
+  and the worked rest is written two ways
+  ("a * b = …" or "First, a * b = …"), each less common than the guess: the warmed student's
+  first choice is then to guess, while its samples that work the sums out reach one answer by
+  either route — a start whose vote beats its greedy answer (docs/learning.md, OpenSIR)."""
+  steps, answer = problem["steps"], int(problem["gold"][0])
+  if guess_share and rng.random() < guess_share:
+    guess = answer
+    while guess == answer:
+      guess = int(rng.integers(GUESSES))
+    return student_text("", guess).lstrip("\n")
+  if not rng.random() < right_share:  # a wrong last sum: another number, never negative
+    answer = _off(answer, rng)
+    steps = f"{steps.rsplit(' = ', 1)[0]} = {answer}."
+  if guess_share and rng.random() < 0.5:
+    steps = f"First, {steps}"
+  return student_text(steps, answer)
