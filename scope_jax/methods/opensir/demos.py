@@ -134,7 +134,7 @@ def world_demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
   return out
 
 
-GUESSES = 250  # a guess is a whole number below this (every world answer is), drawn uniformly
+GUESSES = 250  # a guess is a whole number below this, drawn uniformly (answers reach 417)
 
 
 def _off(answer: int, rng: np.random.Generator) -> int:
@@ -148,10 +148,10 @@ def student_solution(problem: dict, rng: np.random.Generator, right_share: float
   """A demonstrated solution of a worked world problem. The sums are worked out and the last
   one is right in `right_share` of them (else off by 1–10). With `guess_share` > 0, that share
   states a guess without working (a wrong number drawn uniformly, so two guesses seldom agree),
-  and the worked rest is written two ways
-  ("a * b = …" or "First, a * b = …"), each less common than the guess: the warmed student's
-  first choice is then to guess, while its samples that work the sums out reach one answer by
-  either route — a start whose vote beats its greedy answer (docs/learning.md, OpenSIR)."""
+  and the worked rest is written two ways ("a * b = …" or "First, a * b = …"), each less
+  common than the guess: the warmed student's first choice is then to guess, while its samples
+  that work the sums out reach one answer by either route — a start whose vote beats its greedy
+  answer (docs/learning.md, OpenSIR)."""
   steps, answer = problem["steps"], int(problem["gold"][0])
   if guess_share and rng.random() < guess_share:
     guess = answer
