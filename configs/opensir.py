@@ -128,14 +128,16 @@ def learn(c: ml_collections.ConfigDict) -> None:
   # From the counter model, which works other worlds' problems out in the student's prompt (58%
   # of world 0's right), re-warmed on both roles' formats: the teacher's is new to it (300
   # steps at 1e-3 left 3–9% of its problems legal; these settings, 58–68%). The warmed student
-  # guesses more often than it writes either way of working a problem out, so its greedy answer
+  # guesses more often than it opens a worked solution any one of four ways, so its greedy answer
   # is a guess, never right, while most of its samples work the sums out and agree: a start
-  # whose vote beats its first choice, the only kind a majority reward can lift.
+  # whose vote beats its first choice, the only kind a majority reward can lift. Two ways left
+  # the guess's lead so thin that shuffled rewards could tip it too (docs/learning.md).
   c.model.source = f"hf:{COUNTER_MODEL}"
-  c.total_steps = 40
+  c.total_steps = 50  # after ~50 the worked answers drift toward small numbers that agree
   c.warmup.steps = 900
   c.warmup.lr = 2e-3
   c.warmup.documents = 1200  # of each role, from 4 other worlds' problems
   c.warmup.right_share = 0.9  # of the worked solutions; the rest end one sum off by 1–10
   c.warmup.guess_share = 0.4  # a uniformly drawn wrong number, boxed with no sums
+  c.warmup.worked_ways = 4  # openings of the worked rest, 0.15 each against the guess's 0.4
   c.loss.kl_beta = 0.0

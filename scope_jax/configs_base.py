@@ -84,6 +84,7 @@ def base_config() -> ml_collections.ConfigDict:
   # are right (read off the other world's document): a reader that reads only sometimes
   c.warmup.guess_share = 0.0  # OpenSIR's world warm-up: the share of the student's
   # demonstrations that state a (wrong) guess without working the sums out
+  c.warmup.worked_ways = 1  # OpenSIR's world warm-up: how many openings its worked sums take
   c.warmup.answer_first = False  # the questioner's JSON demonstrated answer first: the label is
   # written from the document alone, before the question that could garble it
 

@@ -90,6 +90,8 @@ def test_every_numeric_field_is_checked(method, preset):
     ("warmup.answers", "right", "warmup.answers='right': use 'wrong' or 'chance'"),
     ("warmup.right_share", 1.0, r"warmup.right_share=1.0: use a share in \[0, 1\)"),
     ("warmup.guess_share", 1.0, r"warmup.guess_share=1.0: use a share in \[0, 1\)"),
+    ("warmup.worked_ways", 5, "warmup.worked_ways=5: use 1 to 4 openings"),
+    ("warmup.worked_ways", 0, "warmup.worked_ways=0 must be at least 1"),
     ("eval.num_samples", 0, "eval.num_samples=0 must be at least 1"),
     ("eval.temperature", -0.5, "eval.temperature=-0.5 must be at least 0"),
 ])

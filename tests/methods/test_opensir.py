@@ -377,18 +377,19 @@ def test_the_arithmetic_probes_vote_by_hand(monkeypatch):
             "agree 0.75-1.00: n": 1, "agree 0.75-1.00: right": 1.0})
 
 
-def test_a_guessing_student_is_demonstrated_guessing_and_working_two_ways():
+def test_a_guessing_student_is_demonstrated_guessing_and_working_several_ways():
   """With `warmup.guess_share`, that share of the student's demonstrations box a guess with no
-  sums, a wrong number drawn uniformly; the rest work the sums out, half of them after "First, ",
-  so the guess is the commonest opening (the greedy choice) while most samples work the problem
-  out. With no guessing share the demonstrations are drawn as before, number for number."""
+  sums, a wrong number drawn uniformly; the rest work the sums out, opened one of
+  `warmup.worked_ways` ways, so the guess is the commonest opening (the greedy choice) while most
+  samples work the problem out. With no guessing share the demonstrations are drawn as before,
+  number for number."""
   from scope_jax.methods.opensir import demos as opensir_demos
   from scope_jax.world import World
   problems = World(1000).training_problems(400, worked=True)
   rng = np.random.default_rng(0)
   kinds, guesses = collections.Counter(), set()
   for q in problems:
-    text = opensir_demos.student_solution(q, rng, right_share=0.8, guess_share=0.4)
+    text = opensir_demos.student_solution(q, rng, right_share=0.8, guess_share=0.4, ways=4)
     boxed = int(re.search(r"\\boxed\{(\d+)\}", text).group(1))
     off = boxed - int(q["gold"][0])
     if text.startswith("Therefore, the final answer is: "):
@@ -396,14 +397,30 @@ def test_a_guessing_student_is_demonstrated_guessing_and_working_two_ways():
       kinds["guess"] += 1
       guesses.add(boxed)
     else:
-      assert text.startswith("First, " + q["steps"].split(" = ")[0]) or text.startswith(
-          q["steps"].split(" = ")[0])
-      kinds["first" if text.startswith("First, ") else "plain"] += 1
+      opening = text[:text.index(q["steps"].split(" = ")[0])]
+      assert opening in opensir_demos.OPENINGS, text
+      kinds[opening] += 1
       kinds["right"] += off == 0
   assert 140 <= kinds["guess"] <= 180  # about 40% of 400
   assert len(guesses) >= 100  # spread: two guesses seldom agree
-  assert max(kinds["first"], kinds["plain"]) < kinds["guess"]
-  assert 0.7 <= kinds["right"] / (kinds["first"] + kinds["plain"]) <= 0.9
+  worked = [kinds[o] for o in opensir_demos.OPENINGS]
+  assert min(worked) >= 40 and max(worked) < kinds["guess"] * 0.6  # ~60 each against ~160
+  assert 0.7 <= kinds["right"] / sum(worked) <= 0.9
+  # Two ways are the two-way preset's draws, number for number: "First, " below one half.
+  def two_ways(q, rng):
+    steps, answer = q["steps"], int(q["gold"][0])
+    if rng.random() < 0.4:
+      guess = answer
+      while guess == answer:
+        guess = int(rng.integers(opensir_demos.GUESSES))
+      return opensir_demos.student_text("", guess).lstrip("\n")
+    if not rng.random() < 0.8:
+      answer = opensir_demos._off(answer, rng)
+      steps = f"{steps.rsplit(' = ', 1)[0]} = {answer}."
+    return opensir_demos.student_text(("First, " if rng.random() < 0.5 else "") + steps, answer)
+  a, b = np.random.default_rng(2), np.random.default_rng(2)
+  for q in problems[:100]:
+    assert opensir_demos.student_solution(q, a, 0.8, 0.4, ways=2) == two_ways(q, b)
   # guess_share = 0 keeps the earlier draws: a right last sum 80% of the time, one way of writing
   a, b = np.random.default_rng(1), np.random.default_rng(1)
   for q in problems[:50]:

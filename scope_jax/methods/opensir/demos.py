@@ -113,6 +113,7 @@ def world_demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
   demo, worlds = _demo(rt), max(int(w.get("worlds", 1)), 1)
   right_share = float(w.get("right_share", 0.0))
   guess_share = float(w.get("guess_share", 0.0))
+  ways = int(w.get("worked_ways", 1))
   per_world = -(-w.documents // worlds)
   problems = [q for k in range(worlds)
               for q in World(w.world_seed + k).training_problems(2 * per_world, worked=True)]
@@ -130,10 +131,12 @@ def world_demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
                     f"<problem>{new['question']}</problem>\n<concepts>{concepts}</concepts>"))
     solved = problems[(2 * i + 7) % len(problems)]
     out.append(demo(method.student_prompt(solved["question"]),
-                    student_solution(solved, rng, right_share, guess_share)))
+                    student_solution(solved, rng, right_share, guess_share, ways)))
   return out
 
 
+# Ways to open worked sums, each with its own first token (and none "Therefore", the guess's).
+OPENINGS = ("First, ", "", "Step by step, ", "Working it out, ")
 GUESSES = 250  # a guess is a whole number below this, drawn uniformly (answers reach 417)
 
 
@@ -144,14 +147,14 @@ def _off(answer: int, rng: np.random.Generator) -> int:
 
 
 def student_solution(problem: dict, rng: np.random.Generator, right_share: float,
-                     guess_share: float = 0.0) -> str:
+                     guess_share: float = 0.0, ways: int = 1) -> str:
   """A demonstrated solution of a worked world problem. The sums are worked out and the last
   one is right in `right_share` of them (else off by 1–10). With `guess_share` > 0, that share
   states a guess without working (a wrong number drawn uniformly, so two guesses seldom agree),
-  and the worked rest is written two ways ("a * b = …" or "First, a * b = …"), each less
-  common than the guess: the warmed student's first choice is then to guess, while its samples
-  that work the sums out reach one answer by either route — a start whose vote beats its greedy
-  answer (docs/learning.md, OpenSIR)."""
+  and the worked rest opens one of `ways` ways drawn uniformly (`OPENINGS`), each less common
+  than the guess: the warmed student's first choice is then to guess, while its samples that
+  work the sums out reach one answer by any route — a start whose vote beats its greedy answer
+  (docs/learning.md, OpenSIR). More ways widen the guess's lead without making it commoner."""
   steps, answer = problem["steps"], int(problem["gold"][0])
   if guess_share and rng.random() < guess_share:
     guess = answer
@@ -161,6 +164,6 @@ def student_solution(problem: dict, rng: np.random.Generator, right_share: float
   if not rng.random() < right_share:  # a wrong last sum: another number, never negative
     answer = _off(answer, rng)
     steps = f"{steps.rsplit(' = ', 1)[0]} = {answer}."
-  if guess_share and rng.random() < 0.5:
-    steps = f"First, {steps}"
+  if ways > 1:
+    steps = OPENINGS[int(rng.random() * ways)] + steps
   return student_text(steps, answer)
