@@ -18,7 +18,8 @@ from scope_jax import report
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every method's `learn` preset, and the world seeds it meets the bar on (docs/learning.md).
 LEARNERS = [("spell", 0), ("spell", 1), ("spell", 2), ("piplay", 0), ("piplay", 1), ("asl", 0),
-            ("asl", 1), ("scope", 0), ("scope", 1), ("opensir", 0), ("opensir", 1)]
+            ("asl", 1), ("scope", 0), ("scope", 1), ("opensir", 0), ("opensir", 1),
+            ("opensir", 2)]
 
 
 def _learn(method: str, seed: int, workdir, *flags) -> tuple[float, float]:

@@ -270,17 +270,18 @@ def test_held_out_problems_are_asked_in_the_students_prompt(tmp_path):
 def test_learn_preset_demonstrates_other_worlds_problems(tmp_path):
   """The `learn` preset warms both roles on other worlds' word problems (never the run's world,
   never a gold one): the teacher writes a problem of another template, the student guesses in
-  `warmup.guess_share` of them (never right), else works one out and boxes a result that is right
-  in `warmup.right_share` of those and off by 1–10 otherwise;
-  held-out `world:arith` problems are scored in the student's prompt from step 0."""
+  `warmup.guess_share` of them (never right), else works one out, opened one of
+  `warmup.worked_ways` ways, and boxes a result that is right in `warmup.right_share` of those
+  and off by 1–10 otherwise; held-out `world:arith` problems are scored in the student's prompt
+  from step 0."""
   from scope_jax.methods.opensir import demos as opensir_demos
   from scope_jax.world import World
   c = opensir_config.get_config("learn")
   assert (c.eval.benchmarks, c.eval.limit, c.eval.every, c.eval.prompt) == (
       "world:arith", 300, 10, "role")
   assert c.warmup.world_seed == 1000 and c.warmup.worlds == 4
-  assert (c.warmup.right_share, c.warmup.guess_share) == (0.9, 0.4)
-  assert c.opensir.initial_pool.file == "world" and c.total_steps == 40
+  assert (c.warmup.right_share, c.warmup.guess_share, c.warmup.worked_ways) == (0.9, 0.4, 4)
+  assert c.opensir.initial_pool.file == "world" and c.total_steps == 50
   assert c.model.source == f"hf:{COUNTER_MODEL}"
   runner.validate(c)
   c.model.source, c.model.tokenizer = "tiny", "demo"  # prompts and demonstrations only
@@ -294,6 +295,7 @@ def test_learn_preset_demonstrates_other_worlds_problems(tmp_path):
             for q in World(s).training_problems(200, worked=True)}
   gold = {q["question"] for q in World(0).gold["arith"]}
   right = guesses = 0
+  openings = collections.Counter()
   for taught, solved in zip(text[::2], text[1::2]):
     problem = re.findall(r"<problem>(.*?)</problem>", taught)[-1]  # the reply's, not the prompt's
     assert problem in worked and problem not in gold
@@ -311,7 +313,11 @@ def test_learn_preset_demonstrates_other_worlds_problems(tmp_path):
     assert off == 0 or 1 <= abs(off) <= 10
     assert int(sums[-1][2]) == boxed  # the boxed answer is the last sum's result
     right += off == 0
+    reply = solved[len(rt.tokenizer.decode(method.student_prompt(asked))):]
+    openings[reply[:reply.index(f"{sums[0][0]} ")]] += 1
   assert 60 <= guesses <= 100  # about 40% of 200
+  assert set(openings) == set(opensir_demos.OPENINGS)
+  assert max(openings.values()) < guesses  # each way is rarer than the guess
   assert 0.8 <= right / (200 - guesses) <= 0.97  # about 90% of the worked ones
 
 
