@@ -40,6 +40,7 @@ from scope_jax.rl import sft
 from scope_jax.rollout.types import Trajectory
 
 BUNDLED = DEMO_MODEL
+MAX_WORKED_WAYS = 4  # OpenSIR's world warm-up writes worked sums at most this many ways
 
 
 def validate(config: ml_collections.ConfigDict, method_cls=None) -> None:
@@ -61,8 +62,8 @@ def validate(config: ml_collections.ConfigDict, method_cls=None) -> None:
     raise ValueError(f"warmup.right_share={w.right_share}: use a share in [0, 1).")
   if not 0.0 <= w.get("guess_share", 0.0) < 1.0:
     raise ValueError(f"warmup.guess_share={w.guess_share}: use a share in [0, 1).")
-  if not 1 <= w.get("worked_ways", 1) <= 4:
-    raise ValueError(f"warmup.worked_ways={w.worked_ways}: use 1 to 4 openings.")
+  if not 1 <= w.get("worked_ways", 1) <= MAX_WORKED_WAYS:
+    raise ValueError(f"warmup.worked_ways={w.worked_ways}: use 1 to {MAX_WORKED_WAYS} openings.")
   seeds = range(w.get("world_seed", -1), w.get("world_seed", -1) + w.get("worlds", 1))
   if w.get("world_seed", -1) >= 0 and config.world.seed in seeds:
     raise ValueError(f"warmup.world_seed={w.world_seed} with warmup.worlds={w.worlds} includes "

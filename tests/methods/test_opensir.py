@@ -19,6 +19,7 @@ from scope_jax import metrics as metrics_lib
 from scope_jax.methods.opensir import algorithm as opensir
 from scope_jax.core import runner
 from scope_jax.core import runtime
+from scope_jax.core import warmup
 from scope_jax.data import COUNTER_MODEL, SOLVER_MODEL
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedOpenSirSampler, play_all_roles
@@ -409,6 +410,7 @@ def test_a_guessing_student_is_demonstrated_guessing_and_working_several_ways():
       kinds["right"] += off == 0
   assert 140 <= kinds["guess"] <= 180  # about 40% of 400
   assert len(guesses) >= 100  # spread: two guesses seldom agree
+  assert len(opensir_demos.OPENINGS) == warmup.MAX_WORKED_WAYS  # the bound validate() checks
   worked = [kinds[o] for o in opensir_demos.OPENINGS]
   assert min(worked) >= 40 and max(worked) < kinds["guess"] * 0.6  # ~60 each against ~160
   assert 0.7 <= kinds["right"] / sum(worked) <= 0.9
