@@ -31,7 +31,11 @@ fsdp f, tensor t; c and p the compute and parameter dtypes' bytes):
   2N + 4·L·heads·H·window FLOPs a row, and with t > 1 two all-reduces per layer of the rows'
   hidden states;
 - prefill call: the sampling weights once and the block's keys and values written,
-  2N + 2·L·heads·H·window FLOPs a token; the retrieval encoder: no minimum given.
+  2N + 2·L·heads·H·block FLOPs a token (at least causal attention within its own block);
+- the retrieval encoder: no minimum given.
+
+Not in the HBM minimums: the logits (a fused cross-entropy or sampling kernel need not write them
+to HBM); so a train step's HBM ratio also shows what its chunked loss writes.
 """
 
 from __future__ import annotations
@@ -139,11 +143,14 @@ def decode_minimum(s: Shapes, rows: int, window: int, chips: int) -> tuple[float
   return flops, float(s.sampling_weights + s.kv_cache), ici
 
 
-def prefill_minimum(s: Shapes, tokens: int, window: int, chips: int) -> tuple[float, float, float]:
-  """(FLOPs, HBM bytes, ICI bytes) per chip of one prefill call of `tokens` tokens."""
+def prefill_minimum(s: Shapes, tokens: int, rows: int, window: int,
+                    chips: int) -> tuple[float, float, float]:
+  """(FLOPs, HBM bytes, ICI bytes) per chip of one prefill call of `tokens` tokens in `rows`
+  rows (blocks) into a `window`-position cache."""
   m, mesh = s.model, s.mesh
   d, f, t = mesh.get("data", 1), mesh.get("fsdp", 1), mesh.get("tensor", 1)
-  flops = tokens * (2.0 * matmul_weights(m) + 2.0 * attention_width(m) * window) / chips
+  block = tokens / max(rows, 1)
+  flops = tokens * (2.0 * matmul_weights(m) + 2.0 * attention_width(m) * block) / chips
   written = s.kv_cache * tokens / max(s.slots * window, 1)  # the block's share of the cache
   hidden = tokens / (d * f) * m.hidden_size * _itemsize(s.dtype)
   ici = 2 * _share(t) * 2 * m.num_layers * hidden
@@ -169,7 +176,7 @@ def estimate(c: analysis.Compiled, s: Shapes, sl: topology.Slice) -> Estimate:
   elif p.kind == "decode":
     minimum = decode_minimum(s, p.rows, p.columns, chips)
   elif p.kind == "prefill" and p.columns:
-    minimum = prefill_minimum(s, p.tokens, p.columns, chips)
+    minimum = prefill_minimum(s, p.tokens, p.rows, p.columns, chips)
   overlapped, serial = _seconds(sl.chip, sl.ici_ingress, flops, hbm, ici)
   floor = mfu = model = None
   if minimum is not None:
