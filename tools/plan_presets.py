@@ -5,7 +5,8 @@ that README is this script's output.
     python tools/plan_presets.py --out=/tmp/plans --presets=asl:paper
 
 Each preset runs `python -m scope_jax.plan ... --json=<out>/<method>_<preset>.json`; the
-markdown table is printed from those files at the end (and by `--table_only`).
+markdown table is printed from those files at the end (and by `--table_only`). A preset whose
+plan fails has its old JSON removed first, so it gets no row, and the script exits 1.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ GIB = 2 ** 30
 
 
 def plan(spec: str, out: pathlib.Path, extra=()) -> dict:
+  """Plans one preset into `<out>/<method>_<preset>.json`; {} when the plan failed (no file)."""
   method, preset = spec.split(":")
   topo, mesh = SLICES[spec]
   path = out / f"{method}_{preset}.json"
+  path.unlink(missing_ok=True)  # a failed plan must not leave an earlier run's row behind
   cmd = [sys.executable, "-m", "scope_jax.plan", f"--config=configs/{method}.py:{preset}",
          f"--topology={topo}", f"--config.mesh.shape={mesh}", f"--json={path}", *extra]
   start = time.perf_counter()
@@ -39,20 +42,43 @@ def plan(spec: str, out: pathlib.Path, extra=()) -> dict:
   return json.loads(path.read_text())
 
 
+def _est(program: dict, key: str, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+  value = program.get(key)
+  return "—" if value is None else fmt.format(value * scale)
+
+
 def row(spec: str, p: dict) -> str:
-  resident = sum(p["resident"].values())
-  train = max((r for r in p["train"]), key=lambda r: r["compiled_flops"], default=None)
-  decode = next(iter(p["decode"]), None)
-  verdict = (f"fits, {(p['hbm_bytes'] - max(p['update_peak'], p['rollout_peak'])) / GIB:.1f} "
-             "to spare" if p["fits"] else
-             f"**does not fit** ({(max(p['update_peak'], p['rollout_peak']) - p['hbm_bytes']) / GIB:.1f} over)")
-  cells = [spec, f"{p['slice']} `{tuple(p['mesh'].values())}`", f"{resident / GIB:.1f}",
-           f"{p['kv_cache'] / GIB:.1f}", f"{p['update_peak'] / GIB:.1f}",
-           f"{p['rollout_peak'] / GIB:.1f}", f"{p['hbm_bytes'] / GIB:.0f}", verdict]
+  """One preset's table row: memory per chip, the verdict, and the compiler estimates of its
+  largest train step (per update) and its decode chunk program (per decode step)."""
+  programs = [q for q in p["programs"] if not q.get("error")]
+  train = max((q for q in programs if q["kind"] == "train"), key=lambda q: q.get("flops") or 0,
+              default=None)
+  decode = next((q for q in programs if q["name"] == "engine/decode"),
+                next((q for q in programs if q["kind"] == "decode"), None))
+  peak = max(p["update_peak"], p["rollout_peak"], p.get("refresh_peak", 0))
+  verdict = ("partial plan" if p.get("partial") else
+             f"fits, {(p['hbm_bytes'] - peak) / GIB:.1f} to spare" if p["fits"] else
+             f"**does not fit** ({(peak - p['hbm_bytes']) / GIB:.1f} over)")
+  cells = [spec, f"{p['slice']} `{tuple(p['mesh'].values())}`",
+           f"{sum(p['resident'].values()) / GIB:.1f}", f"{p.get('kv_caches', p['kv_cache']) / GIB:.1f}",
+           f"{p['update_peak'] / GIB:.1f}", f"{p['rollout_peak'] / GIB:.1f}",
+           f"{p['hbm_bytes'] / GIB:.0f}", verdict]
   if train:
-    cells.append(f"{train['ratio']:.2f}× / {100 * train['mfu']:.0f}%")
+    ratio = train["flops"] / train["flops_minimum"] if train.get("flops_minimum") else None
+    ici = (train["ici_bytes_per_chip"] / train["ici_bytes_per_chip_minimum"]
+           if train.get("ici_bytes_per_chip_minimum") else None)
+    cells.append(f"{'—' if ratio is None else f'{ratio:.2f}×'} / "
+                 f"{'—' if ici is None else f'{ici:.1f}×'} / {_est(train, 'mfu', 100, '{:.0f}%')} / "
+                 f"{_est(train, 'step_seconds_overlapped', 1, '{:,.0f} s')}")
+  else:
+    cells.append("—")
   if decode:
-    cells.append(f"{decode['ratio']:.2f}× / {decode['seconds'] * 1e3:.1f} ms")
+    ratio = (decode["hbm_bytes"] / decode["hbm_bytes_minimum"]
+             if decode.get("hbm_bytes_minimum") else None)
+    cells.append(f"{'—' if ratio is None else f'{ratio:.2f}×'} / "
+                 f"{_est(decode, 'step_seconds_overlapped', 1e3, '{:.1f} ms')}")
+  else:
+    cells.append("—")
   return "| " + " | ".join(cells) + " |"
 
 
@@ -64,21 +90,30 @@ def main() -> None:
   parser.add_argument("--jobs", type=int, default=1, help="presets planned at once")
   args = parser.parse_args()
   args.out.mkdir(parents=True, exist_ok=True)
-  specs = args.presets.split(",")
+  specs = [s.strip() for s in args.presets.split(",") if s.strip()]
+  unknown = [s for s in specs if s not in SLICES]
+  if unknown:
+    sys.exit(f"Error: unknown presets {', '.join(unknown)}; choose from {', '.join(SLICES)}.")
+  failed = []
   if not args.table_only:
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-      list(pool.map(lambda spec: plan(spec, args.out), specs))
+      results = list(pool.map(lambda spec: plan(spec, args.out), specs))
+    failed = [spec for spec, r in zip(specs, results) if not r]
   plans = {}
   for spec in specs:
     method, preset = spec.split(":")
     path = args.out / f"{method}_{preset}.json"
-    if path.exists():
+    if spec not in failed and path.exists():
       plans[spec] = json.loads(path.read_text())
-  print("\n| preset | slice, mesh | resident | KV cache | update peak | rollout peak | HBM | "
-        "verdict | train FLOPs vs model / MFU (est.) | decode bytes vs minimum / step (est.) |")
+  print("\n| preset | slice, mesh | resident | KV caches | update peak | rollout peak | HBM | "
+        "verdict | train: FLOPs vs minimum / ICI vs minimum / MFU / update (est.) | "
+        "decode: HBM bytes vs minimum / step (est.) |")
   print("|---|---|---|---|---|---|---|---|---|---|")
   for spec, p in plans.items():
     print(row(spec, p))
+  if failed:
+    print(f"\nPlan failed for: {', '.join(failed)} (no row).", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

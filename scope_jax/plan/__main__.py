@@ -7,9 +7,10 @@ ahead of time, on this machine, with no TPU and no weights (libtpu: pip install 
         --config.mesh.shape='(1,16,4)' --json=plan.json
 
 It prints, per program, the per-chip bytes the compiler reports, what stays resident, each
-phase's peak against the chip's HBM (fits or not, by how much), and estimates from the compiled
-code: decode bytes against the minimum, train FLOPs against the model's, MFU at the roofline,
-and the collectives. Times are roofline estimates, never measurements.
+phase's peak against the chip's HBM (fits or not, by how much), and compiler estimates per chip:
+FLOPs, HBM bytes and interconnect bytes next to their analytic minimums, the step times they
+imply (overlapped, serial, floor) and MFU, and the collectives. Times are roofline estimates,
+never measurements.
 """
 
 import json
@@ -30,8 +31,9 @@ _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice: v4-8, v5p-8, v5lit
                                 "or 2xv5p-8 for two slices.")
 _SEARCH = flags.DEFINE_bool("search_mesh", False, "Try the mesh shapes that divide the slice and list "
                             "those that fit, best first.")
-_PROGRAMS = flags.DEFINE_string("programs", "all", "Comma-separated program prefixes to compile "
-                                "(train_step, engine, sampler, retrieval), or 'all'.")
+_PROGRAMS = flags.DEFINE_string("programs", "all", "Comma-separated program names or prefixes to "
+                                "compile (train_step, engine, engine/decode, sampler, retrieval), "
+                                "or 'all'; a subset gives a partial plan, without a verdict.")
 _JSON = flags.DEFINE_string("json", None, "Also write the plan (or every searched mesh) as JSON here.")
 
 
@@ -49,14 +51,27 @@ def search(config, s) -> list[dict]:
     with trial.unlocked():
       trial.mesh.shape = shape
     plan = _plan(trial, s)
-    seconds = sum(r["seconds"] for r in report.train_rows(plan, trial))
-    rows.append({"mesh": shape, "fits": plan.fits, "peak": plan.peak, "update_s": seconds,
-                 "plan": report.to_json(plan, trial)})
-    print(f"mesh {shape}: peak {plan.peak / topology.GIB:.2f} GiB per chip "
-          f"({'fits' if plan.fits else 'does not fit'}), update ≈ {seconds:.1f} s (roofline)",
-          flush=True)
-  rows.sort(key=lambda r: (not r["fits"], r["update_s"], r["peak"]))
+    seconds = report.update_seconds(plan)
+    fits = None if plan.partial else plan.fits
+    rows.append({"mesh": shape, "fits": fits, "partial": plan.partial, "peak": plan.peak,
+                 "update_s": seconds, "plan": report.to_json(plan, trial)})
+    what = "partial plan" if plan.partial else "fits" if plan.fits else "does not fit"
+    print(f"mesh {shape}: peak {plan.peak / topology.GIB:.2f} GiB per chip ({what}), "
+          f"update ≈ {seconds:.1f} s (compiler estimate, overlapped)", flush=True)
+  rows.sort(key=lambda r: (r["fits"] is False, r["update_s"], r["peak"]))
   return rows
+
+
+def check_output(path: str | None) -> None:
+  """Fails before any compile when `--json` cannot be written."""
+  if not path:
+    return
+  target = os.path.abspath(path)
+  folder = os.path.dirname(target)
+  if os.path.isdir(target) or not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (
+      os.path.exists(target) and not os.access(target, os.W_OK)):
+    raise ValueError(f"--json={path}: cannot write there (is {folder} an existing, writable "
+                     "folder?); give a writable file path.")
 
 
 def main(argv):
@@ -65,22 +80,24 @@ def main(argv):
   try:
     config = _CONFIG.value
     s = topology.parse(_TOPOLOGY.value)
+    check_output(_JSON.value)
     if _SEARCH.value:
       rows = search(config, s)
-      print("\n| mesh | fits | peak (GiB per chip) | update (s, roofline) |\n|---|---|---|---|")
+      print("\n| mesh | fits | peak (GiB per chip) | update (s, compiler estimate) |\n"
+            "|---|---|---|---|")
       for r in rows:
-        print(f"| {r['mesh']} | {'yes' if r['fits'] else 'no'} | {r['peak'] / topology.GIB:.2f} | "
-              f"{r['update_s']:.1f} |")
+        fits = "partial plan" if r["partial"] else "yes" if r["fits"] else "no"
+        print(f"| {r['mesh']} | {fits} | {r['peak'] / topology.GIB:.2f} | {r['update_s']:.1f} |")
       out = rows
     else:
       plan = _plan(config, s)
       print(report.render(plan, config))
       out = report.to_json(plan, config)
+    if _JSON.value:
+      with open(_JSON.value, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1, default=str)
   except (OSError, ValueError, KeyError, RuntimeError) as e:
     cli_errors.fail(e)
-  if _JSON.value:
-    with open(_JSON.value, "w", encoding="utf-8") as f:
-      json.dump(out, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

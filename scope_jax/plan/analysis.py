@@ -3,11 +3,11 @@
 
 The compiler's cost analysis counts a loop body once (a scan over 28 layers costs one layer). The
 program's jaxpr knows its trip counts: its matmul FLOPs counted with and without them give the
-factor that turns the compiler's per-chip counts into per-call ones (`loop_factor`)."""
+factor that turns the compiler's per-chip FLOPs into per-call ones (`loop_factor`); the HLO's
+loop bounds do the same for its bytes (`bytes_factor`, `hlo.memory`) and its collectives."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import re
@@ -16,24 +16,12 @@ import time
 from jax.extend import core as jcore
 
 from scope_jax.models import ops
+from scope_jax.plan import hlo as hlo_lib
+from scope_jax.plan.hlo import (KINDS, Collective, array_bytes, collective_traffic,  # noqa: F401
+                                group_size)
 from scope_jax.plan.programs import Program
 
-KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
-                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "f8e4m3fn": 1,
-                "f8e5m2": 1, "s4": 1, "u4": 1}
-_ARRAY = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
-_OP = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.*?) ([a-z\-]+)\(")
-_CALLS = re.compile(r"(?:body|condition|calls|to_apply)=%?([\w.\-]+)|branch_computations=\{([^}]*)\}")
-_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-
-
-@dataclasses.dataclass
-class Collective:
-  count: int = 0  # per call of the program, loop trips included
-  bytes: int = 0
-  in_loop: int = 0  # of `count`, inside a while loop
+_DTYPE_BYTES = hlo_lib._DTYPE_BYTES
 
 
 @dataclasses.dataclass
@@ -54,6 +42,8 @@ class Compiled:
   model_matmul_flops: float  # the program's matmul FLOPs per call, all chips (from the jaxpr)
   collectives: dict[str, Collective]
   loop_gathers: list[tuple[str, int]]  # all-gathers inside a while loop: (shape, bytes)
+  bytes_factor: float = 1.0  # per-call over loop-bodies-once memory traffic (from the HLO)
+  outside_share: float = 1.0  # of `bytes_accessed`, the share outside every loop (per call)
   error: str = ""  # the compiler refused: its temporaries alone exceed the chip's HBM (`temp`)
 
   @property
@@ -63,7 +53,18 @@ class Compiled:
 
   @property
   def call_bytes(self) -> float:
-    return self.bytes_accessed * self.loop_factor
+    """Per-chip HBM bytes of one call: the compiler's count scaled by the HLO's trip counts."""
+    return self.bytes_accessed * self.bytes_factor
+
+  @property
+  def outside_bytes(self) -> float:
+    """Of `call_bytes`, those outside every loop: paid once per call (a decode call's copies)."""
+    return self.bytes_accessed * self.outside_share
+
+  @property
+  def ici_bytes(self) -> float:
+    """Interconnect bytes each chip receives in one call (traffic factors, loop trips)."""
+    return sum(c.traffic for c in self.collectives.values())
 
   @property
   def peak(self) -> int:
@@ -76,84 +77,10 @@ class Compiled:
     return self.temp if self.error else self.peak - self.program.resident_inputs
 
 
-def array_bytes(text: str) -> int:
-  """Bytes of an HLO result type (`bf16[8,128]{1,0}` or a tuple of them: the largest)."""
-  sizes = [_DTYPE_BYTES.get(d, 4) * _prod(dims) for d, dims in _ARRAY.findall(text)]
-  return max(sizes, default=0)
-
-
-def _prod(dims: str) -> int:
-  out = 1
-  for d in filter(None, dims.split(",")):
-    out *= int(d)
-  return out
-
-
-def _trip_count(line: str, computations: dict[str, list[str]]) -> int:
-  """A while loop's trip count: the compiler's known count, else the bound its condition
-  compares the counter with (a scan's `i < length`); 1 when neither is there."""
-  known = _TRIP.search(line)
-  if known:
-    return int(known.group(1))
-  cond = re.search(r"condition=%?([\w.\-]+)", line)
-  bounds = [int(n) for body in computations.get(cond.group(1) if cond else "", [])
-            for n in re.findall(r"s32\[\][^=]*constant\((\d+)\)", body)]
-  return max(bounds, default=1)
-
-
 def hlo_collectives(hlo: str) -> tuple[dict[str, Collective], list[tuple[str, int]]]:
-  """Collectives of an HLO module by kind (async `-start` ops count once, `-done` not at all),
-  each weighted by the trip counts of the while loops around it; and the all-gathers inside a
-  loop (a weight gathered there is gathered on every step)."""
-  computations: dict[str, list[str]] = {}
-  entry, current = None, None
-  for line in hlo.splitlines():
-    m = _COMPUTATION.match(line)
-    if m and "=" not in line.split("{")[0].split("(")[0]:
-      current = m.group(1)
-      computations[current] = []
-      if line.startswith("ENTRY"):
-        entry = current
-      continue
-    if current is not None:
-      computations[current].append(line)
-  weight: dict[str, int] = collections.defaultdict(int)
-  looped: set[str] = set()
-
-  def visit(name: str, mult: int, in_loop: bool, depth: int = 0) -> None:
-    if name not in computations or depth > 64:
-      return
-    weight[name] += mult
-    if in_loop:
-      looped.add(name)
-    for line in computations[name]:
-      callees = [c.strip().lstrip("%") for m in _CALLS.finditer(line)
-                 for c in (m.group(1) or m.group(2)).split(",")]
-      is_while = " while(" in line
-      trips = _trip_count(line, computations) if is_while else 1
-      for callee in callees:
-        visit(callee, mult * (trips if is_while else 1), in_loop or is_while, depth + 1)
-
-  visit(entry or next(iter(computations), ""), 1, False)
-  out = {k: Collective() for k in KINDS}
-  gathers = []
-  for name, lines in computations.items():
-    for line in lines:
-      m = _OP.match(line)
-      if not m or m.group(2).endswith("-done"):
-        continue
-      kind = m.group(2).removesuffix("-start")
-      if kind not in out:
-        continue
-      n, size = weight.get(name, 1), array_bytes(m.group(1))
-      c = out[kind]
-      c.count += n
-      c.bytes += n * size
-      if name in looped:
-        c.in_loop += n
-        if kind == "all-gather":
-          gathers.append((_ARRAY.search(m.group(1)).group(0), size))
-  return out, gathers
+  """Collectives of an HLO module's text by kind, loop trips included (see `hlo.collectives`),
+  and the all-gathers inside a loop."""
+  return hlo_lib.collectives(hlo_lib.parse(hlo))
 
 
 def _sub_jaxprs(value):
@@ -261,7 +188,9 @@ def compile_program(program: Program, platform: str = "tpu", devices: int = 0) -
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
   hlo = compiled.as_text()
-  collectives, gathers = hlo_collectives(hlo)
+  module = hlo_lib.parse(hlo)
+  collectives, gathers = hlo_lib.collectives(module)
+  traffic = hlo_lib.memory(module)
   logical, tiled = parameter_bytes(hlo)
   return Compiled(program, seconds, argument=mem.argument_size_in_bytes,
                   output=mem.output_size_in_bytes, alias=mem.alias_size_in_bytes,
@@ -270,4 +199,5 @@ def compile_program(program: Program, platform: str = "tpu", devices: int = 0) -
                   bytes_accessed=float(cost.get("bytes accessed", 0.0)),
                   loop_factor=loop_factor(jaxpr), model_matmul_flops=matmul_flops(jaxpr),
                   argument_logical=logical, argument_tiled=tiled,
-                  collectives=collectives, loop_gathers=gathers)
+                  collectives=collectives, loop_gathers=gathers,
+                  bytes_factor=traffic.call_factor, outside_share=traffic.outside_share)

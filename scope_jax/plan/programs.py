@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Callable
 
 import jax
@@ -48,17 +49,29 @@ class Program:
   tokens: int = 0
   note: str = ""
   resident_inputs: int = 0  # bytes per chip of its inputs that live for the whole run anyway
+  rows: int = 0  # rows one call processes (train: the update's; decode: the slots)
+  columns: int = 0  # tokens per row (train: the update's columns; decode: the cache window)
+  micro_batches: int = 1  # train: micro-batches per update
+  steps: int = 1  # decode: steps per call (at most: a call stops when every row is done)
 
 
 @dataclasses.dataclass
 class Resident:
   """Arrays that live for the whole run (per chip, bytes), by what holds them."""
   items: dict[str, int] = dataclasses.field(default_factory=dict)
-  kv_cache: int = 0  # one engine's cache at a time; freed before every update
+  kv_cache: int = 0  # one engine's cache; every cache is freed before every update
+  engines: int = 1  # engines that may hold a cache at once (one per played weight set)
+  refresh: int = 0  # the sampler's new copy, built after each update while the old one lives
 
   @property
   def total(self) -> int:
     return sum(self.items.values())
+
+  @property
+  def kv_caches(self) -> int:
+    """Every engine's cache: an engine keeps its cache while any of its slots is parked, so the
+    caches of all the run's engines can be live at once."""
+    return self.kv_cache * self.engines
 
 
 def struct(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
@@ -66,11 +79,12 @@ def struct(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
 
 
 def bytes_per_chip(tree) -> int:
-  """Bytes one device holds of a tree of sharded abstract arrays (the largest shard)."""
+  """Bytes one device holds of a tree of sharded abstract arrays (the largest shard), in
+  Python integers (a 72B model's shards exceed 2^31 elements)."""
   total = 0
   for x in jax.tree.leaves(tree):
     shard = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-    total += int(jnp.dtype(x.dtype).itemsize) * int(jnp.prod(jnp.asarray(shard or (1,))))
+    total += jnp.dtype(x.dtype).itemsize * math.prod(int(d) for d in shard)
   return total
 
 
@@ -202,7 +216,7 @@ def train_programs(shapes: RunShapes) -> tuple[list[Program], dict[str, Any]]:
         f"train_step/{name}", "train",
         lambda step=step, state=state, batch=batch, ref=ref, teacher=teacher:
             step.trace(state, batch, ref, teacher),
-        tokens=rows * cols,
+        tokens=rows * cols, rows=rows, columns=cols, micro_batches=micro,
         resident_inputs=bytes_per_chip((state, ref, teacher)),
         note=f"{rows} rows × {cols} tokens in {micro} micro-batches"
              + (f"; {' and '.join(extra)} forward inside" if extra else "")))
@@ -244,12 +258,14 @@ def engine_programs(shapes: RunShapes) -> tuple[list[Program], int]:
   held = bytes_per_chip((params, cache, logits))
   programs = [
       Program("engine/prefill", "prefill", prefill, tokens=p_rows * block, resident_inputs=held,
+              rows=p_rows, columns=capacity,
               note=f"{p_rows} rows × {block} tokens into a {capacity}-token window"),
       Program("engine/decode_step", "decode", lambda: decode(1), tokens=slots,
-              resident_inputs=held, note=f"one step of {slots} slots, a {capacity}-token window"),
+              resident_inputs=held, rows=slots, columns=capacity,
+              note=f"one step of {slots} slots, a {capacity}-token window"),
       Program("engine/decode", "decode", lambda: decode(r.chunk),
-              tokens=slots * r.chunk, resident_inputs=held,
-              note=f"{r.chunk} steps of {slots} slots (one call)")]
+              tokens=slots * r.chunk, resident_inputs=held, rows=slots, columns=capacity,
+              steps=r.chunk, note=f"{r.chunk} steps of {slots} slots (one call)")]
   return programs, bytes_per_chip(cache) + bytes_per_chip(logits)
 
 
@@ -309,6 +325,7 @@ def sampler_programs(shapes: RunShapes) -> tuple[list[Program], int]:
       Program("sampler/decode_step", "decode",
               lambda: sampler_lib._decode.trace(model, spec, params, state, scalar(jnp.int32),
                                                 scalar(jnp.float32), dtype=shapes.dtype),
-              tokens=rows, resident_inputs=bytes_per_chip((params, state)),
+              tokens=rows, resident_inputs=bytes_per_chip((params, state)), rows=rows,
+              columns=width + new,
               note=f"decode steps of {rows} rows, a {width + new}-token cache")]
   return programs, bytes_per_chip(cache) + bytes_per_chip(logits)

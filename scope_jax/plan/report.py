@@ -1,8 +1,8 @@
 """A run's plan on a TPU slice: its programs compiled for the slice, what stays resident, the peak
-of each phase against the chip's HBM, and estimates from the compiled code (decode bytes against
-the minimum, train FLOPs against the model's, MFU at the roofline, collectives). Every time here
-is a roofline estimate from the compiler's counts and the chip's public peaks, never a
-measurement."""
+of each phase against the chip's HBM, and per program the compiler's FLOPs, HBM bytes and
+interconnect bytes per chip next to the analytic minimums, with the step times they imply
+(`estimates`). Every time here is a roofline estimate from the compiler's counts and the chip's
+public peaks, never a measurement."""
 
 from __future__ import annotations
 
@@ -11,13 +11,16 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from scope_jax import sharding as shd
 from scope_jax.core import runner
 from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
-from scope_jax.plan import analysis, programs as prog, topology
+from scope_jax.plan import analysis, estimates as est, programs as prog, topology
+from scope_jax.sampling import engine as engine_lib
+from scope_jax.sampling import sampler as sampler_lib
 from scope_jax.plan.topology import GIB
 
 
@@ -29,17 +32,30 @@ class Plan:
   compiled: list[analysis.Compiled]
   resident: prog.Resident
   weights: int  # bytes per chip of one copy of the weights in the sampling layout
+  shapes: est.Shapes | None = None  # what the minimums need
+  programs: tuple[str, ...] = ()  # every program of the run (`compiled` may be a subset)
 
   @property
   def hbm(self) -> int:
     return self.slice.chip.hbm_bytes
 
+  @property
+  def partial(self) -> bool:
+    """Only some of the run's programs were compiled: no verdict for the whole run."""
+    return {c.program.name for c in self.compiled} != set(self.programs)
+
   def phase_peak(self, kinds) -> int:
     """Resident arrays plus the largest program of `kinds` (its own arrays beyond them); the
-    rollout phase adds the KV cache, which is freed before every update."""
+    rollout phase adds every engine's KV cache (freed before every update)."""
     extra = [c.extra() for c in self.compiled if c.program.kind in kinds]
-    cache = self.resident.kv_cache if "decode" in kinds else 0
+    cache = self.resident.kv_caches if "decode" in kinds else 0
     return self.resident.total + cache + max(extra, default=0)
+
+  @property
+  def refresh_peak(self) -> int:
+    """After each update the sampler's new copy of the weights is built while the old one is
+    alive: resident arrays plus one more sampler copy, for a moment."""
+    return self.resident.total + self.resident.refresh
 
   @property
   def update_peak(self) -> int:
@@ -51,7 +67,11 @@ class Plan:
 
   @property
   def peak(self) -> int:
-    return max(self.update_peak, self.rollout_peak)
+    return max(self.update_peak, self.rollout_peak, self.refresh_peak)
+
+  def estimates(self) -> list[est.Estimate]:
+    return [est.estimate(c, self.shapes, self.slice) for c in self.compiled
+            if not c.error and self.shapes is not None]
 
   @property
   def fits(self) -> bool:
@@ -61,17 +81,55 @@ class Plan:
 def model_flops_per_token(model: ModelConfig, context: int) -> float:
   """6N (forward and backward over every matmul weight, the output projection included, not the
   input embedding lookup) plus causal attention, 6·L·heads·head_dim·T (scores and values)."""
-  n = model.num_params() - model.vocab_size * model.hidden_size * (0 if model.tie_embeddings else 1)
-  if model.num_experts:  # only the routed experts' weights multiply a token
-    expert = 3 * model.hidden_size * model.moe_intermediate_size
-    n -= model.num_layers * expert * (model.num_experts - model.num_experts_per_tok)
-  return 6.0 * n + 6.0 * model.num_layers * model.num_heads * model.head_dim * context
+  return est.train_flops_per_token(model, context)
+
+
+# Linq-Embed-Mistral's config.json (Mistral-7B): OpenSIR's paper embedder, when
+# `opensir.encoder` names no checkpoint the plan can read.
+LINQ_EMBED_MISTRAL = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                      "num_hidden_layers": 32, "num_attention_heads": 32,
+                      "num_key_value_heads": 8, "vocab_size": 32000,
+                      "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+                      "rope_theta": 10000.0, "tie_word_embeddings": False}
+BERT_ENCODERS = ("minilm", "e5", "bge")  # small encoders, replicated: a few hundred MiB at most
+
+
+def embedder_bytes(shapes: prog.RunShapes) -> tuple[str, int]:
+  """OpenSIR's diversity embedder (a decoder, float32 weights sharded as training shards the
+  policy's): its name and bytes per chip; ('', 0) for other methods and small BERT encoders."""
+  c = shapes.config
+  if c.method != "opensir":
+    return "", 0
+  path = c.opensir.get("encoder", "")
+  if path.lower().startswith(BERT_ENCODERS):
+    return "", 0
+  import json
+  from etils import epath
+  config_json = epath.Path(path) / "config.json" if path else None
+  if config_json is not None and config_json.exists():
+    hf = json.loads(config_json.read_text())
+    if hf.get("model_type") not in ("llama", "mistral", "qwen2", "qwen3", "gemma2"):
+      return "", 0
+    name = path
+  else:
+    hf, name = LINQ_EMBED_MISTRAL, "Linq-Embed-Mistral (assumed: opensir.encoder names no config.json)"
+  model = ModelConfig.from_hf_config(hf)
+  return name, prog.bytes_per_chip(prog.param_structs(model, shapes.mesh, shapes.train_rules,
+                                                      jnp.float32))
+
+
+def refresh_frees_first() -> bool:
+  """Whether the samplers free their old copy before building the new one after an update (a
+  flag the sampling code sets once it does); until then the plan counts both copies."""
+  return any(getattr(m, "REFRESH_FREES_OLD_COPY", False) for m in (engine_lib, sampler_lib))
 
 
 def resident_memory(shapes: prog.RunShapes, states: dict[str, Any], cache: int) -> prog.Resident:
   """What lives for the whole run, per chip: each policy's params and optimizer state, a sampler
   copy of each played weight set where the sampling layout differs from the training one, the
-  base model where a frozen role or a KL reference reads it, tracked params."""
+  base model where a frozen role or a KL reference reads it, tracked params, OpenSIR's embedder;
+  and apart, every engine's KV cache (rollouts only) and the sampler copy built after each update
+  while the old one lives."""
   copy = shapes.sampler_copy_bytes()
   weights = prog.bytes_per_chip(shapes.params(shapes.train_rules))
   items = {}
@@ -88,7 +146,26 @@ def resident_memory(shapes: prog.RunShapes, states: dict[str, Any], cache: int) 
       items["base model: sampler copy"] = copy
   for name in players.tracked:
     items[f"{name} (tracked)"] = weights + copy
-  return prog.Resident(items, kv_cache=cache)
+  embedder, size = embedder_bytes(shapes)
+  if size:
+    items[f"embedder: {embedder}"] = size
+  engines = len(players.policies) + len(players.frozen)
+  return prog.Resident(items, kv_cache=cache, engines=max(engines, 1),
+                       refresh=0 if refresh_frees_first() else copy)
+
+
+def select(names: list[str], programs: str) -> list[str]:
+  """The programs `--programs` picks: 'all', or comma-separated names or prefixes of names
+  (`train_step`, `engine/decode`); an item that matches none is an error naming the valid ones."""
+  if programs.strip() == "all":
+    return names
+  items = [k.strip() for k in programs.split(",") if k.strip()]
+  unknown = [k for k in items if not any(n.startswith(k) for n in names)]
+  if unknown or not items:
+    raise ValueError(f"--programs={programs!r}: {', '.join(unknown) or 'no name'} matches none of "
+                     f"this run's programs; choose from: all, {', '.join(names)} (or a prefix "
+                     "such as train_step or engine).")
+  return [n for n in names if any(n.startswith(k) for k in items)]
 
 
 def build(config: ml_collections.ConfigDict, s: topology.Slice, programs: str = "all") -> Plan:
@@ -105,49 +182,18 @@ def build(config: ml_collections.ConfigDict, s: topology.Slice, programs: str = 
   todo = train + sample
   if method.searches:
     todo.append(prog.encoder_program(shapes))
-  if programs != "all":
-    todo = [p for p in todo if any(p.name.startswith(k) for k in programs.split(","))]
-  compiled = [analysis.compile_program(p, "tpu", len(devices)) for p in todo]
-  return Plan(s, dict(mesh.shape), shapes.model, compiled,
-              resident_memory(shapes, states, cache),
-              prog.bytes_per_chip(shapes.sampling_params()))
+  names = [p.name for p in todo]
+  chosen = select(names, programs)
+  compiled = [analysis.compile_program(p, "tpu", len(devices)) for p in todo if p.name in chosen]
+  weights = prog.bytes_per_chip(shapes.sampling_params())
+  decode = next((p for p in sample if p.kind == "decode"), None)
+  info = est.Shapes(shapes.model, dict(mesh.shape), str(shapes.dtype), str(shapes.param_dtype),
+                    config.model.remat, weights, cache, decode.rows if decode else 0)
+  return Plan(s, dict(mesh.shape), shapes.model, compiled, resident_memory(shapes, states, cache),
+              weights, info, tuple(names))
 
 
 # ------------------------------------------------------------------------------- estimates
-
-def decode_rows(plan: Plan) -> list[dict]:
-  """Per decode step: bytes the compiled step reads against the minimum (the weights once and
-  the whole KV cache), and the step time that chip bandwidth implies."""
-  out = []
-  for c in plan.compiled:
-    if not c.program.name.endswith("decode_step") or c.error:
-      continue
-    minimum = plan.weights + plan.resident.kv_cache
-    seconds = c.call_bytes / plan.slice.chip.hbm_bandwidth
-    out.append({"program": c.program.name, "bytes": c.call_bytes, "minimum": minimum,
-                "ratio": c.call_bytes / minimum, "seconds": seconds,
-                "tokens_per_s": c.program.tokens / seconds if seconds else math.nan})
-  return out
-
-
-def train_rows(plan: Plan, config: ml_collections.ConfigDict) -> list[dict]:
-  """Per update: model FLOPs against the compiled FLOPs (remat's recompute and any waste) and
-  the MFU the step would reach if it ran its compiled FLOPs at the chip's peak."""
-  chip, chips = plan.slice.chip, plan.slice.total_chips
-  prompt = prog.length_bucket(config.rollout.max_prompt_tokens)
-  out = []
-  for c in plan.compiled:
-    if c.program.kind != "train" or c.error:
-      continue
-    cols = prompt + prog.length_bucket(
-        max(config.rollout.max_context - config.rollout.max_prompt_tokens, 1))
-    model = c.program.tokens * model_flops_per_token(plan.model, cols)
-    seconds = c.call_flops / chip.bf16_flops  # the compiled FLOPs at the chip's peak
-    out.append({"program": c.program.name, "model_flops": model,
-                "compiled_flops": c.call_flops * chips, "ratio": c.call_flops * chips / model,
-                "seconds": seconds, "mfu": model / chips / (seconds * chip.bf16_flops)})
-  return out
-
 
 def loop_gathers(plan: Plan) -> list[str]:
   """All-gathers of a whole weight inside a decode loop: a layout that gathers weights on every
@@ -166,17 +212,43 @@ def loop_gathers(plan: Plan) -> list[str]:
   return flagged
 
 
+def update_seconds(plan: Plan) -> float:
+  """One update of every policy, overlapped time (the compiler estimate), summed."""
+  return sum(e.step_seconds_overlapped for e in plan.estimates() if e.kind == "train")
+
+
 # ------------------------------------------------------------------------------- tables
 
 def _gib(n: float) -> str:
   return f"{n / GIB:.2f}"
 
 
+def _si(n: float | None, unit: str) -> str:
+  if n is None:
+    return "—"
+  for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    if abs(n) >= scale:
+      return f"{n / scale:.2f} {prefix}{unit}"
+  return f"{n:.0f} {unit}"
+
+
+def _ms(t: float | None) -> str:
+  return "—" if t is None else (f"{t:.1f} s" if t >= 10 else f"{t * 1e3:.2f} ms")
+
+
+def verdict(plan: Plan) -> str:
+  if plan.partial:
+    return (f"partial plan (programs: {', '.join(c.program.name for c in plan.compiled)}): "
+            "no verdict for the whole run")
+  return (f"**fits**, {_gib(plan.hbm - plan.peak)} GiB to spare" if plan.fits
+          else f"**does not fit**, {_gib(plan.peak - plan.hbm)} GiB over")
+
+
 def render(plan: Plan, config: ml_collections.ConfigDict) -> str:
   s, lines = plan.slice, []
   lines.append(f"## {config.method} on {s.name} ({s.total_chips} × {s.chip.generation}, "
                f"{_gib(s.chip.hbm_bytes)} GiB HBM per chip), mesh {plan.mesh}")
-  lines.append(f"Model {plan.model.model_type}: {plan.model.num_params() / 1e9:.2f}B parameters; "
+  lines.append(f"Model {plan.model.model_type}: {plan.model.num_params() / 1e9:.3g}B parameters; "
                f"params {config.model.param_dtype}, compute {config.model.dtype}, "
                f"remat {config.model.remat}.\n")
   lines.append("| program | what | compile (s) | arguments | outputs | temporaries | "
@@ -189,30 +261,41 @@ def render(plan: Plan, config: ml_collections.ConfigDict) -> str:
       continue
     lines.append(f"| {c.program.name} | {c.program.note} | {c.seconds:.0f} | {_gib(c.argument)} | "
                  f"{_gib(c.output - c.alias)} | {_gib(c.temp)} | {_gib(c.peak)} |")
+  r = plan.resident
   lines.append("\n| resident for the whole run | GiB per chip |\n|---|---|")
-  for name, n in plan.resident.items.items():
+  for name, n in r.items.items():
     lines.append(f"| {name} | {_gib(n)} |")
-  lines.append(f"| KV cache (rollouts only, one engine at a time) | {_gib(plan.resident.kv_cache)} |")
-  verdict = (f"**fits**, {_gib(plan.hbm - plan.peak)} GiB to spare" if plan.fits
-             else f"**does not fit**, {_gib(plan.peak - plan.hbm)} GiB over")
+  lines.append(f"| KV caches (rollouts only): {r.engines} engine(s) × {_gib(r.kv_cache)} | "
+               f"{_gib(r.kv_caches)} |")
+  if r.refresh:
+    lines.append(f"| sampler refresh after each update (the new copy built while the old lives; "
+                 f"a moment) | {_gib(r.refresh)} |")
   lines.append(f"\nPeak per chip: update {_gib(plan.update_peak)} GiB, rollout "
-               f"{_gib(plan.rollout_peak)} GiB, of {_gib(plan.hbm)} GiB: {verdict}.")
-  lines.append("\nEstimates from the compiled code and the chip's peaks (not measurements):\n")
-  lines.append("| program | estimate |\n|---|---|")
-  for r in decode_rows(plan):
-    lines.append(f"| {r['program']} | reads {_gib(r['bytes'])} GiB per step per chip, "
-                 f"{r['ratio']:.2f}× the minimum (weights + KV cache {_gib(r['minimum'])} GiB); "
-                 f"{r['seconds'] * 1e3:.2f} ms per step at HBM bandwidth, "
-                 f"{r['tokens_per_s']:,.0f} tokens/s |")
-  for r in train_rows(plan, config):
-    lines.append(f"| {r['program']} | compiled FLOPs {r['ratio']:.2f}× the model's "
-                 f"({r['model_flops'] / 1e15:.1f} PFLOP per update); roofline "
-                 f"{r['seconds']:.1f} s per update, MFU {100 * r['mfu']:.0f}% |")
+               f"{_gib(plan.rollout_peak)} GiB, sampler refresh {_gib(plan.refresh_peak)} GiB, "
+               f"of {_gib(plan.hbm)} GiB: {verdict(plan)}.")
+  lines.append(f"\nCompiler estimates per chip, not measurements ({s.chip.generation}: "
+               f"{s.chip.bf16_flops / 1e12:.0f} TFLOP/s bf16, {s.chip.hbm_bandwidth / 1e9:,.0f} GB/s "
+               f"HBM, {s.ici_ingress / 1e9:,.0f} GB/s ICI ingress); each next to its analytic "
+               "minimum; a train step per update, a decode program per decode step:\n")
+  lines.append("| program | per | FLOPs (min) | HBM bytes (min) | ICI bytes (min) | time overlapped "
+               "/ serial / floor | MFU |\n|---|---|---|---|---|---|---|")
+  for e in plan.estimates():
+    cells = [f"{_si(e.flops, 'FLOP')} ({_si(e.flops_minimum, 'FLOP')})",
+             f"{_si(e.hbm_bytes, 'B')} ({_si(e.hbm_bytes_minimum, 'B')})",
+             f"{_si(e.ici_bytes_per_chip, 'B')} ({_si(e.ici_bytes_per_chip_minimum, 'B')})",
+             f"{_ms(e.step_seconds_overlapped)} / {_ms(e.step_seconds_serial)} / "
+             f"{_ms(e.step_seconds_floor)}",
+             "—" if e.mfu is None else f"{100 * e.mfu:.0f}%"]
+    lines.append(f"| {e.program} | {e.unit} | " + " | ".join(cells) + " |")
+    if e.steps_per_call > 1:
+      lines.append(f"| {e.program} | call | one call of {e.steps_per_call} steps moves "
+                   f"{_si(e.per_call_bytes, 'B')} outside its step loop (copies), "
+                   f"{_si(e.per_call_bytes / e.steps_per_call, 'B')} a step of the figure above | | | | |")
   lines.append("\n| program | all-gather | reduce-scatter | all-reduce | all-to-all | "
                "collective-permute |\n|---|---|---|---|---|---|")
   for c in plan.compiled:
-    cells = [f"{v.count} × {v.bytes / max(v.count, 1) / 2**20:.1f} MiB" if v.count else "—"
-             for v in c.collectives.values()]
+    cells = [f"{v.count} × {v.bytes / max(v.count, 1) / 2**20:.1f} MiB, ICI {v.traffic / 2**20:.1f} MiB"
+             if v.count else "—" for v in c.collectives.values()]
     lines.append(f"| {c.program.name} | " + " | ".join(cells) + " |")
   flagged = loop_gathers(plan)
   lines.append("\n" + ("\n".join(f"WARNING: {f}" for f in flagged) if flagged else
@@ -221,20 +304,35 @@ def render(plan: Plan, config: ml_collections.ConfigDict) -> str:
 
 
 def to_json(plan: Plan, config: ml_collections.ConfigDict) -> dict:
+  """The plan as data. Per program `estimate` holds, per chip and per unit (`unit`: update,
+  decode step or call): flops, flops_minimum, hbm_bytes, hbm_bytes_minimum, ici_bytes_per_chip,
+  ici_bytes_per_chip_minimum, step_seconds_overlapped, step_seconds_serial, step_seconds_floor,
+  mfu (compiler estimates; the minimums are arithmetic); the same keys sit on the program too."""
+  del config
+  r = plan.resident
+  estimates = {e.program: e.to_json() for e in plan.estimates()}
+  programs = []
+  for c in plan.compiled:
+    row = {"name": c.program.name, "kind": c.program.kind, "note": c.program.note,
+           "compile_s": c.seconds, "error": c.error, "argument": c.argument, "output": c.output,
+           "alias": c.alias, "temp": c.temp, "peak": c.peak,
+           "compiler_flops_loop_bodies_once": c.flops,
+           "compiler_bytes_loop_bodies_once": c.bytes_accessed,
+           "loop_factor": c.loop_factor, "bytes_factor": c.bytes_factor,
+           "collectives": {k: dataclasses.asdict(v) for k, v in c.collectives.items()}}
+    row.update(estimates.get(c.program.name, {}))
+    programs.append(row)
   return {
       "slice": plan.slice.name, "chips": plan.slice.total_chips, "mesh": plan.mesh,
-      "hbm_bytes": plan.hbm, "fits": plan.fits, "update_peak": plan.update_peak,
-      "rollout_peak": plan.rollout_peak, "resident": plan.resident.items,
-      "kv_cache": plan.resident.kv_cache,
-      "programs": [{"name": c.program.name, "note": c.program.note, "compile_s": c.seconds,
-                    "error": c.error,
-                    "argument": c.argument, "output": c.output, "alias": c.alias,
-                    "temp": c.temp, "peak": c.peak, "flops": c.flops,
-                    "call_flops": c.call_flops, "bytes_accessed": c.bytes_accessed,
-                    "loop_factor": c.loop_factor,
-                    "collectives": {k: dataclasses.asdict(v) for k, v in c.collectives.items()}}
-                   for c in plan.compiled],
-      "decode": decode_rows(plan), "train": train_rows(plan, config),
+      "chip": {"generation": plan.slice.chip.generation, "bf16_flops": plan.slice.chip.bf16_flops,
+               "hbm_bandwidth": plan.slice.chip.hbm_bandwidth,
+               "ici_ingress": plan.slice.ici_ingress},
+      "hbm_bytes": plan.hbm, "partial": plan.partial,
+      "fits": None if plan.partial else plan.fits, "verdict": verdict(plan),
+      "update_peak": plan.update_peak, "rollout_peak": plan.rollout_peak,
+      "refresh_peak": plan.refresh_peak, "resident": r.items, "kv_cache": r.kv_cache,
+      "engines": r.engines, "kv_caches": r.kv_caches, "sampler_refresh": r.refresh,
+      "programs": programs, "all_programs": list(plan.programs),
       "loop_gathers": loop_gathers(plan)}
 
 

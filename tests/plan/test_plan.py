@@ -4,6 +4,7 @@ counts applied to the compiler's once-per-body costs, and collectives read from 
 
 import importlib
 import math
+import os
 
 import chex
 import jax
@@ -183,6 +184,8 @@ def test_decode_collectives_of_the_training_layout_and_the_sampling_layout():
     (c,) = plan.compiled
     steps[name] = sum(v.count for v in c.collectives.values())
     assert not report.loop_gathers(plan), report.loop_gathers(plan)
+    assert plan.partial and report.verdict(plan).startswith("partial plan (programs: engine/decode_step)")
+    assert "partial plan" in report.render(plan, config) and "**fits**" not in report.render(plan, config)
   assert steps["sampling"] == 1 and steps["train"] > 2 * plan.model.num_layers, steps
 
 
@@ -217,11 +220,64 @@ def test_the_command_line_searches_the_meshes_of_a_slice(tmp_path):
   proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = json.loads((tmp_path / "search.json").read_text())
-  assert [tuple(r["mesh"]) for r in rows] and all(r["fits"] for r in rows)
+  # Only the train step compiled: a partial plan, with no verdict for the whole run.
+  assert [tuple(r["mesh"]) for r in rows] and all(r["partial"] and r["fits"] is None for r in rows)
+  assert all(r["peak"] < 16 * GIB for r in rows)
   assert {tuple(r["mesh"]) for r in rows} == set(report.mesh_candidates(4))
   assert [r["update_s"] for r in rows] == sorted(r["update_s"] for r in rows)
-  assert "| mesh | fits |" in proc.stdout
+  assert "| mesh | fits |" in proc.stdout and "partial plan" in proc.stdout
   bad = subprocess.run(cmd[:4] + ["--topology=v7-8"], cwd=root, env=env, capture_output=True,
                        text=True, timeout=300)
   assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
       "Error: Unknown TPU topology 'v7-8'"), bad.stderr
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _cli(*args):
+  import subprocess
+  import sys
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300)
+
+
+def test_bad_command_lines_fail_in_one_line_before_compiling(tmp_path):
+  """Unknown program names (listing the valid ones), an empty item alone, an unwritable --json
+  and a slice count of 0: each one `Error:` line, exit 2, nothing compiled."""
+  base = ["-m", "scope_jax.plan", "--config=configs/spell.py:demo", "--topology=v5e-4"]
+  for extra, message in (
+      (["--programs=decode"], "Error: --programs='decode': decode matches none of this run's "
+       "programs; choose from: all, train_step/policy, engine/prefill, engine/decode_step, "
+       "engine/decode"),
+      (["--programs=,"], "Error: --programs=',': no name matches none"),
+      ([f"--json={tmp_path}/missing/plan.json"], f"Error: --json={tmp_path}/missing/plan.json: "
+       "cannot write there"),
+      (["--topology=0xv5p-8"], "Error: 0xv5p-8: a run spans at least one slice")):
+    proc = _cli(*base, *extra)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and lines[-1].startswith(message), proc.stderr[-2000:]
+    assert "Compiling" not in proc.stderr and not proc.stdout.strip(), proc.stdout[-500:]
+
+
+def test_plan_presets_prints_no_stale_row_and_fails_when_a_plan_fails(tmp_path, monkeypatch, capsys):
+  """An earlier run's JSON is removed before planning: a failed plan has no row, exit 1."""
+  import importlib.util
+  import json
+  import subprocess
+  import sys
+  path = os.path.join(ROOT, "tools", "plan_presets.py")
+  spec = importlib.util.spec_from_file_location("plan_presets", path)
+  tool = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tool)
+  (tmp_path / "asl_paper.json").write_text(json.dumps({"stale": True}))
+  failed = subprocess.CompletedProcess([], 1, stdout="", stderr="Error: the compiler refused\n")
+  monkeypatch.setattr(tool.subprocess, "run", lambda *a, **k: failed)
+  monkeypatch.setattr(sys, "argv", ["plan_presets.py", f"--out={tmp_path}", "--presets=asl:paper"])
+  with pytest.raises(SystemExit) as exit_:
+    tool.main()
+  out = capsys.readouterr().out
+  assert exit_.value.code == 1
+  assert "asl:paper: plan failed" in out and "| asl:paper |" not in out
+  assert not (tmp_path / "asl_paper.json").exists()

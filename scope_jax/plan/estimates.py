@@ -1,0 +1,196 @@
+"""Per program, what the compiled code costs per chip (FLOPs, HBM bytes, interconnect bytes),
+what the model needs at least, and the times both imply on the slice's chips. Every figure is a
+compiler estimate or arithmetic on public chip peaks, never a measurement.
+
+Units: a train step's figures are one update; a decode program's are one decode step (a call of
+`steps` steps divided by them; the bytes it moves once per call are also shown apart); the others'
+are one call. Times per unit, per chip:
+
+  overlapped = max(FLOPs / peak, HBM bytes / HBM bandwidth, ICI bytes / ICI ingress)
+  serial     = their sum (nothing overlaps)
+  floor      = the same max over the analytic minimums below
+  MFU        = the minimum FLOPs (the model's) / (peak · overlapped)
+
+Minimums (per chip; P parameters, N the matmul weights a token meets: lm_head included, the input
+embedding lookup excluded, only the routed experts; L layers, heads × head_dim H; mesh data d,
+fsdp f, tensor t; c and p the compute and parameter dtypes' bytes):
+
+- train FLOPs: tokens · (6N + 6·L·heads·H·T), the second term causal attention over T columns
+  (scores and values, 2·2·T²/2 per head and layer forward, times 3 with the backward);
+- train interconnect, FSDP: per micro-batch an all-gather of the weights for the forward and
+  again for the backward (the gathered copy is not kept between them) and a reduce-scatter of the
+  gradients, all in the compute dtype over fsdp: 3·(f−1)/f·P·c/t; with t > 1 also 2(t−1)/t · the
+  micro-batch's activations per chip (rows/(d·f) × T × D × c) for 4 all-reduces per layer (2
+  forward, 2 backward; 6 when remat recomputes the forward); per update, with d > 1, an all-reduce
+  of the gradient shard, 2(d−1)/d·P·p/(f·t);
+- train HBM (an estimate): per micro-batch the gathered weights read twice and the gradients
+  written once (3·P·c/t), the float32 gradient shard read and written (2·S, S = P·p/(f·t)), each
+  layer's input written and read back (2·L · rows/(d·f) · T · D · c); per update the optimizer
+  reads params, gradients and both moments and writes params and moments (7·S);
+- decode step: the sampling weights once and the KV cache read once (its whole window),
+  2N + 4·L·heads·H·window FLOPs a row, and with t > 1 two all-reduces per layer of the rows'
+  hidden states;
+- prefill call: the sampling weights once and the block's keys and values written,
+  2N + 2·L·heads·H·block FLOPs a token (at least causal attention within its own block);
+- the retrieval encoder: no minimum given.
+
+Not in the HBM minimums: the logits (a fused cross-entropy or sampling kernel need not write them
+to HBM); so a train step's HBM ratio also shows what its chunked loss writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+
+from scope_jax.models.config import ModelConfig
+from scope_jax.plan import analysis, topology
+
+
+@dataclasses.dataclass
+class Estimate:
+  """One program's per-chip figures per unit (see the module docstring) and its times."""
+  program: str
+  kind: str
+  unit: str  # update | decode step | call
+  flops: float
+  hbm_bytes: float
+  ici_bytes_per_chip: float
+  flops_minimum: float | None
+  hbm_bytes_minimum: float | None
+  ici_bytes_per_chip_minimum: float | None
+  step_seconds_overlapped: float
+  step_seconds_serial: float
+  step_seconds_floor: float | None
+  mfu: float | None
+  model_flops: float | None  # all chips: the minimum times the chips
+  steps_per_call: int = 1
+  per_call_bytes: float = 0.0  # decode: HBM bytes a call moves outside its step loop
+  ici_by_kind: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def to_json(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+  """What the minimums need beyond the program: the model, mesh sizes, dtypes and remat, and the
+  per-chip bytes of the sampling weights and of one engine's KV cache."""
+  model: ModelConfig
+  mesh: dict[str, int]
+  dtype: str
+  param_dtype: str
+  remat: str
+  sampling_weights: int
+  kv_cache: int  # one engine's, per chip
+  slots: int  # rows that cache holds
+
+
+def matmul_weights(model: ModelConfig) -> int:
+  """N: the weights a token multiplies (lm_head included, the input embedding lookup not; of a
+  mixture of experts only the routed ones)."""
+  n = model.num_params() - model.vocab_size * model.hidden_size * (0 if model.tie_embeddings else 1)
+  if model.num_experts:
+    expert = 3 * model.hidden_size * model.moe_intermediate_size
+    n -= model.num_layers * expert * (model.num_experts - model.num_experts_per_tok)
+  return n
+
+
+def attention_width(model: ModelConfig) -> int:
+  return model.num_layers * model.num_heads * model.head_dim
+
+
+def train_flops_per_token(model: ModelConfig, context: int) -> float:
+  """6N plus causal attention over `context` columns forward and backward, 6·L·heads·H·T."""
+  return 6.0 * matmul_weights(model) + 6.0 * attention_width(model) * context
+
+
+def _itemsize(dtype: str) -> int:
+  return jnp.dtype(dtype).itemsize
+
+
+def _share(n: int) -> float:
+  return (n - 1) / n if n > 1 else 0.0
+
+
+def train_minimum(s: Shapes, rows: int, cols: int, micro: int, chips: int) -> tuple[float, float, float]:
+  """(FLOPs, HBM bytes, ICI bytes) per chip of one update at the analytic minimum."""
+  m, mesh = s.model, s.mesh
+  d, f, t = mesh.get("data", 1), mesh.get("fsdp", 1), mesh.get("tensor", 1)
+  c, p = _itemsize(s.dtype), _itemsize(s.param_dtype)
+  params = m.num_params()
+  flops = rows * cols * train_flops_per_token(m, cols) / chips
+  gathered = params * c / t  # one chip's weights in the compute dtype, whole along fsdp
+  shard = params * p / (f * t)
+  tokens = max(rows // max(micro, 1), 1) / (d * f) * cols  # a micro-batch's tokens on one chip
+  activations = tokens * m.hidden_size * c
+  reduces = 4 + (2 if s.remat != "none" else 0)
+  ici_micro = 3 * _share(f) * gathered + 2 * _share(t) * reduces * m.num_layers * activations
+  ici = micro * ici_micro + 2 * _share(d) * shard
+  hbm = micro * (3 * gathered + 2 * shard + 2 * m.num_layers * activations) + 7 * shard
+  return flops, hbm, ici
+
+
+def decode_minimum(s: Shapes, rows: int, window: int, chips: int) -> tuple[float, float, float]:
+  """(FLOPs, HBM bytes, ICI bytes) per chip of one decode step of `rows` rows."""
+  m, mesh = s.model, s.mesh
+  d, f, t = mesh.get("data", 1), mesh.get("fsdp", 1), mesh.get("tensor", 1)
+  flops = rows * (2.0 * matmul_weights(m) + 4.0 * attention_width(m) * window) / chips
+  hidden = rows / (d * f) * m.hidden_size * _itemsize(s.dtype)
+  ici = 2 * _share(t) * 2 * m.num_layers * hidden
+  return flops, float(s.sampling_weights + s.kv_cache), ici
+
+
+def prefill_minimum(s: Shapes, tokens: int, rows: int, window: int,
+                    chips: int) -> tuple[float, float, float]:
+  """(FLOPs, HBM bytes, ICI bytes) per chip of one prefill call of `tokens` tokens in `rows`
+  rows (blocks) into a `window`-position cache."""
+  m, mesh = s.model, s.mesh
+  d, f, t = mesh.get("data", 1), mesh.get("fsdp", 1), mesh.get("tensor", 1)
+  block = tokens / max(rows, 1)
+  flops = tokens * (2.0 * matmul_weights(m) + 2.0 * attention_width(m) * block) / chips
+  written = s.kv_cache * tokens / max(s.slots * window, 1)  # the block's share of the cache
+  hidden = tokens / (d * f) * m.hidden_size * _itemsize(s.dtype)
+  ici = 2 * _share(t) * 2 * m.num_layers * hidden
+  return flops, float(s.sampling_weights + written), ici
+
+
+def _seconds(chip: topology.Chip, ingress: float, flops: float, hbm: float, ici: float):
+  parts = (flops / chip.bf16_flops, hbm / chip.hbm_bandwidth, ici / ingress if ici else 0.0)
+  return max(parts), sum(parts)
+
+
+def estimate(c: analysis.Compiled, s: Shapes, sl: topology.Slice) -> Estimate:
+  """A compiled program's per-chip figures per unit, next to the minimums, with times."""
+  p, chips = c.program, sl.total_chips
+  steps = p.steps if p.kind == "decode" else 1
+  flops = c.call_flops  # the jaxpr counts a while body once: a decode call's FLOPs are a step's
+  hbm = c.call_bytes / steps
+  ici_kind = {k: v.traffic / steps for k, v in c.collectives.items()}
+  ici = sum(ici_kind.values())
+  minimum = None
+  if p.kind == "train":
+    minimum = train_minimum(s, p.rows, p.columns, p.micro_batches, chips)
+  elif p.kind == "decode":
+    minimum = decode_minimum(s, p.rows, p.columns, chips)
+  elif p.kind == "prefill" and p.columns:
+    minimum = prefill_minimum(s, p.tokens, p.rows, p.columns, chips)
+  overlapped, serial = _seconds(sl.chip, sl.ici_ingress, flops, hbm, ici)
+  floor = mfu = model = None
+  if minimum is not None:
+    floor = _seconds(sl.chip, sl.ici_ingress, *minimum)[0]
+    mfu = minimum[0] / (sl.chip.bf16_flops * overlapped) if overlapped else None
+    model = minimum[0] * chips
+  unit = {"train": "update", "decode": "decode step"}.get(p.kind, "call")
+  return Estimate(
+      p.name, p.kind, unit, flops, hbm, ici,
+      *(minimum if minimum is not None else (None, None, None)),
+      step_seconds_overlapped=overlapped, step_seconds_serial=serial, step_seconds_floor=floor,
+      mfu=mfu, model_flops=model, steps_per_call=steps,
+      per_call_bytes=c.outside_bytes if p.kind == "decode" else 0.0, ici_by_kind=ici_kind)
+
+
+def ratio(a: float, b: float | None) -> float:
+  return a / b if b else math.nan

@@ -1,0 +1,324 @@
+"""Reading a compiled HLO module's text: its computations, how often each runs per call (while
+loops' trip counts), its collectives with the interconnect (ICI) bytes each moves per chip, and
+which share of its memory traffic sits inside its loops.
+
+Traffic factors, per chip, for a collective over a replica group of n chips (ring algorithms):
+all-gather (n−1)/n·output, reduce-scatter (n−1)/n·input, all-reduce 2(n−1)/n·size, all-to-all
+(n−1)/n·size, collective-permute size. The TPU compiler writes most reduce-scatters as an
+all-reduce inside an `all-reduce-scatter` fusion (emitter `SingleInputAllReduceScatterFusion`)
+that keeps one slice of the result: that all-reduce counts as a reduce-scatter of its input."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import re
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
+                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "f8e4m3fn": 1,
+                "f8e5m2": 1, "s4": 1, "u4": 1}
+_ARRAY = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_OP = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*?) ([a-z\-]+)\(")
+_CALLS = re.compile(r"(?:body|condition|calls|to_apply)=%?([\w.\-]+)|branch_computations=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_OPCODES = {"ragged-all-to-all": "all-to-all"}
+_SCATTER_FUSION = re.compile(r"reduce-scatter")  # `all-reduce-scatter.3.clone.1` and the like
+_EXPLICIT = re.compile(r"replica_groups=\{(\{[0-9,]*\})")
+_IOTA = re.compile(r"replica_groups=\[([0-9,]+)\]<=")
+_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_PARTITIONS = re.compile(r"\b(num_partitions|replica_count)=(\d+)")
+
+
+def _prod(dims: str) -> int:
+  return math.prod(int(d) for d in dims.split(",") if d)
+
+
+def arrays(text: str) -> list[int]:
+  """Bytes of each array in an HLO type (`bf16[8,128]{1,0}`, or every member of a tuple)."""
+  return [_DTYPE_BYTES.get(d, 4) * _prod(dims) for d, dims in _ARRAY.findall(text)]
+
+
+def array_bytes(text: str) -> int:
+  """Bytes of an HLO result type: an array, or the sum of a tuple's members."""
+  return sum(arrays(text))
+
+
+@dataclasses.dataclass
+class Module:
+  """An HLO module's computations (name → instruction lines), its entry, and each reachable
+  computation's runs per call of the entry (`weight`: the product of the trip counts of the
+  while loops around it; `looped`: the computations inside some loop)."""
+  computations: dict[str, list[str]]
+  entry: str
+  weight: dict[str, int]
+  looped: set[str]
+  devices: int  # chips in the program (`num_partitions` × `replica_count`)
+
+
+def _trip_count(line: str, computations: dict[str, list[str]]) -> int:
+  """A while loop's trip count: the compiler's known count, else the bound its condition
+  compares the counter with (a scan's `i < length`); 1 when neither is there."""
+  known = _TRIP.search(line)
+  if known:
+    return int(known.group(1))
+  cond = re.search(r"condition=%?([\w.\-]+)", line)
+  bounds = [int(n) for body in computations.get(cond.group(1) if cond else "", [])
+            for n in re.findall(r"s32\[\][^=]*constant\((\d+)\)", body)]
+  return max(bounds, default=1)
+
+
+def parse(hlo: str) -> Module:
+  computations: dict[str, list[str]] = {}
+  entry, current = None, None
+  for line in hlo.splitlines():
+    m = _COMPUTATION.match(line)
+    if m and "=" not in line.split("{")[0].split("(")[0]:
+      current = m.group(1)
+      computations[current] = []
+      if line.startswith("ENTRY"):
+        entry = current
+      continue
+    if current is not None:
+      computations[current].append(line)
+  header = hlo.split("\n", 1)[0] if hlo.startswith("HloModule") else ""
+  sizes = dict(_PARTITIONS.findall(header))
+  devices = int(sizes.get("num_partitions", 1)) * int(sizes.get("replica_count", 1))
+  weight: dict[str, int] = collections.defaultdict(int)
+  looped: set[str] = set()
+
+  def visit(name: str, mult: int, in_loop: bool, depth: int = 0) -> None:
+    if name not in computations or depth > 64:
+      return
+    weight[name] += mult
+    if in_loop:
+      looped.add(name)
+    for line in computations[name]:
+      callees = [c.strip().lstrip("%") for m in _CALLS.finditer(line)
+                 for c in (m.group(1) or m.group(2)).split(",")]
+      is_while = " while(" in line
+      trips = _trip_count(line, computations) if is_while else 1
+      for callee in callees:
+        visit(callee, mult * trips, in_loop or is_while, depth + 1)
+
+  entry = entry or next(iter(computations), "")
+  visit(entry, 1, False)
+  return Module(computations, entry, dict(weight), looped, devices)
+
+
+def group_size(line: str, devices: int) -> int:
+  """Chips in each replica group of a collective: explicit `{{0,1},{2,3}}`, iota
+  `[groups,size]<=[N]`, or mesh axes `mesh['a'=2,'b'=4] {'b'}`; all `devices` when none."""
+  m = _EXPLICIT.search(line)
+  if m:
+    return max(1, len([d for d in m.group(1).strip("{}").split(",") if d]))
+  m = _IOTA.search(line)
+  if m:
+    return int(m.group(1).split(",")[-1])
+  m = _MESH.search(line)
+  if m:
+    axes = {k.strip().strip("'\""): int(v) for k, v in re.findall(r"([^,=]+)=(\d+)", m.group(1))}
+    return math.prod(axes.get(a.strip().strip("'\""), 1) for a in m.group(2).split(",") if a.strip())
+  return max(devices, 1)
+
+
+def _payload(kind: str, async_start: bool, type_text: str) -> int:
+  """The bytes a collective's result holds (tuple members summed). An async `-start` returns
+  (operands, outputs[, u32 contexts]): an all-gather's outputs are taken, else its operands
+  (the same size as the outputs for all-reduce, all-to-all and collective-permute)."""
+  if not async_start:
+    return array_bytes(type_text)
+  inner = re.sub(r"\{[^{}]*\}", "", type_text).strip()  # layouts hold parentheses: T(8,128)
+  inner = inner[1:-1] if inner.startswith("(") else inner
+  groups = re.findall(r"\(([^()]*)\)", inner)  # ((a, b), (A, B)): operands, outputs
+  if groups:
+    return array_bytes(groups[-1] if kind == "all-gather" else groups[0])
+  members = [(_DTYPE_BYTES.get(d, 4) * _prod(dims), d, dims) for d, dims in _ARRAY.findall(inner)]
+  members = [b for b, d, dims in members if dims or d not in ("u32", "s32")]  # not contexts
+  if kind == "all-reduce":
+    return sum(members)  # all-reduce-start returns its results only
+  if not members:
+    return 0
+  return members[-1] if kind == "all-gather" else members[0]
+
+
+@dataclasses.dataclass
+class Collective:
+  count: int = 0  # per call of the program, loop trips included
+  bytes: int = 0  # what they carry: all-gather outputs, reduce-scatter inputs, the rest's size
+  traffic: float = 0.0  # interconnect bytes each chip receives (the traffic factors above)
+  in_loop: int = 0  # of `count`, inside a while loop
+
+
+def _factor(kind: str, n: int) -> float:
+  if kind == "collective-permute":
+    return 1.0
+  share = (n - 1) / n if n > 0 else 0.0
+  return 2 * share if kind == "all-reduce" else share
+
+
+def collectives(module: Module) -> tuple[dict[str, Collective], list[tuple[str, int]]]:
+  """Collectives of a parsed module by kind (async `-start` ops count once, `-done` not at all),
+  each weighted by the trip counts of the loops around it; and the all-gathers inside a loop
+  (a weight gathered there is gathered on every trip)."""
+  out = {k: Collective() for k in KINDS}
+  gathers = []
+  for name, lines in module.computations.items():
+    scatter = bool(_SCATTER_FUSION.search(name))
+    for line in lines:
+      m = _OP.match(line)
+      if not m or m.group(3).endswith("-done"):
+        continue
+      opcode = m.group(3).removesuffix("-start")
+      kind = _OPCODES.get(opcode, opcode)
+      if kind not in out:
+        continue
+      n, groups = module.weight.get(name, 0), group_size(line, module.devices)
+      if not n:
+        continue  # not reachable from the entry: never runs
+      is_start = m.group(3).endswith("-start")
+      size = _payload(kind, is_start, m.group(2))
+      if kind == "reduce-scatter" and not is_start:
+        size *= groups  # its result is one chip's share of the input
+      if kind == "all-reduce" and scatter:
+        kind = "reduce-scatter"  # the TPU's all-reduce-scatter fusion: its input is `size`
+      c = out[kind]
+      c.count += n
+      c.bytes += n * size
+      c.traffic += n * size * _factor(kind, groups)
+      if name in module.looped:
+        c.in_loop += n
+        if kind == "all-gather":
+          gathers.append((_ARRAY.search(m.group(2)).group(0), size))
+  return out, gathers
+
+
+def collective_traffic(hlo: str) -> dict[str, float]:
+  """Interconnect bytes per chip for one call of the program in `hlo` (a compiled module's
+  text): each kind's total with its traffic factor, loop trips included, and `total`."""
+  found, _ = collectives(parse(hlo))
+  out = {k: c.traffic for k, c in found.items()}
+  out["total"] = sum(out.values())
+  return out
+
+
+# ------------------------------------------------------------------------ memory traffic split
+
+_FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
+         "partition-id", "replica-id", "opt-barrier", "while", "conditional", "call",
+         "copy-done", "all-gather-done", "all-reduce-done", "collective-permute-done",
+         "async-done", "send-done", "recv-done"}
+_OPERANDS = re.compile(r"%([\w.\-]+)")
+
+
+def _fusion_reads(lines: list[str]) -> tuple[dict[int, int], int | None]:
+  """For a fused computation: the bytes it reads of each parameter (only the slices where every
+  use is a (dynamic-)slice), and the bytes its root writes when the root updates a slice in
+  place (`dynamic-update-slice`: its update only)."""
+  types, params, uses = {}, {}, collections.defaultdict(list)
+  root_update = None
+  for line in lines:
+    m = _OP.match(line)
+    if not m:
+      continue
+    name, type_text, opcode = m.groups()
+    types[name] = array_bytes(type_text)
+    if opcode == "parameter":
+      params[name] = int(re.search(r"parameter\((\d+)\)", line).group(1))
+      continue
+    args = _OPERANDS.findall(line.split(opcode + "(", 1)[1].split(")", 1)[0])
+    for i, a in enumerate(args):
+      uses[a].append((opcode, types[name], i))
+    if line.lstrip().startswith("ROOT") and opcode == "dynamic-update-slice" and len(args) > 1:
+      root_update = types.get(args[1])
+  reads = {}
+  for name, index in params.items():
+    u = uses.get(name, [])
+    sliced = u and all(op in ("dynamic-slice", "slice") and i == 0 for op, _, i in u)
+    in_place = root_update is not None and any(
+        op == "dynamic-update-slice" and i == 0 for op, _, i in u)
+    reads[index] = (max(b for _, b, _ in u) if sliced else 0 if in_place else types[name])
+  return reads, root_update
+
+
+_CONTROL = re.compile(r"(?:body|condition|true_computation|false_computation)=%?([\w.\-]+)"
+                      r"|branch_computations=\{([^}]*)\}")
+
+
+def _control(module: Module) -> list[str]:
+  """The computations that run as code (the entry, loop bodies and conditions, branches, calls):
+  not fused computations or reducers, whose instructions are their callers' internals."""
+  seen, todo = [], [module.entry]
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in module.computations:
+      continue
+    seen.append(name)
+    for line in module.computations[name]:
+      for m in _CONTROL.finditer(line):
+        todo += [c.strip().lstrip("%") for c in (m.group(1) or m.group(2)).split(",")]
+      if " call(" in line:
+        todo += re.findall(r"to_apply=%?([\w.\-]+)", line)
+  return seen
+
+
+@dataclasses.dataclass
+class Memory:
+  """A program's memory traffic counted from its HLO (each instruction's operands and result; a
+  fusion's operand only where it reads it, a slice where it slices it): with every loop body
+  once (`once`, the compiler's convention), with the loops' trip counts (`call`), and the part
+  outside every loop (`outside`: what one call costs whatever its trip counts)."""
+  once: float = 0.0
+  call: float = 0.0
+  outside: float = 0.0
+
+  @property
+  def call_factor(self) -> float:
+    return self.call / self.once if self.once else 1.0
+
+  @property
+  def outside_share(self) -> float:
+    return self.outside / self.once if self.once else 1.0
+
+
+def memory(module: Module) -> Memory:
+  """Scales the compiler's byte count (loop bodies once) to one call (`call_factor`) and says
+  which share of it is paid once per call (`outside_share`); only these ratios are used."""
+  shapes: dict[str, int] = {}
+  for lines in module.computations.values():
+    for line in lines:
+      m = _OP.match(line)
+      if m:
+        shapes[m.group(1)] = array_bytes(m.group(2))
+  fused = {}
+  out = Memory()
+  for comp in _control(module):
+    for line in module.computations[comp]:
+      m = _OP.match(line)
+      if not m or m.group(3) in _FREE or m.group(3).endswith("-done"):
+        continue
+      name, type_text, opcode = m.groups()
+      args = _OPERANDS.findall(line.split(opcode + "(", 1)[1].split(")", 1)[0])
+      written = array_bytes(type_text)
+      reads = sum(shapes.get(a, 0) for a in args)
+      callee = re.search(r"calls=%?([\w.\-]+)", line)
+      if opcode == "fusion" and callee:
+        if callee.group(1) not in fused:
+          fused[callee.group(1)] = _fusion_reads(module.computations.get(callee.group(1), []))
+        per_param, update = fused[callee.group(1)]
+        reads = sum(per_param.get(i, shapes.get(a, 0)) for i, a in enumerate(args))
+        written = update if update is not None else written
+      elif opcode == "dynamic-update-slice" and len(args) > 1:
+        reads, written = shapes.get(args[1], 0), shapes.get(args[1], 0)
+      elif opcode in ("dynamic-slice", "slice"):
+        reads = written
+      elif opcode == "copy-start":
+        written = reads  # (destination, source, context): one copy
+      n = reads + written
+      out.once += n
+      out.call += n * module.weight.get(comp, 1)
+      if comp not in module.looped:
+        out.outside += n
+  return out
