@@ -8,6 +8,13 @@ tensor; sampling keeps weights whole along fsdp (`SAMPLING_RULES`) so decode doe
 A dimension that a mesh axis does not divide is replicated instead (logged once), e.g. 2 kv heads
 on tensor=4.
 
+Activations carry logical names too (`activation_batch`, `activation_length`, `activation_embed`,
+...; MaxText's convention), mapped by the same rules tables: a program traced inside
+`activation_sharding(mesh, rules)` pins its activations with `constrain` (rows on the batch axes
+at the embedding output and at every layer boundary), so GSPMD runs FSDP (weights gathered,
+gradients reduce-scattered) instead of propagating the embedding's `embed` sharding into
+tensor parallelism with the rows replicated. Outside that context `constrain` does nothing.
+
 Multi-host: the mesh spans every process's devices. Host data is the same on every host, so a
 batch becomes a global array from each process's own shards (`global_array`), and a global array
 is read back on every host through `to_host`, which gathers the shards other hosts hold.
@@ -15,8 +22,10 @@ is read back on every host through `to_host`, which gathers the shards other hos
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,10 +37,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 Rules = Mapping[str, Any]  # logical name -> mesh axis name, tuple of names, or None
 
+# Activations: rows over the batch axes, features whole except where a weight's tensor-parallel
+# dimension splits them (heads, mlp, vocab). A config missing these keys gets these defaults.
+ACTIVATION_RULES: Rules = {
+    "activation_batch": ("data", "fsdp"), "activation_length": None, "activation_embed": None,
+    "activation_heads": "tensor", "activation_kv_heads": "tensor", "activation_head_dim": None,
+    "activation_mlp": "tensor", "activation_vocab": "tensor",
+}
 TRAIN_RULES: Rules = {
     "batch": ("data", "fsdp"), "vocab": "tensor", "embed": "fsdp", "heads": "tensor",
     "kv_heads": "tensor", "head_dim": None, "mlp": "tensor", "layers": None, "norm": None,
-    "length": None, "cache": None, "expert": "expert", "router": None,
+    "length": None, "cache": None, "expert": "expert", "router": None, **ACTIVATION_RULES,
 }
 SAMPLING_RULES: Rules = {**TRAIN_RULES, "embed": None, "batch": ("data", "fsdp")}
 
@@ -57,6 +73,9 @@ def rules_from_config(values: Mapping[str, Any], *, what: str = "mesh.rules") ->
       raise ValueError(f"{what}.{name}={value!r} names mesh axes {unknown} that the mesh lacks; "
                        f"use any of {', '.join(MESH_AXES)} (comma-separated), or '' to replicate.")
     rules[name] = axes[0] if len(axes) == 1 else (axes or None)
+  # Configs written before activations had rules: the defaults, rows where the batch goes.
+  for name, target in {**ACTIVATION_RULES, "activation_batch": rules.get("batch")}.items():
+    rules.setdefault(name, target)
   missing = sorted(set(TRAIN_RULES) - set(rules))
   if missing:
     raise ValueError(f"{what} has no rule for logical axes {missing}.")
@@ -138,6 +157,71 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None, mes
     used.update(names)
     spec.append(names[0] if len(names) == 1 else (names or None))
   return P(*spec)
+
+
+# ------------------------------------------------------------------------ activation constraints
+
+@dataclasses.dataclass(frozen=True)
+class Activations:
+  """Where a traced program's activations go: a mesh and its rules (hashable, so it can be a
+  jitted function's static argument)."""
+  mesh: Mesh
+  rules: tuple[tuple[str, Any], ...]
+
+  @property
+  def rules_dict(self) -> dict[str, Any]:
+    return dict(self.rules)
+
+
+def activations(mesh: Mesh | None, rules: Rules = TRAIN_RULES) -> Activations | None:
+  """`Activations` for `mesh` and `rules`; None without a mesh or on a single device."""
+  if mesh is None or mesh.size == 1:
+    return None
+  rules = {**ACTIVATION_RULES, **rules}
+  return Activations(mesh, tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                        for k, v in rules.items())))
+
+
+_ACTIVE: list[Activations | None] = []
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh_or_activations: Mesh | Activations | None,
+                        rules: Rules = TRAIN_RULES) -> Iterator[None]:
+  """Within it, `constrain` pins activations to `mesh` under `rules`. Enter it inside the
+  function being traced (the jitted step's own body, or from a static argument), so the trace
+  and jit's cache agree on the layout."""
+  act = mesh_or_activations
+  if not isinstance(act, Activations):
+    act = activations(act, rules)
+  _ACTIVE.append(act)
+  try:
+    yield
+  finally:
+    _ACTIVE.pop()
+
+
+def active() -> Activations | None:
+  """The innermost `activation_sharding`'s mesh and rules, or None."""
+  return _ACTIVE[-1] if _ACTIVE else None
+
+
+def activation_spec(axes: Sequence[str | None], shape: Sequence[int]) -> NamedSharding | None:
+  """The NamedSharding the active rules give an activation with logical `axes`, or None."""
+  act = active()
+  if act is None:
+    return None
+  if len(axes) != len(shape):
+    raise ValueError(f"Logical axes {tuple(axes)} do not match an activation of shape "
+                     f"{tuple(shape)}.")
+  return NamedSharding(act.mesh, logical_to_spec(axes, shape, act.mesh, act.rules_dict))
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+  """`with_sharding_constraint` of `x` to its logical `axes` under the active rules; `x` itself
+  when no `activation_sharding` is active (single device, CPU tests, unsharded calls)."""
+  sharding = activation_spec(axes, x.shape)
+  return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
 
 def tree_shardings(logical_tree: Any, shape_tree: Any, mesh: Mesh, rules: Rules) -> Any:

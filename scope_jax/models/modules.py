@@ -25,11 +25,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from scope_jax import sharding as shd
 from scope_jax.models import kv_cache as kvc
-from scope_jax.models import ops
+from scope_jax.models import ops, splash
 from scope_jax.models.config import ModelConfig
 
 Init = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+BTD = ("activation_batch", "activation_length", "activation_embed")  # a layer's input and output
 
 
 def _normal(std: float) -> Init:
@@ -89,6 +91,7 @@ class Attention(nnx.Module):
     d, n, k, h = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
     self.eps, self.qkv_bias, self.qk_norm = c.rms_norm_eps, c.qkv_bias, c.qk_norm
     self.qk_norm_full, self.scale, self.cap = c.qk_norm_full, c.attn_scale, c.attn_softcap
+    self.sliding = c.sliding_window if any(c.windows) else 0  # the one window size, or 0
     self.q = _param(rngs, w, (d, n, h), ("embed", "heads", "head_dim"), param_dtype)
     self.k = _param(rngs, w, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype)
     self.v = _param(rngs, w, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype)
@@ -125,6 +128,10 @@ class Attention(nnx.Module):
     values [B, K, C, H]) with the block written at `slots`, or None (the block attends to itself).
     `positions` = (query positions [B, T], key positions [B, S]) for a sliding `window`."""
     q, k, v = self.project_qkv(h_BTD, cos_BTH, sin_BTH)
+    if kv is None and splash.applies(q.shape[1], q.shape[3]):  # TPU: skip the masked blocks
+      out_BTNH = splash.attend(q, k, v, valid_BS, window=window, sliding=self.sliding,
+                               scale=self.scale, cap=self.cap)
+      return jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(out_BTNH.dtype)), kv
     if kv is None:
       kT_BKHS, v_BKSH = jnp.einsum("BTKH->BKHT", k), jnp.einsum("BTKH->BKTH", v)
     else:
@@ -286,7 +293,9 @@ class Decoder(nnx.Module):
     local_rope = None  # OLMo-3: sliding-window layers use the unscaled rope
     if c.rope_full_only and c.rope_scaling is not None:
       local_rope = ops.rope_tables(c.replace(rope_scaling=None), positions)
-    x_BTD = self.embedder.encode(tokens, dtype)
+    # Rows on the batch axes: the lookup's output is laid out like the table (D over fsdp),
+    # which GSPMD would otherwise carry through every layer as tensor parallelism.
+    x_BTD = shd.constrain(self.embedder.encode(tokens, dtype), BTD)
     if cache is None:
       slots_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
       valid_BC = mask_BT  # keys are the block itself
@@ -304,10 +313,14 @@ class Decoder(nnx.Module):
       cos_l, sin_l = cos, sin
       if local_rope is not None:
         cos_l, sin_l = (jnp.where(window > 0, lo, hi) for lo, hi in zip(local_rope, (cos, sin)))
-      return nnx.merge(layer_def, state)(
+      x, kv, stats = nnx.merge(layer_def, state)(
           x, cos_l, sin_l, slots_BT, valid_BC, kv, (positions, pos_BC) if sliding else None,
           window if sliding else None, mask_BT)
+      return shd.constrain(x, BTD), kv, stats
 
+    if remat not in ops.REMAT_POLICIES:
+      raise ValueError(f"Unknown remat policy {remat!r}; use one of "
+                       f"{', '.join(ops.REMAT_POLICIES)} (model.remat).")
     if remat != "none":
       run_layer = jax.checkpoint(run_layer, policy=ops.REMAT_POLICIES[remat])
     if cache is not None:  # unrolled: each layer updates its own cache buffers in place

@@ -90,7 +90,8 @@ class Learner:
     if key not in self._steps:
       self._steps[key] = train_step.make_train_step(self.model_config, loss, optimizer,
                                                     dtype=self.dtype, remat=self.remat,
-                                                    micro_batches=micro)
+                                                    micro_batches=micro, mesh=self.mesh,
+                                                    rules=self.rules)
     return self._steps[key]
 
   @property

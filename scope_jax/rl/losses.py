@@ -11,6 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from scope_jax import sharding as shd
+
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "k2", "k3", "k3+")
 LOG_RATIO_CLAMP = 20.0
@@ -173,6 +175,15 @@ def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
     return jnp.moveaxis(x.reshape((b, n, chunk) + x.shape[2:]), 1, 0)
 
   with_teacher = teacher_hidden_BTD is not None
+  # The unembedding gathered once, before the chunk loop, to the layout a chunk's logits want
+  # (vocab over tensor, embed whole): closed over as is, its fsdp shards would be gathered again
+  # in every chunk, forward and backward. The student's stays float32, so its gradient still
+  # sums over the chunks in float32; the teacher's (no gradient) is gathered in the compute dtype.
+  vocab_VD = ("activation_vocab", "activation_embed")
+  unembed_VD = shd.constrain(unembed_VD, vocab_VD)
+  if with_teacher:
+    teacher_unembed_VD = shd.constrain(teacher_unembed_VD.astype(teacher_hidden_BTD.dtype),
+                                       vocab_VD)
 
   @jax.checkpoint
   def one_chunk(h_BCD, y_BC, th_BCD):

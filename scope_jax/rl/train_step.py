@@ -196,12 +196,23 @@ def _split(batch: TrainBatch, micro: int) -> TrainBatch:
 
 
 def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp.float32,
-                    remat: str = "none", micro_batches: int = 1):
-  """Returns step(state, batch, ref_params=None, teacher_params=None) → (state, metrics), jitted."""
+                    remat: str = "none", micro_batches: int = 1, mesh=None,
+                    rules: shd.Rules = shd.TRAIN_RULES):
+  """Returns step(state, batch, ref_params=None, teacher_params=None) → (state, metrics), jitted.
+
+  With a `mesh`, the step's activations are pinned under `rules` (`shd.activation_sharding`,
+  entered inside the traced step, so the compiled program and jit's cache agree): rows on the
+  batch axes, weights gathered per layer and gradients reduce-scattered (FSDP).
+  """
   loss = functools.partial(_micro_loss, config=config, lc=lc, dtype=dtype, remat=remat)
   grad_fn = jax.value_and_grad(loss, has_aux=True)
+  activations = shd.activations(mesh, rules)
 
   def step(state: TrainState, batch: TrainBatch, ref_params=None, teacher_params=None):
+    with shd.activation_sharding(activations):
+      return _step(state, batch, ref_params, teacher_params)
+
+  def _step(state: TrainState, batch: TrainBatch, ref_params=None, teacher_params=None):
     if batch.num_rows % micro_batches:
       raise ValueError(f"Batch of {batch.num_rows} rows does not split into {micro_batches} "
                        "micro-batches; pad rows with make_batch(row_multiple=...).")

@@ -136,10 +136,19 @@ def select_tokens(logits_BV: jax.Array, key: jax.Array, spec: SamplingSpec, temp
 _TRACES = {"prefill": 0, "decode": 0}
 
 
-@functools.partial(jax.jit, static_argnames=("config", "capacity", "dtype", "cache_dtype"))
+@functools.partial(jax.jit, static_argnames=("config", "capacity", "dtype", "cache_dtype",
+                                             "activations"))
 def _prefill(config: ModelConfig, params, tokens_BT, mask_BT, *, capacity: int, dtype,
-             cache_dtype):
-  """Prefills left-padded prompts; returns (last-position logits [B, V], cache)."""
+             cache_dtype, activations: shd.Activations | None = None):
+  """Prefills left-padded prompts; returns (last-position logits [B, V], cache). `activations`
+  (the sampler's mesh and rules) pins the rows to the batch axes."""
+  with shd.activation_sharding(activations):
+    return _prefill_body(config, params, tokens_BT, mask_BT, capacity=capacity, dtype=dtype,
+                         cache_dtype=cache_dtype)
+
+
+def _prefill_body(config: ModelConfig, params, tokens_BT, mask_BT, *, capacity: int, dtype,
+                  cache_dtype):
   _TRACES["prefill"] += 1
   logging.info("Compiling prefill for batch %d × length %d (cache %d).", *tokens_BT.shape, capacity)
   cache = kvc.init_cache(config, tokens_BT.shape[0], capacity, cache_dtype)
@@ -151,11 +160,18 @@ def _prefill(config: ModelConfig, params, tokens_BT, mask_BT, *, capacity: int, 
   return logits_BV[:, 0], cache
 
 
-@functools.partial(jax.jit, static_argnames=("config", "spec", "dtype"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("config", "spec", "dtype", "activations"),
+                   donate_argnames=("state",))
 def _decode(config: ModelConfig, spec: SamplingSpec, params, state: DecodeState, limit,
-            temperature, *, dtype):
+            temperature, *, dtype, activations: shd.Activations | None = None):
   """Runs decode steps until `limit` steps were taken or every row is done; `spec` is
   `SamplingSpec.compiled()` and `temperature` the traced float32 value."""
+  with shd.activation_sharding(activations):
+    return _decode_body(config, spec, params, state, limit, temperature, dtype=dtype)
+
+
+def _decode_body(config: ModelConfig, spec: SamplingSpec, params, state: DecodeState, limit,
+                 temperature, *, dtype):
   _TRACES["decode"] += 1
   logging.info("Compiling decode for batch %d, %d new tokens, cache %d.", *state.tokens.shape,
                state.cache.capacity)
@@ -268,7 +284,8 @@ class Sampler:
 
     logits, cache = _prefill(self.config, self.params, self._put(tokens), self._put(mask),
                              capacity=width + new_bucket, dtype=self.dtype,
-                             cache_dtype=self.cache_dtype)
+                             cache_dtype=self.cache_dtype,
+                             activations=shd.activations(self.mesh, self.rules))
     self.stats["prefill_calls"] += 1
     self.stats["prefill_rows"] += n
     self.stats["prefill_tokens"] += sum(len(p) for p in prompts)
@@ -296,7 +313,7 @@ class Sampler:
       limit = min(int(state.step) + interval, max_new_tokens)
       state = _decode(self.config, spec.compiled(), self.params, state,
                       jnp.asarray(limit, jnp.int32), jnp.float32(spec.temperature),
-                      dtype=self.dtype)
+                      dtype=self.dtype, activations=shd.activations(self.mesh, self.rules))
       self.stats["decode_calls"] += 1
       if stop:
         state = self._apply_stops(state, stop, checked, stop_hits, n * g)

@@ -1,0 +1,123 @@
+"""The train step is FSDP on a TPU slice: compiled ahead of time for a v5p-8 (mesh (1, 4, 1)),
+a 2-layer Qwen2.5-0.5B-shaped model gathers its weights (about twice per layer: forward, and
+backward with the rematerialised forward) and reduce-scatters its gradients; no activation is
+all-reduced, and the unembedding is gathered once per micro-batch, not once per loss chunk.
+
+Run as a script to print the toy's collectives and FLOPs:
+  python -m tests.rl.test_fsdp
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from scope_jax import sharding as shd
+from scope_jax.models import config as model_config
+from scope_jax.models import transformer
+from scope_jax.plan import analysis, programs, topology
+from scope_jax.rl import learner as learner_lib
+from scope_jax.rl import train_step
+
+MIB = 2 ** 20
+ROWS, COLS, MICRO, LAYERS = 8, 1024, 2, 2  # 2 micro-batches × 4 rows × 1,024 tokens
+
+
+def toy_model():
+  """Qwen2.5-0.5B's dims with 2 layers and an untied lm_head (as the review's toy)."""
+  return model_config.PRESETS["qwen2.5-0.5b"].replace(num_layers=LAYERS, tie_embeddings=False)
+
+
+def compile_toy(remat: str = "full", rules=shd.TRAIN_RULES, loss=None):
+  """(compiled, traced) train step of the toy for a v5p-8, bfloat16 compute, float32 params."""
+  model = toy_model()
+  devices = topology.devices(topology.parse("v5p-8"))
+  mesh = shd.make_mesh((1, 4, 1), devices)
+  learner = learner_lib.Learner(model, optax.adamw(1e-6), mesh, dtype=jnp.bfloat16, remat=remat,
+                                micro_batch_rows=ROWS // MICRO, rules=rules)
+  params = programs.param_structs(model, mesh, rules, jnp.float32)
+  state = programs.train_state_structs(params, learner.optimizer)
+  batch = programs.batch_structs(ROWS, 128, COLS, mesh, rules, teacher=False)
+  step = learner.compiled_step(loss or train_step.LossConfig(), MICRO)
+  from scope_jax.models import ops
+  with ops.compiling_for("tpu", len(devices)):
+    traced = step.trace(state, batch, None, None)
+  return traced.lower().compile(), traced
+
+
+_OP = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.*?) (all-gather|all-reduce|reduce-scatter)"
+                 r"(?:-start)?\(")
+
+
+def collective_shapes(hlo: str) -> dict[str, collections.Counter]:
+  """Result types of every all-gather / all-reduce / reduce-scatter op in the HLO text (loop
+  bodies once), by kind."""
+  out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+  for line in hlo.splitlines():
+    m = _OP.match(line)
+    if m:
+      out[m.group(2)][m.group(1)] += 1
+  return out
+
+
+def weight_bytes(model, itemsize: int) -> int:
+  return itemsize * sum(int(jnp.prod(jnp.asarray(s))) for s in jax.tree.leaves(
+      transformer.param_shapes(model), is_leaf=lambda x: isinstance(x, tuple)))
+
+
+@pytest.fixture(scope="module")
+def toy():
+  pytest.importorskip("libtpu")
+  compiled, _ = compile_toy()
+  return compiled
+
+
+def test_no_activation_is_all_reduced(toy):
+  """Every all-reduce is small (a norm, a count) or weight-shaped: none carries rows × T of
+  activations ([4, 1024, ·] or [1, 1024, ·] per chip), as tensor parallelism over `embed` would."""
+  shapes = collective_shapes(toy.as_text())
+  big = [s for s in shapes["all-reduce"] if re.search(r"\[(1|4),1024,|\[(1|4),256,", s)]
+  assert not big, big
+
+
+def test_all_gathers_are_the_weights_about_twice(toy):
+  """All-gather bytes per step ≤ 2.2 × (the bf16 weights of the layers, per micro-batch) + the
+  lm_head once per micro-batch: FSDP gathers, not activations and not the lm_head per chunk."""
+  model = toy_model()
+  colls, _ = analysis.hlo_collectives(toy.as_text())
+  v, d = model.vocab_size, model.hidden_size
+  layers = weight_bytes(model, 2) - 2 * 2 * v * d  # bf16 layer weights (embed, lm_head apart)
+  bound = MICRO * (2.2 * layers + 2 * v * d * 1.1 + 4 * v * d)  # lm_head bf16, fp32 embed grad
+  assert colls["all-gather"].bytes <= bound, (colls["all-gather"].bytes / MIB, bound / MIB)
+
+
+if __name__ == "__main__":
+  import sys
+  remat = sys.argv[1] if len(sys.argv) > 1 else "full"
+  compiled, traced = compile_toy(remat)
+  hlo = compiled.as_text()
+  colls, _ = analysis.hlo_collectives(hlo)
+  for kind, c in colls.items():
+    print(f"{kind:20s} {c.count:5d} ops {c.bytes / MIB:10.1f} MiB")
+  for kind, counter in collective_shapes(hlo).items():
+    print(kind)
+    for shape, n in counter.most_common(40):
+      print(f"   {n:3d} × {shape}")
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  jaxpr = traced.jaxpr.jaxpr
+  model = toy_model()
+  n = weight_bytes(model, 1) - model.vocab_size * model.hidden_size  # matmul weights
+  tokens = ROWS * COLS
+  attn = 6 * LAYERS * model.num_heads * model.head_dim * COLS  # causal: half of 12·L·N·H·T
+  print(f"temp {compiled.memory_analysis().temp_size_in_bytes / MIB:.0f} MiB/chip")
+  print(f"compiled flops/chip (loops once) {cost.get('flops', 0):.4g}; "
+        f"loop factor {analysis.loop_factor(jaxpr):.3f}; "
+        f"per chip per call {cost.get('flops', 0) * analysis.loop_factor(jaxpr):.4g}")
+  print(f"jaxpr matmul flops (all chips) {analysis.matmul_flops(jaxpr):.4g}; "
+        f"6N+causal attn {tokens * (6 * n + attn):.4g} (6N {6 * n * tokens:.4g})")
