@@ -303,6 +303,11 @@ def render(plan: Plan, config: ml_collections.ConfigDict) -> str:
   return "\n".join(lines)
 
 
+ESTIMATE_FIELDS = ("flops", "flops_minimum", "hbm_bytes", "hbm_bytes_minimum", "ici_bytes_per_chip",
+                   "ici_bytes_per_chip_minimum", "step_seconds_overlapped", "step_seconds_serial",
+                   "step_seconds_floor", "mfu")  # per program in `to_json`; None where refused
+
+
 def to_json(plan: Plan, config: ml_collections.ConfigDict) -> dict:
   """The plan as data. Per program `estimate` holds, per chip and per unit (`unit`: update,
   decode step or call): flops, flops_minimum, hbm_bytes, hbm_bytes_minimum, ici_bytes_per_chip,
@@ -320,7 +325,7 @@ def to_json(plan: Plan, config: ml_collections.ConfigDict) -> dict:
            "compiler_bytes_loop_bodies_once": c.bytes_accessed,
            "loop_factor": c.loop_factor, "bytes_factor": c.bytes_factor,
            "collectives": {k: dataclasses.asdict(v) for k, v in c.collectives.items()}}
-    row.update(estimates.get(c.program.name, {}))
+    row.update(estimates.get(c.program.name, dict.fromkeys(ESTIMATE_FIELDS)))
     programs.append(row)
   return {
       "slice": plan.slice.name, "chips": plan.slice.total_chips, "mesh": plan.mesh,

@@ -146,6 +146,10 @@ def test_train_minimum_by_hand():
   assert ici == micro * 3 * 0.75 * P * 2
   tokens = rows // micro / 4 * cols
   assert hbm == micro * (3 * P * 2 + 2 * P * 4 / 4 + 2 * 2 * tokens * 64 * 2) + 7 * P * 4 / 4
+  # log-probs on the last 128 − 96 columns only: the output projection (256 × 64) there alone
+  flops, _, _ = est.train_minimum(s, rows, cols, micro, chips, prompt=96)
+  out = 256 * 64
+  assert flops == rows * (cols * (6 * (N - out) + 6 * 2 * 4 * 16 * cols) + 32 * 6 * out) / chips
 
 
 def test_step_times_and_mfu_from_the_three_counts():
@@ -167,10 +171,12 @@ def test_step_times_and_mfu_from_the_three_counts():
   times = (2e9 / chip.bf16_flops, 5e6 * 3 / 4 / chip.hbm_bandwidth, 1e8 / sl.ici_ingress)
   chex.assert_trees_all_close(e.step_seconds_overlapped, max(times))
   chex.assert_trees_all_close(e.step_seconds_serial, sum(times))
-  assert e.hbm_bytes_minimum == 4e6 and e.per_call_bytes == 2e6
+  # the weights but the untied input table (256 × 64 bf16), only its 8 / 4 rows' entries; the cache
+  weights = 10 ** 6 - 256 * 64 * 2 + 2 * 64 * 2
+  assert e.hbm_bytes_minimum == weights + 3 * 10 ** 6 and e.per_call_bytes == 2e6
   chex.assert_trees_all_close(e.mfu, e.flops_minimum / (chip.bf16_flops * max(times)))
   chex.assert_trees_all_close(e.step_seconds_floor, max(
-      e.flops_minimum / chip.bf16_flops, 4e6 / chip.hbm_bandwidth))
+      e.flops_minimum / chip.bf16_flops, (weights + 3e6) / chip.hbm_bandwidth))
 
 
 @pytest.mark.parametrize("name, ingress", [("v5p-8", 200e9), ("v4-8", 90e9), ("v5e-4", 100e9),
