@@ -7,21 +7,22 @@ public peaks, never a measurement."""
 from __future__ import annotations
 
 import dataclasses
-import math
+import json
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+from etils import epath
 
 from scope_jax import sharding as shd
 from scope_jax.core import runner
 from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.plan import analysis, estimates as est, programs as prog, topology
+from scope_jax.plan.topology import GIB
 from scope_jax.sampling import engine as engine_lib
 from scope_jax.sampling import sampler as sampler_lib
-from scope_jax.plan.topology import GIB
 
 
 @dataclasses.dataclass
@@ -103,8 +104,6 @@ def embedder_bytes(shapes: prog.RunShapes) -> tuple[str, int]:
   path = c.opensir.get("encoder", "")
   if path.lower().startswith(BERT_ENCODERS):
     return "", 0
-  import json
-  from etils import epath
   config_json = epath.Path(path) / "config.json" if path else None
   if config_json is not None and config_json.exists():
     hf = json.loads(config_json.read_text())

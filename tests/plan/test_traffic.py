@@ -183,3 +183,35 @@ def test_step_times_and_mfu_from_the_three_counts():
                                            ("v6e-8", 300e9), ("v5p-32", 400e9)])
 def test_ici_ingress_from_the_slice_grid(name, ingress):
   assert topology.parse(name).ici_ingress == ingress
+
+
+def _resident(spec, topology_name, mesh_shape):
+  import importlib
+  from scope_jax import sharding as shd
+  from scope_jax.core import runner
+  from scope_jax.plan import report
+  method, preset = spec.split(":")
+  config = importlib.import_module(f"configs.{method}").get_config(preset)
+  mesh = shd.make_mesh(mesh_shape, topology.devices(topology.parse(topology_name)))
+  shapes = programs.RunShapes(config, programs.model_config(config.model), mesh,
+                              runner.load_method(config).METHOD.players(config))
+  _, states = programs.train_programs(shapes)  # abstract: nothing compiles
+  return shapes, report.resident_memory(shapes, states, cache=1000)
+
+
+def test_every_engine_cache_the_refresh_copy_and_opensirs_embedder_are_counted():
+  """SCOPE plays two policies and a frozen judge: three engines, three caches at once; after each
+  update one more sampler copy lives for a moment; OpenSIR's paper embedder (Linq-Embed-Mistral,
+  float32, sharded as training shards) is resident."""
+  from scope_jax import sharding as shd
+  from scope_jax.plan import report
+  from tests.plan.test_plan import analytic_param_bytes
+  shapes, r = _resident("scope:paper", "v5p-16", (1, 2, 4))
+  assert (r.engines, r.kv_caches) == (3, 3000)
+  assert r.refresh == shapes.sampler_copy_bytes() > 0
+  shapes, r = _resident("opensir:paper", "v5p-8", (1, 4, 1))
+  (name,) = [k for k in r.items if k.startswith("embedder")]
+  mistral = ModelConfig.from_hf_config(report.LINQ_EMBED_MISTRAL)
+  assert "Linq-Embed-Mistral" in name and r.engines == 1
+  assert r.items[name] == analytic_param_bytes(mistral, dict(shapes.mesh.shape), shd.TRAIN_RULES)
+  assert 6.5 * 2 ** 30 < r.items[name] < 7 * 2 ** 30  # 7.1B float32 over 4 chips
