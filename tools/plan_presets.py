@@ -69,7 +69,7 @@ def row(spec: str, p: dict) -> str:
            if train.get("ici_bytes_per_chip_minimum") else None)
     cells.append(f"{'—' if ratio is None else f'{ratio:.2f}×'} / "
                  f"{'—' if ici is None else f'{ici:.1f}×'} / {_est(train, 'mfu', 100, '{:.0f}%')} / "
-                 f"{_est(train, 'step_seconds_overlapped', 1, '{:,.0f} s')}")
+                 f"{_est(train, 'step_seconds_overlapped', 1, '{:,.1f} s')}")
   else:
     cells.append("—")
   if decode:

@@ -15,8 +15,10 @@ Minimums (per chip; P parameters, N the matmul weights a token meets: lm_head in
 embedding lookup excluded, only the routed experts; L layers, heads × head_dim H; mesh data d,
 fsdp f, tensor t; c and p the compute and parameter dtypes' bytes):
 
-- train FLOPs: tokens · (6N + 6·L·heads·H·T), the second term causal attention over T columns
-  (scores and values, 2·2·T²/2 per head and layer forward, times 3 with the backward);
+- train FLOPs: tokens · (6(N − N_out) + 6·L·heads·H·T) + response tokens · 6·N_out, with N_out
+  the output projection (log-probs are needed on the response columns only) and the second term
+  causal attention over T columns (scores and values, 2·2·T²/2 per head and layer forward,
+  times 3 with the backward);
 - train interconnect, FSDP: per micro-batch an all-gather of the weights for the forward and
   again for the backward (the gathered copy is not kept between them) and a reduce-scatter of the
   gradients, all in the compute dtype over fsdp: 3·(f−1)/f·P·c/t; with t > 1 also 2(t−1)/t · the
@@ -27,11 +29,12 @@ fsdp f, tensor t; c and p the compute and parameter dtypes' bytes):
   written once (3·P·c/t), the float32 gradient shard read and written (2·S, S = P·p/(f·t)), each
   layer's input written and read back (2·L · rows/(d·f) · T · D · c); per update the optimizer
   reads params, gradients and both moments and writes params and moments (7·S);
-- decode step: the sampling weights once and the KV cache read once (its whole window),
-  2N + 4·L·heads·H·window FLOPs a row, and with t > 1 two all-reduces per layer of the rows'
-  hidden states;
-- prefill call: the sampling weights once and the block's keys and values written,
-  2N + 2·L·heads·H·block FLOPs a token (at least causal attention within its own block);
+- decode step: the sampling weights once (an untied input embedding only at its rows) and the
+  KV cache read once (its whole window), 2N + 4·L·heads·H·window FLOPs a row, and with t > 1
+  two all-reduces per layer of the rows' hidden states;
+- prefill call: the sampling weights once (as for decode) and the block's keys and values
+  written, 2(N − N_out) + 2·L·heads·H·block FLOPs a token (at least causal attention within
+  its own block) and 2·N_out a row (the next token's logits only);
 - the retrieval encoder: no minimum given.
 
 Not in the HBM minimums: the logits (a fused cross-entropy or sampling kernel need not write them
@@ -98,6 +101,11 @@ def matmul_weights(model: ModelConfig) -> int:
   return n
 
 
+def output_weights(model: ModelConfig) -> int:
+  """N_out: the output projection's weights (the vocabulary times the hidden size)."""
+  return model.vocab_size * model.hidden_size
+
+
 def attention_width(model: ModelConfig) -> int:
   return model.num_layers * model.num_heads * model.head_dim
 
@@ -115,13 +123,16 @@ def _share(n: int) -> float:
   return (n - 1) / n if n > 1 else 0.0
 
 
-def train_minimum(s: Shapes, rows: int, cols: int, micro: int, chips: int) -> tuple[float, float, float]:
-  """(FLOPs, HBM bytes, ICI bytes) per chip of one update at the analytic minimum."""
+def train_minimum(s: Shapes, rows: int, cols: int, micro: int, chips: int,
+                  prompt: int = 0) -> tuple[float, float, float]:
+  """(FLOPs, HBM bytes, ICI bytes) per chip of one update at the analytic minimum (the first
+  `prompt` columns of each row need no log-probs)."""
   m, mesh = s.model, s.mesh
   d, f, t = mesh.get("data", 1), mesh.get("fsdp", 1), mesh.get("tensor", 1)
   c, p = _itemsize(s.dtype), _itemsize(s.param_dtype)
   params = m.num_params()
-  flops = rows * cols * train_flops_per_token(m, cols) / chips
+  out = 6.0 * output_weights(m)
+  flops = rows * (cols * (train_flops_per_token(m, cols) - out) + (cols - prompt) * out) / chips
   gathered = params * c / t  # one chip's weights in the compute dtype, whole along fsdp
   shard = params * p / (f * t)
   tokens = max(rows // max(micro, 1), 1) / (d * f) * cols  # a micro-batch's tokens on one chip
@@ -140,7 +151,17 @@ def decode_minimum(s: Shapes, rows: int, window: int, chips: int) -> tuple[float
   flops = rows * (2.0 * matmul_weights(m) + 4.0 * attention_width(m) * window) / chips
   hidden = rows / (d * f) * m.hidden_size * _itemsize(s.dtype)
   ici = 2 * _share(t) * 2 * m.num_layers * hidden
-  return flops, float(s.sampling_weights + s.kv_cache), ici
+  return flops, float(_weights_read(s, rows / (d * f)) + s.kv_cache), ici
+
+
+def _weights_read(s: Shapes, rows: float) -> float:
+  """The sampling weights a forward reads per chip: all, except an untied input embedding,
+  of which only the rows' entries (the table is split over tensor where the vocabulary is)."""
+  m, t = s.model, s.mesh.get("tensor", 1)
+  if m.tie_embeddings:
+    return s.sampling_weights
+  table = m.vocab_size * m.hidden_size * _itemsize(s.dtype) / (t if m.vocab_size % t == 0 else 1)
+  return max(s.sampling_weights - table, 0) + rows * m.hidden_size * _itemsize(s.dtype)
 
 
 def prefill_minimum(s: Shapes, tokens: int, rows: int, window: int,
@@ -150,11 +171,12 @@ def prefill_minimum(s: Shapes, tokens: int, rows: int, window: int,
   m, mesh = s.model, s.mesh
   d, f, t = mesh.get("data", 1), mesh.get("fsdp", 1), mesh.get("tensor", 1)
   block = tokens / max(rows, 1)
-  flops = tokens * (2.0 * matmul_weights(m) + 2.0 * attention_width(m) * block) / chips
+  body = 2.0 * (matmul_weights(m) - output_weights(m)) + 2.0 * attention_width(m) * block
+  flops = (tokens * body + rows * 2.0 * output_weights(m)) / chips
   written = s.kv_cache * tokens / max(s.slots * window, 1)  # the block's share of the cache
   hidden = tokens / (d * f) * m.hidden_size * _itemsize(s.dtype)
   ici = 2 * _share(t) * 2 * m.num_layers * hidden
-  return flops, float(s.sampling_weights + written), ici
+  return flops, float(_weights_read(s, tokens / (d * f)) + written), ici
 
 
 def _seconds(chip: topology.Chip, ingress: float, flops: float, hbm: float, ici: float):
@@ -172,7 +194,7 @@ def estimate(c: analysis.Compiled, s: Shapes, sl: topology.Slice) -> Estimate:
   ici = sum(ici_kind.values())
   minimum = None
   if p.kind == "train":
-    minimum = train_minimum(s, p.rows, p.columns, p.micro_batches, chips)
+    minimum = train_minimum(s, p.rows, p.columns, p.micro_batches, chips, p.prompt_columns)
   elif p.kind == "decode":
     minimum = decode_minimum(s, p.rows, p.columns, chips)
   elif p.kind == "prefill" and p.columns:

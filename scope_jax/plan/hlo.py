@@ -1,6 +1,6 @@
 """Reading a compiled HLO module's text: its computations, how often each runs per call (while
 loops' trip counts), its collectives with the interconnect (ICI) bytes each moves per chip, and
-which share of its memory traffic sits inside its loops.
+its memory traffic with loop bodies once, with their trip counts, and outside every loop.
 
 Traffic factors, per chip, for a collective over a replica group of n chips (ring algorithms):
 all-gather (n−1)/n·output, reduce-scatter (n−1)/n·input, all-reduce 2(n−1)/n·size, all-to-all
@@ -204,7 +204,7 @@ def collective_traffic(hlo: str) -> dict[str, float]:
   return out
 
 
-# ------------------------------------------------------------------------ memory traffic split
+# ------------------------------------------------------------------------ memory traffic
 
 _FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
          "partition-id", "replica-id", "opt-barrier", "while", "conditional", "call",

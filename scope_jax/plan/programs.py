@@ -51,6 +51,7 @@ class Program:
   resident_inputs: int = 0  # bytes per chip of its inputs that live for the whole run anyway
   rows: int = 0  # rows one call processes (train: the update's; decode: the slots)
   columns: int = 0  # tokens per row (train: the update's columns; decode: the cache window)
+  prompt_columns: int = 0  # train: of `columns`, the prompt's (no log-probs are needed there)
   micro_batches: int = 1  # train: micro-batches per update
   steps: int = 1  # decode: steps per call (at most: a call stops when every row is done)
 
@@ -216,7 +217,8 @@ def train_programs(shapes: RunShapes) -> tuple[list[Program], dict[str, Any]]:
         f"train_step/{name}", "train",
         lambda step=step, state=state, batch=batch, ref=ref, teacher=teacher:
             step.trace(state, batch, ref, teacher),
-        tokens=rows * cols, rows=rows, columns=cols, micro_batches=micro,
+        tokens=rows * cols, rows=rows, columns=cols, prompt_columns=prompt_cols,
+        micro_batches=micro,
         resident_inputs=bytes_per_chip((state, ref, teacher)),
         note=f"{rows} rows × {cols} tokens in {micro} micro-batches"
              + (f"; {' and '.join(extra)} forward inside" if extra else "")))

@@ -7,21 +7,22 @@ public peaks, never a measurement."""
 from __future__ import annotations
 
 import dataclasses
-import math
+import json
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+from etils import epath
 
 from scope_jax import sharding as shd
 from scope_jax.core import runner
 from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.plan import analysis, estimates as est, programs as prog, topology
+from scope_jax.plan.topology import GIB
 from scope_jax.sampling import engine as engine_lib
 from scope_jax.sampling import sampler as sampler_lib
-from scope_jax.plan.topology import GIB
 
 
 @dataclasses.dataclass
@@ -103,8 +104,6 @@ def embedder_bytes(shapes: prog.RunShapes) -> tuple[str, int]:
   path = c.opensir.get("encoder", "")
   if path.lower().startswith(BERT_ENCODERS):
     return "", 0
-  import json
-  from etils import epath
   config_json = epath.Path(path) / "config.json" if path else None
   if config_json is not None and config_json.exists():
     hf = json.loads(config_json.read_text())
@@ -303,6 +302,11 @@ def render(plan: Plan, config: ml_collections.ConfigDict) -> str:
   return "\n".join(lines)
 
 
+ESTIMATE_FIELDS = ("flops", "flops_minimum", "hbm_bytes", "hbm_bytes_minimum", "ici_bytes_per_chip",
+                   "ici_bytes_per_chip_minimum", "step_seconds_overlapped", "step_seconds_serial",
+                   "step_seconds_floor", "mfu")  # per program in `to_json`; None where refused
+
+
 def to_json(plan: Plan, config: ml_collections.ConfigDict) -> dict:
   """The plan as data. Per program `estimate` holds, per chip and per unit (`unit`: update,
   decode step or call): flops, flops_minimum, hbm_bytes, hbm_bytes_minimum, ici_bytes_per_chip,
@@ -320,7 +324,7 @@ def to_json(plan: Plan, config: ml_collections.ConfigDict) -> dict:
            "compiler_bytes_loop_bodies_once": c.bytes_accessed,
            "loop_factor": c.loop_factor, "bytes_factor": c.bytes_factor,
            "collectives": {k: dataclasses.asdict(v) for k, v in c.collectives.items()}}
-    row.update(estimates.get(c.program.name, {}))
+    row.update(estimates.get(c.program.name, dict.fromkeys(ESTIMATE_FIELDS)))
     programs.append(row)
   return {
       "slice": plan.slice.name, "chips": plan.slice.total_chips, "mesh": plan.mesh,

@@ -186,6 +186,10 @@ def test_decode_collectives_of_the_training_layout_and_the_sampling_layout():
     assert not report.loop_gathers(plan), report.loop_gathers(plan)
     assert plan.partial and report.verdict(plan).startswith("partial plan (programs: engine/decode_step)")
     assert "partial plan" in report.render(plan, config) and "**fits**" not in report.render(plan, config)
+    (row,) = report.to_json(plan, config)["programs"]
+    assert row["unit"] == "decode step" and all(
+        isinstance(row[k], float) for k in report.ESTIMATE_FIELDS), row
+    assert row["step_seconds_floor"] <= row["step_seconds_overlapped"] <= row["step_seconds_serial"]
   assert steps["sampling"] == 1 and steps["train"] > 2 * plan.model.num_layers, steps
 
 

@@ -146,6 +146,10 @@ def test_train_minimum_by_hand():
   assert ici == micro * 3 * 0.75 * P * 2
   tokens = rows // micro / 4 * cols
   assert hbm == micro * (3 * P * 2 + 2 * P * 4 / 4 + 2 * 2 * tokens * 64 * 2) + 7 * P * 4 / 4
+  # log-probs on the last 128 − 96 columns only: the output projection (256 × 64) there alone
+  flops, _, _ = est.train_minimum(s, rows, cols, micro, chips, prompt=96)
+  out = 256 * 64
+  assert flops == rows * (cols * (6 * (N - out) + 6 * 2 * 4 * 16 * cols) + 32 * 6 * out) / chips
 
 
 def test_step_times_and_mfu_from_the_three_counts():
@@ -167,13 +171,47 @@ def test_step_times_and_mfu_from_the_three_counts():
   times = (2e9 / chip.bf16_flops, 5e6 * 3 / 4 / chip.hbm_bandwidth, 1e8 / sl.ici_ingress)
   chex.assert_trees_all_close(e.step_seconds_overlapped, max(times))
   chex.assert_trees_all_close(e.step_seconds_serial, sum(times))
-  assert e.hbm_bytes_minimum == 4e6 and e.per_call_bytes == 2e6
+  # the weights but the untied input table (256 × 64 bf16), only its 8 / 4 rows' entries; the cache
+  weights = 10 ** 6 - 256 * 64 * 2 + 2 * 64 * 2
+  assert e.hbm_bytes_minimum == weights + 3 * 10 ** 6 and e.per_call_bytes == 2e6
   chex.assert_trees_all_close(e.mfu, e.flops_minimum / (chip.bf16_flops * max(times)))
   chex.assert_trees_all_close(e.step_seconds_floor, max(
-      e.flops_minimum / chip.bf16_flops, 4e6 / chip.hbm_bandwidth))
+      e.flops_minimum / chip.bf16_flops, (weights + 3e6) / chip.hbm_bandwidth))
 
 
 @pytest.mark.parametrize("name, ingress", [("v5p-8", 200e9), ("v4-8", 90e9), ("v5e-4", 100e9),
                                            ("v6e-8", 300e9), ("v5p-32", 400e9)])
 def test_ici_ingress_from_the_slice_grid(name, ingress):
   assert topology.parse(name).ici_ingress == ingress
+
+
+def _resident(spec, topology_name, mesh_shape):
+  import importlib
+  from scope_jax import sharding as shd
+  from scope_jax.core import runner
+  from scope_jax.plan import report
+  method, preset = spec.split(":")
+  config = importlib.import_module(f"configs.{method}").get_config(preset)
+  mesh = shd.make_mesh(mesh_shape, topology.devices(topology.parse(topology_name)))
+  shapes = programs.RunShapes(config, programs.model_config(config.model), mesh,
+                              runner.load_method(config).METHOD.players(config))
+  _, states = programs.train_programs(shapes)  # abstract: nothing compiles
+  return shapes, report.resident_memory(shapes, states, cache=1000)
+
+
+def test_every_engine_cache_the_refresh_copy_and_opensirs_embedder_are_counted():
+  """SCOPE plays two policies and a frozen judge: three engines, three caches at once; after each
+  update one more sampler copy lives for a moment; OpenSIR's paper embedder (Linq-Embed-Mistral,
+  float32, sharded as training shards) is resident."""
+  from scope_jax import sharding as shd
+  from scope_jax.plan import report
+  from tests.plan.test_plan import analytic_param_bytes
+  shapes, r = _resident("scope:paper", "v5p-16", (1, 2, 4))
+  assert (r.engines, r.kv_caches) == (3, 3000)
+  assert r.refresh == shapes.sampler_copy_bytes() > 0
+  shapes, r = _resident("opensir:paper", "v5p-8", (1, 4, 1))
+  (name,) = [k for k in r.items if k.startswith("embedder")]
+  mistral = ModelConfig.from_hf_config(report.LINQ_EMBED_MISTRAL)
+  assert "Linq-Embed-Mistral" in name and r.engines == 1
+  assert r.items[name] == analytic_param_bytes(mistral, dict(shapes.mesh.shape), shd.TRAIN_RULES)
+  assert 6.5 * 2 ** 30 < r.items[name] < 7 * 2 ** 30  # 7.1B float32 over 4 chips
