@@ -28,12 +28,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 Rules = Mapping[str, Any]  # logical name -> mesh axis name, tuple of names, or None
 
+# Rows split over 'expert' too: attention and the KV cache divide over the expert axis (the MoE
+# layer's tokens are split over the same devices, `models/moe.py`); a size-1 axis is ignored.
 TRAIN_RULES: Rules = {
-    "batch": ("data", "fsdp"), "vocab": "tensor", "embed": "fsdp", "heads": "tensor",
+    "batch": ("data", "fsdp", "expert"), "vocab": "tensor", "embed": "fsdp", "heads": "tensor",
     "kv_heads": "tensor", "head_dim": None, "mlp": "tensor", "layers": None, "norm": None,
     "length": None, "cache": None, "expert": "expert", "router": None,
 }
-SAMPLING_RULES: Rules = {**TRAIN_RULES, "embed": None, "batch": ("data", "fsdp")}
+SAMPLING_RULES: Rules = {**TRAIN_RULES, "embed": None}
 
 _warned: set[tuple] = set()
 
