@@ -104,27 +104,27 @@ def ragged_experts(x_MD, weights_MK, ids_MK, gate_EDF, up_EDF, down_EFD) -> jax.
 
 # ------------------------------------------------------------------------ local grouped matmul
 
-def _tile(rows: int, k: int, n: int) -> tuple[int, int, int]:
-  """megablox tiles: 128 where the dims allow (the MXU's), the whole dim below that."""
-  t = min(128, k, n)
-  return (min(128, rows), t, t)
+def row_tile(rows_per_group: int) -> int:
+  """The kernel's row tile: about one group's expected rows, from 16 (a bfloat16 tile's rows)
+  to 128 (the MXU's). Each group visits whole tiles, so decode, with a few rows per expert, wants
+  small tiles (fewer rows read per weight tile); training wants 128."""
+  return min(128, max(16, 1 << max(0, rows_per_group - 1).bit_length()))
 
 
-def buffer_rows(rows: int) -> int:
-  """Rows of a grouped-matmul buffer holding `rows`: a multiple of the kernel's row tile (128,
-  or the whole buffer, a multiple of 16, when smaller)."""
-  tile = min(128, rows + -rows % 16)
-  return rows + -rows % tile
+def buffer_rows(rows: int, tile: int) -> int:
+  """Rows of a grouped-matmul buffer that holds `rows`: a multiple of the row tile."""
+  return max(tile, rows + -rows % tile)
 
 
-def grouped_matmul(x_RD, w_EDF, sizes_E, first, num_experts: int, kernel: str) -> jax.Array:
+def grouped_matmul(x_RD, w_EDF, sizes_E, first, num_experts: int, kernel: str,
+                   tile: int = 128) -> jax.Array:
   """Rows x[R, D] in groups of `sizes_E` (local experts first..first+El) times w[El, D, F]; rows
   past the groups come out zero, and their cotangents are zero too (masks both ways, as the
   kernels leave those rows unwritten).
 
   kernel: 'gmm' (megablox, TPU), 'gmm_interpret' (the same kernel interpreted: CPU tests), or
-  'ragged' (`ragged_dot`)."""
-  r, el = x_RD.shape[0], w_EDF.shape[0]
+  'ragged' (`ragged_dot`). `tile`: the row tile, which must divide R (see `buffer_rows`)."""
+  r = x_RD.shape[0]
   valid_R = (jnp.arange(r) < sizes_E.sum())[:, None]
   x_RD = jnp.where(valid_R, x_RD, 0)
   w_EDF = w_EDF.astype(x_RD.dtype)
@@ -135,12 +135,12 @@ def grouped_matmul(x_RD, w_EDF, sizes_E, first, num_experts: int, kernel: str) -
     # The kernel indexes groups globally: the local groups' sizes at `first`, zeros elsewhere.
     sizes_all = jax.lax.dynamic_update_slice(jnp.zeros((num_experts,), jnp.int32), sizes_E,
                                              (first,))
-    out = gmm(x_RD, w_EDF, sizes_all, x_RD.dtype, _tile(r, *w_EDF.shape[1:]),
+    t = min(128, *w_EDF.shape[1:])  # the MXU's 128, or the whole dim below that
+    out = gmm(x_RD, w_EDF, sizes_all, x_RD.dtype, (min(tile, r), t, t),
               jnp.asarray(first, jnp.int32).reshape(()), None, False, kernel == "gmm_interpret")
   else:
     raise ValueError(f"Unknown grouped-matmul kernel {kernel!r}; use 'gmm', 'gmm_interpret' or "
                      "'ragged'.")
-  del el
   return jnp.where(valid_R, out, 0)
 
 
@@ -260,8 +260,9 @@ def _local_experts(x_MD, weights_MK, ids_MK, gate_EDF, up_EDF, down_EFD, *, num_
   order_P, token_P, counts_E = _sort_pairs(ids_MK, e)
   xs_PD = x_MD[token_P]
   p = xs_PD.shape[0]
+  tile = row_tile(-(-rows * k // el))  # a balanced router's rows per local expert
   if n == 1:
-    x_RD = jnp.pad(xs_PD, ((0, buffer_rows(p) - p), (0, 0)))
+    x_RD = jnp.pad(xs_PD, ((0, buffer_rows(p, tile) - p), (0, 0)))
     first, sizes_L = jnp.int32(0), counts_E
   else:
     a2a = (jax.lax.ragged_all_to_all if exchange == "ragged"
@@ -272,10 +273,10 @@ def _local_experts(x_MD, weights_MK, ids_MK, gate_EDF, up_EDF, down_EFD, *, num_
     counts_NE = jax.lax.all_gather(counts_E, "expert")
     dispatch, combine, sizes_L = exchange_plan(counts_NE, me)
     worst = n * rows * min(k, el)  # every pair of the expert group lands here: none is dropped
-    x_RD = a2a(xs_PD, jnp.zeros((buffer_rows(worst), x_MD.shape[1]), dt), *dispatch,
+    x_RD = a2a(xs_PD, jnp.zeros((buffer_rows(worst, tile), x_MD.shape[1]), dt), *dispatch,
                axis_name="expert")
     first = me * el
-  mm = lambda x, w: grouped_matmul(x, w.astype(dt), sizes_L, first, e, kernel)
+  mm = lambda x, w: grouped_matmul(x, w.astype(dt), sizes_L, first, e, kernel, tile)
   out_RD = _swiglu(x_RD, gate_EDF, up_EDF, down_EFD, mm)
   if n == 1:
     out_PD = out_RD[:p]

@@ -18,11 +18,12 @@ def _normal(seed, shape, scale=1.0):
   return scale * jax.random.normal(jax.random.key(seed), shape, jnp.float32)
 
 
-@pytest.mark.parametrize("first,sizes", [
-    (0, [5, 0, 17, 9, 0, 3]),  # all groups local; rows past the groups (34 of 48)
-    (6, [0, 11, 0, 20]),  # a shard whose local experts start at global expert 6
+@pytest.mark.parametrize("first,sizes,tile", [
+    (0, [5, 0, 17, 9, 0, 3], 16),  # all groups local, tiles of 16 rows shared by groups; rows
+    # past the groups (34 of 48)
+    (6, [0, 11, 0, 20], 128),  # a shard whose local experts start at global expert 6
 ])
-def test_gmm_interpreted_equals_ragged_dot_forward_and_gradients(first, sizes):
+def test_gmm_interpreted_equals_ragged_dot_forward_and_gradients(first, sizes, tile):
   rows, d, f = 48, 16, 32
   el = len(sizes)
   x_RD, w_EDF = _normal(0, (rows, d)), _normal(1, (el, d, f), 0.3)
@@ -31,13 +32,14 @@ def test_gmm_interpreted_equals_ragged_dot_forward_and_gradients(first, sizes):
 
   def loss(kernel):
     def f_(x, w):
-      return jnp.sum(moe.grouped_matmul(x, w, sizes, jnp.int32(first), first + el + 2, kernel)
-                     * ct_RF)
+      return jnp.sum(moe.grouped_matmul(x, w, sizes, jnp.int32(first), first + el + 2, kernel,
+                                        tile) * ct_RF)
     return f_
 
   want = jax.lax.ragged_dot(x_RD, w_EDF, sizes)
   used = int(sizes.sum())
-  got = moe.grouped_matmul(x_RD, w_EDF, sizes, jnp.int32(first), first + el + 2, "gmm_interpret")
+  got = moe.grouped_matmul(x_RD, w_EDF, sizes, jnp.int32(first), first + el + 2, "gmm_interpret",
+                           tile)
   chex.assert_trees_all_close(got[:used], want[:used], **TOL)
   chex.assert_trees_all_close(got[used:], jnp.zeros_like(got[used:]))  # rows past the groups
   grads = jax.grad(loss("gmm_interpret"), (0, 1))(x_RD, w_EDF)
@@ -147,6 +149,8 @@ def test_the_module_runs_ragged_on_cpu_meshes_and_counts_padding_nowhere():
     assert moe.current_mesh()[0] is mesh
   assert moe.current_mesh() == (None, None)
   assert moe.token_axes(mesh, shd.TRAIN_RULES) == ("fsdp", "expert")
+  assert [moe.row_tile(r) for r in (1, 2, 17, 100, 5000)] == [16, 16, 32, 128, 128]
+  assert moe.buffer_rows(250, 16) == 256 and moe.buffer_rows(3, 16) == 16
   ids = jnp.asarray([[0, 2], [8, 8]], jnp.int32)  # the second token is padding (id E = 8)
   _, _, counts = moe._sort_pairs(ids, 8)
   np.testing.assert_array_equal(counts, [1, 0, 1, 0, 0, 0, 0, 0])
@@ -167,3 +171,44 @@ def test_the_batch_rule_splits_rows_over_expert_and_leaves_dense_meshes_alone():
                                rules) == jax.sharding.PartitionSpec(("fsdp", "expert"), None,
                                                                     None, None)
   assert shd.rules_from_config(shd.rules_to_config(shd.TRAIN_RULES)) == shd.TRAIN_RULES
+
+
+@pytest.mark.slow
+def test_qwen3_moe_decode_for_v5p_32_gathers_no_expert_weights():
+  """Qwen3-30B-A3B cut to 2 layers, one decode step of 64 slots compiled ahead of time for a
+  v5p-32 on mesh (1,2,1,8): the experts run as megablox kernels between ragged all-to-alls, and
+  no expert weight is all-gathered (GSPMD's ragged_dot gathers all 128 experts' every layer)."""
+  pytest.importorskip("libtpu")
+  import re
+  from scope_jax.models import config as model_config, kv_cache as kvc, transformer
+  from scope_jax.plan import topology
+  from scope_jax.sampling import engine as engine_lib
+  before = jax.config.jax_enable_compilation_cache  # compile-only programs cannot be cached
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    mesh = shd.make_mesh((1, 2, 1, 8), topology.devices(topology.parse("v5p-32")))
+    cfg = model_config.PRESETS["qwen3-30b-a3b"].replace(num_layers=2)
+    rules, slots, capacity = shd.SAMPLING_RULES, 64, 1024
+    params = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=sh),
+        transformer.param_shapes(cfg), transformer.param_shardings(cfg, mesh, rules),
+        is_leaf=lambda x: isinstance(x, tuple))
+    cache_sh, _ = engine_lib.cache_shardings(cfg, mesh, rules, capacity)
+    cache = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                         jax.eval_shape(lambda: kvc.init_cache(cfg, slots, capacity,
+                                                               jnp.bfloat16)), cache_sh)
+    tokens = jax.ShapeDtypeStruct((slots, 1), jnp.int32,
+                                  sharding=shd.batch_sharding(mesh, (slots, 1), rules))
+    step = jax.jit(lambda p, c, t: transformer.forward(cfg, p, t, cache=c, dtype=jnp.bfloat16))
+    # the tests' "highest" matmul precision asks bfloat16 kernels for float32 passes: Mosaic
+    # refuses; runs use the default
+    with moe.use_mesh(mesh, rules), jax.default_matmul_precision("default"):
+      hlo = step.trace(params, cache, tokens).lower().compile().as_text()
+  finally:
+    jax.config.update("jax_enable_compilation_cache", before)
+  gathered = re.findall(r"= (\S+\[[0-9,]*\])\S* all-gather(?:-start)?\(", hlo)
+  assert not [g for g in gathered if "2048" in g and "768" in g], gathered
+  assert hlo.count("ragged-all-to-all(") == 2 * cfg.num_layers  # dispatch and combine
+  assert "tpu_custom_call" in hlo
+  # the KV cache's slots split 16 ways: over fsdp and expert
+  assert cache_sh.k[0].spec[0] == ("fsdp", "expert")
