@@ -31,6 +31,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 _CONTEXT: list[tuple[Mesh, Any]] = []
 BATCH_AXES = ("data", "fsdp")  # the token axes when no rules are given (with `expert`)
+MAX_BUFFER_ROWS = 1 << 17  # rows a shard's receive buffer may hold (bf16 D=2048: 512 MiB)
 
 
 @contextlib.contextmanager
@@ -217,12 +218,24 @@ def _mlp_axes(mesh: Mesh, rules: Any, f: int, taken: tuple[str, ...]) -> tuple[s
   return axes if axes and f % math.prod(mesh.shape[a] for a in axes) == 0 else ()
 
 
+def chunking(m: int, shards: int, n: int, k: int, e: int, max_buffer_rows: int):
+  """(chunks, tokens per chunk) of each of `shards` token shards, so that a chunk's worst-case
+  receive buffer (every pair of the n-shard expert group landing on one shard) fits the budget."""
+  rows = -(-m // shards)
+  per_token = n * min(k, e // n) if n > 1 else k  # worst-case received rows per sent token
+  chunks = max(1, -(-rows * per_token // max_buffer_rows))
+  return chunks, -(-rows // chunks)
+
+
 def expert_parallel(x_MD, weights_MK, ids_MK, gate_EDF, up_EDF, down_EFD, mesh: Mesh,
-                    rules: Any = None, *, kernel: str = "gmm", exchange: str = "ragged"):
+                    rules: Any = None, *, kernel: str = "gmm", exchange: str = "ragged",
+                    max_buffer_rows: int = MAX_BUFFER_ROWS):
   """The experts split over the mesh's `expert` axis: [M, D].
 
   kernel: the local grouped matmul (`grouped_matmul`). exchange: 'ragged'
-  (`jax.lax.ragged_all_to_all`, TPU/GPU) or 'emulated' (the same semantics on XLA:CPU)."""
+  (`jax.lax.ragged_all_to_all`, TPU/GPU) or 'emulated' (the same semantics on XLA:CPU).
+  max_buffer_rows: a shard whose worst-case receive buffer would exceed it routes its tokens in
+  chunks, each rematerialised in the backward pass (memory bounded, still dropless)."""
   m, d = x_MD.shape
   e, _, f = gate_EDF.shape
   k = ids_MK.shape[1]
@@ -232,22 +245,29 @@ def expert_parallel(x_MD, weights_MK, ids_MK, gate_EDF, up_EDF, down_EFD, mesh: 
                      "mesh.shape's expert entry divide num_experts.")
   tokens = token_axes(mesh, rules)
   shards = math.prod(mesh.shape[a] for a in tokens)
-  pad = -m % shards  # padding tokens get expert id E: never sent, never computed
+  chunks, chunk = chunking(m, shards, n, k, e, max_buffer_rows)
+  pad = shards * chunks * chunk - m  # padding tokens get expert id E: never sent or computed
   if pad:
     x_MD = jnp.pad(x_MD, ((0, pad), (0, 0)))
     weights_MK = jnp.pad(weights_MK, ((0, pad), (0, 0)))
     ids_MK = jnp.pad(ids_MK, ((0, pad), (0, 0)), constant_values=e)
   mlp = _mlp_axes(mesh, rules, f, tokens)
-  rows = (m + pad) // shards
-  body = functools.partial(_local_experts, num_experts=e, n=n, k=k, rows=rows, mlp=mlp,
-                           kernel=kernel, exchange=exchange)
+  one = functools.partial(_local_experts, num_experts=e, n=n, k=k, rows=chunk, mlp=mlp,
+                          kernel=kernel, exchange=exchange)
+
+  def body(x_MD, weights_MK, ids_MK, *w):
+    if chunks == 1:
+      return one(x_MD, weights_MK, ids_MK, *w)
+    split = lambda a: a.reshape(chunks, chunk, *a.shape[1:])
+    step = jax.checkpoint(lambda xs: one(*xs, *w))
+    return jax.lax.map(step, tuple(map(split, (x_MD, weights_MK, ids_MK)))).reshape(-1, d)
+
   tok = P(tokens or None, None)
-  mlp_spec = mlp or None
+  ex, mlp_spec = ("expert" if n > 1 else None), (mlp or None)
   y_MD = jax.shard_map(
       body, mesh=mesh,
-      in_specs=(tok, tok, tok, P("expert" if n > 1 else None, None, mlp_spec),
-                P("expert" if n > 1 else None, None, mlp_spec),
-                P("expert" if n > 1 else None, mlp_spec, None)),
+      in_specs=(tok, tok, tok, P(ex, None, mlp_spec), P(ex, None, mlp_spec),
+                P(ex, mlp_spec, None)),
       out_specs=tok, check_vma=False)(x_MD, weights_MK, ids_MK, gate_EDF, up_EDF, down_EFD)
   return y_MD[:m]
 

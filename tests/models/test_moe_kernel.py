@@ -111,13 +111,14 @@ def _layer(seed, m, d=16, e=8, f=32, k=3):
   return x, router, w, k
 
 
-@pytest.mark.parametrize("mesh_shape,kernel,m", [
-    ((1, 2, 1, 4), "ragged", 64),
-    ((1, 1, 1, 8), "ragged", 62),  # 62 tokens over 8 shards: 2 padding tokens
-    ((1, 1, 2, 4), "ragged", 40),  # F split over `tensor`: partial sums
-    ((1, 2, 1, 4), "gmm_interpret", 24),
+@pytest.mark.parametrize("mesh_shape,kernel,m,max_rows", [
+    ((1, 2, 1, 4), "ragged", 64, moe.MAX_BUFFER_ROWS),
+    ((1, 1, 1, 8), "ragged", 62, moe.MAX_BUFFER_ROWS),  # 62 tokens on 8 shards: 2 padding
+    ((1, 1, 2, 4), "ragged", 40, moe.MAX_BUFFER_ROWS),  # F split over `tensor`: partial sums
+    ((1, 2, 1, 4), "ragged", 61, 24),  # 8 tokens a shard, 8 rows each at worst: 3 chunks of 3
+    ((1, 2, 1, 4), "gmm_interpret", 24, moe.MAX_BUFFER_ROWS),
 ])
-def test_expert_parallel_equals_the_unsharded_layer(mesh_shape, kernel, m):
+def test_expert_parallel_equals_the_unsharded_layer(mesh_shape, kernel, m, max_rows):
   mesh = shd.make_mesh(mesh_shape)
   x, router, w, k = _layer(0, m)
   ct = _normal(9, x.shape)
@@ -129,7 +130,7 @@ def test_expert_parallel_equals_the_unsharded_layer(mesh_shape, kernel, m):
         y = moe.ragged_experts(x, weights, ids, *w)
       else:
         y = moe.expert_parallel(x, weights, ids, *w, mesh, shd.TRAIN_RULES, kernel=kernel,
-                                exchange="emulated")
+                                exchange="emulated", max_buffer_rows=max_rows)
       return jnp.sum(y * ct), y
     return jax.jit(jax.value_and_grad(f_, (0, 1, 2), has_aux=True))
 
@@ -151,6 +152,10 @@ def test_the_module_runs_ragged_on_cpu_meshes_and_counts_padding_nowhere():
   assert moe.token_axes(mesh, shd.TRAIN_RULES) == ("fsdp", "expert")
   assert [moe.row_tile(r) for r in (1, 2, 17, 100, 5000)] == [16, 16, 32, 128, 128]
   assert moe.buffer_rows(250, 16) == 256 and moe.buffer_rows(3, 16) == 16
+  assert moe.chunking(61, 8, 4, 3, 8, 24) == (3, 3)  # the chunked case above
+  assert moe.chunking(61, 8, 4, 3, 8, moe.MAX_BUFFER_ROWS) == (1, 8)
+  # Qwen3-30B-A3B on (1,2,1,8): 20,480 tokens a chip, 64 rows each at worst, in 10 chunks
+  assert moe.chunking(16 * 20480, 16, 8, 8, 128, moe.MAX_BUFFER_ROWS) == (10, 2048)
   ids = jnp.asarray([[0, 2], [8, 8]], jnp.int32)  # the second token is padding (id E = 8)
   _, _, counts = moe._sort_pairs(ids, 8)
   np.testing.assert_array_equal(counts, [1, 0, 1, 0, 0, 0, 0, 0])
