@@ -12,11 +12,13 @@ Both are dropless. The exchange's receive buffer holds the worst case (every tok
 `expert` group routed to one shard: 8x the average for 128 experts, top-8, on 8 shards), so no
 pair is ever dropped; only the rows that arrive are computed (the kernel's grid follows the group
 sizes). A shard with more tokens than `max_buffer_rows` allows routes them in chunks, each
-rematerialised in the backward pass: bounded memory for one more forward of the experts. The path is chosen from the mesh's devices,
-not from `jax.default_backend()`: the planner compiles TPU programs on a CPU host.
+rematerialised in the backward pass: bounded memory for one more forward of the experts. The
+path is chosen from the mesh's devices, not from `jax.default_backend()`: the planner compiles
+TPU programs on a CPU host.
 
-The module learns the mesh from `use_mesh(mesh, rules)` (read while tracing: enter it around the
-jit that traces the model). Letters: M tokens, P pairs (M·k), R received rows, E experts (El
+The module learns the mesh from `use_mesh(mesh, rules)`, read while tracing: enter it around the
+first call of the jit that traces the model (a program traced outside it stays on ragged_dot,
+as jit does not retrace for it). Letters: M tokens, P pairs (M·k), R received rows, E experts (El
 local), D model dim, F expert MLP dim.
 """
 
@@ -123,29 +125,30 @@ def buffer_rows(rows: int, tile: int) -> int:
 def grouped_matmul(x_RD, w_EDF, sizes_E, first, num_experts: int, kernel: str,
                    tile: int = 128) -> jax.Array:
   """Rows x[R, D] in groups of `sizes_E` (local experts first..first+El) times w[El, D, F]; rows
-  past the groups come out zero, and their cotangents are zero too (masks both ways, as the
-  kernels leave those rows unwritten).
+  past the groups come out zero, and so do their cotangents.
 
   kernel: 'gmm' (megablox, TPU), 'gmm_interpret' (the same kernel interpreted: CPU tests), or
   'ragged' (`ragged_dot`). `tile`: the row tile, which must divide R (see `buffer_rows`)."""
-  r = x_RD.shape[0]
-  valid_R = (jnp.arange(r) < sizes_E.sum())[:, None]
-  x_RD = jnp.where(valid_R, x_RD, 0)
+  r, el = x_RD.shape[0], w_EDF.shape[0]
   w_EDF = w_EDF.astype(x_RD.dtype)
-  if kernel == "ragged":
-    out = jax.lax.ragged_dot(x_RD, w_EDF, sizes_E)
-  elif kernel in ("gmm", "gmm_interpret"):
-    from jax.experimental.pallas.ops.tpu.megablox import gmm  # TPU kernels: imported on use
-    # The kernel indexes groups globally: the local groups' sizes at `first`, zeros elsewhere.
-    sizes_all = jax.lax.dynamic_update_slice(jnp.zeros((num_experts,), jnp.int32), sizes_E,
-                                             (first,))
-    t = min(128, *w_EDF.shape[1:])  # the MXU's 128, or the whole dim below that
-    out = gmm(x_RD, w_EDF, sizes_all, x_RD.dtype, (min(tile, r), t, t),
-              jnp.asarray(first, jnp.int32).reshape(()), None, False, kernel == "gmm_interpret")
-  else:
+  if kernel == "ragged":  # rows past the groups are zero, both ways
+    return jax.lax.ragged_dot(x_RD, w_EDF, sizes_E)
+  if kernel not in ("gmm", "gmm_interpret"):
     raise ValueError(f"Unknown grouped-matmul kernel {kernel!r}; use 'gmm', 'gmm_interpret' or "
                      "'ragged'.")
-  return jnp.where(valid_R, out, 0)
+  from jax.experimental.pallas.ops.tpu.megablox import gmm  # TPU kernels: imported on use
+  # With some experts elsewhere the kernel zeroes the rows outside its groups (forward and dX);
+  # with every expert here it leaves them unwritten: mask them both ways (a pass over R rows).
+  valid_R = None if el < num_experts else (jnp.arange(r) < sizes_E.sum())[:, None]
+  if valid_R is not None:
+    x_RD = jnp.where(valid_R, x_RD, 0)
+  # The kernel indexes groups globally: the local groups' sizes at `first`, zeros elsewhere.
+  sizes_all = jax.lax.dynamic_update_slice(jnp.zeros((num_experts,), jnp.int32), sizes_E,
+                                           (first,))
+  t = min(128, *w_EDF.shape[1:])  # the MXU's 128, or the whole dim below that
+  out = gmm(x_RD, w_EDF, sizes_all, x_RD.dtype, (min(tile, r), t, t),
+            jnp.asarray(first, jnp.int32).reshape(()), None, False, kernel == "gmm_interpret")
+  return out if valid_R is None else jnp.where(valid_R, out, 0)
 
 
 # ------------------------------------------------------------------------------- the exchange

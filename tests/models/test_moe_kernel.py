@@ -18,12 +18,13 @@ def _normal(seed, shape, scale=1.0):
   return scale * jax.random.normal(jax.random.key(seed), shape, jnp.float32)
 
 
-@pytest.mark.parametrize("first,sizes,tile", [
-    (0, [5, 0, 17, 9, 0, 3], 16),  # all groups local, tiles of 16 rows shared by groups; rows
-    # past the groups (34 of 48)
-    (6, [0, 11, 0, 20], 128),  # a shard whose local experts start at global expert 6
+@pytest.mark.parametrize("first,sizes,tile,others", [
+    (0, [5, 0, 17, 9, 0, 3], 16, 0),  # every expert local, tiles of 16 rows shared by groups;
+    # rows past the groups (34 of 48), which the kernel leaves unwritten
+    (0, [5, 0, 17, 9, 0, 3], 16, 2),  # the same with 2 experts on other shards
+    (6, [0, 11, 0, 20], 128, 2),  # a shard whose local experts start at global expert 6
 ])
-def test_gmm_interpreted_equals_ragged_dot_forward_and_gradients(first, sizes, tile):
+def test_gmm_interpreted_equals_ragged_dot_forward_and_gradients(first, sizes, tile, others):
   rows, d, f = 48, 16, 32
   el = len(sizes)
   x_RD, w_EDF = _normal(0, (rows, d)), _normal(1, (el, d, f), 0.3)
@@ -32,14 +33,14 @@ def test_gmm_interpreted_equals_ragged_dot_forward_and_gradients(first, sizes, t
 
   def loss(kernel):
     def f_(x, w):
-      return jnp.sum(moe.grouped_matmul(x, w, sizes, jnp.int32(first), first + el + 2, kernel,
+      return jnp.sum(moe.grouped_matmul(x, w, sizes, jnp.int32(first), first + el + others, kernel,
                                         tile) * ct_RF)
     return f_
 
   want = jax.lax.ragged_dot(x_RD, w_EDF, sizes)
   used = int(sizes.sum())
-  got = moe.grouped_matmul(x_RD, w_EDF, sizes, jnp.int32(first), first + el + 2, "gmm_interpret",
-                           tile)
+  got = moe.grouped_matmul(x_RD, w_EDF, sizes, jnp.int32(first), first + el + others,
+                           "gmm_interpret", tile)
   chex.assert_trees_all_close(got[:used], want[:used], **TOL)
   chex.assert_trees_all_close(got[used:], jnp.zeros_like(got[used:]))  # rows past the groups
   grads = jax.grad(loss("gmm_interpret"), (0, 1))(x_RD, w_EDF)
