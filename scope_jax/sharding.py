@@ -39,17 +39,20 @@ Rules = Mapping[str, Any]  # logical name -> mesh axis name, tuple of names, or 
 
 # Activations: rows over the batch axes, features whole except where a weight's tensor-parallel
 # dimension splits them (heads, mlp, vocab). A config missing these keys gets these defaults.
+# Rows split over 'expert' too: attention and the KV cache divide over the expert axis (the MoE
+# layer's tokens are split over the same devices, `models/moe.py`); a size-1 axis is ignored.
 ACTIVATION_RULES: Rules = {
-    "activation_batch": ("data", "fsdp"), "activation_length": None, "activation_embed": None,
+    "activation_batch": ("data", "fsdp", "expert"), "activation_length": None,
+    "activation_embed": None,
     "activation_heads": "tensor", "activation_kv_heads": "tensor", "activation_head_dim": None,
     "activation_mlp": "tensor", "activation_vocab": "tensor",
 }
 TRAIN_RULES: Rules = {
-    "batch": ("data", "fsdp"), "vocab": "tensor", "embed": "fsdp", "heads": "tensor",
+    "batch": ("data", "fsdp", "expert"), "vocab": "tensor", "embed": "fsdp", "heads": "tensor",
     "kv_heads": "tensor", "head_dim": None, "mlp": "tensor", "layers": None, "norm": None,
     "length": None, "cache": None, "expert": "expert", "router": None, **ACTIVATION_RULES,
 }
-SAMPLING_RULES: Rules = {**TRAIN_RULES, "embed": None, "batch": ("data", "fsdp")}
+SAMPLING_RULES: Rules = {**TRAIN_RULES, "embed": None}
 
 _warned: set[tuple] = set()
 

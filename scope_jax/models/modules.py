@@ -27,7 +27,7 @@ from flax import nnx
 
 from scope_jax import sharding as shd
 from scope_jax.models import kv_cache as kvc
-from scope_jax.models import ops, splash
+from scope_jax.models import moe, ops, splash
 from scope_jax.models.config import ModelConfig
 
 Init = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
@@ -168,9 +168,9 @@ class MLP(nnx.Module):
 class MoE(nnx.Module):
   """Qwen3-MoE's sparse MLP: a softmax router over E experts keeps each token's top k (their
   weights renormalised to sum to 1 when `norm_topk_prob`, in HF's order: softmax in float32,
-  top-k, renormalise, cast), and each expert is a SwiGLU MLP. Dropless: the M·k (token, expert)
-  pairs are sorted by expert and run through `jax.lax.ragged_dot` against the [E, D, F] weights,
-  never a dense [M, E, F] tensor; every pair is computed, so no token is dropped.
+  top-k, renormalise, cast), and each expert is a SwiGLU MLP. Dropless, never a dense [M, E, F]
+  tensor: `moe.experts` runs the (token, expert) pairs grouped by expert, expert-parallel on a
+  TPU mesh (`moe.use_mesh`), through `ragged_dot` otherwise.
   """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
@@ -183,38 +183,17 @@ class MoE(nnx.Module):
 
   def route(self, x_MD: jax.Array):
     """(top-k weights [M, k] in x's dtype, expert ids [M, k], router probs [M, E] float32)."""
-    logits_ME = jnp.einsum("MD,DE->ME", x_MD, self.router[...].astype(x_MD.dtype))
-    probs_ME = jax.nn.softmax(logits_ME.astype(jnp.float32), axis=-1)
-    top_MK, ids_MK = jax.lax.top_k(probs_ME, self.k)
-    if self.norm_topk:
-      top_MK = top_MK / top_MK.sum(-1, keepdims=True)
-    return top_MK.astype(x_MD.dtype), ids_MK, probs_ME
+    return moe.route(x_MD, self.router[...], self.k, self.norm_topk)
 
   def __call__(self, h_BTD: jax.Array, mask_BT: jax.Array | None = None):
     """Returns (output [B, T, D], router statistics: expert load [E] and probability mass [E]
     over the real tokens of `mask_BT`, and their count)."""
     b, t, d = h_BTD.shape
-    dt = h_BTD.dtype
     x_MD = h_BTD.reshape(b * t, d)
     weights_MK, ids_MK, probs_ME = self.route(x_MD)
-    e = probs_ME.shape[-1]
-    ids_P = ids_MK.reshape(-1)  # P = M·k (token, expert) pairs, token-major
-    order_P = jnp.argsort(ids_P, stable=True)
-    token_P = order_P // self.k
-    sizes_E = jnp.bincount(ids_P, length=e).astype(jnp.int32)
-    xs_PD = x_MD[token_P]
-    gate_PF = jax.lax.ragged_dot(xs_PD, self.expert_gate[...].astype(dt), sizes_E)
-    up_PF = jax.lax.ragged_dot(xs_PD, self.expert_up[...].astype(dt), sizes_E)
-    out_PD = jax.lax.ragged_dot(jax.nn.silu(gate_PF) * up_PF, self.expert_down[...].astype(dt),
-                                sizes_E)
-    out_PD = out_PD * weights_MK.reshape(-1)[order_P][:, None]
-    y_MD = jnp.zeros_like(x_MD).at[token_P].add(out_PD)
-    real_M = (jnp.ones((b * t,), jnp.float32) if mask_BT is None
-              else mask_BT.reshape(-1).astype(jnp.float32))
-    load_E = jnp.zeros((e,), jnp.float32).at[ids_MK].add(
-        jnp.broadcast_to(real_M[:, None], ids_MK.shape))
-    stats = {"load": load_E, "prob": jnp.einsum("M,ME->E", real_M, probs_ME),
-             "tokens": real_M.sum(), "computed": sizes_E.sum().astype(jnp.float32)}
+    y_MD = moe.experts(x_MD, weights_MK, ids_MK, self.expert_gate[...], self.expert_up[...],
+                       self.expert_down[...])
+    stats = moe.router_stats(ids_MK, probs_ME, None if mask_BT is None else mask_BT.reshape(-1))
     return y_MD.reshape(b, t, d), stats
 
 
