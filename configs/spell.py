@@ -53,6 +53,10 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.spell.reward_mapping = "gaussian"  # questioner difficulty: gaussian | reverse (AZR) | rzero
   c.spell.questioner_negative_ratio = 1.0  # negatives per positive question in the update
   c.spell.verifier_agreement = (0.51, 0.99)  # train verifier groups with agreement in range
+  # 'paper' (§4.3: consistent groups, plus conflicting ones up to N) or 'released' (consistent
+  # groups only, int(responder rows · verifier_update_ratio / G) of them; the paper presets)
+  c.spell.verifier_selection = "paper"
+  c.spell.verifier_update_ratio = 0.125  # released VERIFIER_UPDATE_RATIO (1/G)
   c.spell.adv_eps = 1e-6  # z-score epsilon
   c.spell.vote_in_reward = True  # r_res = max(R_rule, v) (the paper); False: R_rule alone
   c.spell.extractive_labels = False  # True: a doc_qa answer no document states is ungrounded
@@ -113,6 +117,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
                       "preset:qwen3-30b-a3b")  # replace with hf:<path> for the real weights
     c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
     c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
+    c.spell.verifier_selection = "released"  # 16 consistent groups against 128 × 8 responses
     c.model.dtype = "bfloat16"
     c.model.remat = "full"
     c.mesh.shape = (1, -1, 1)

@@ -142,25 +142,28 @@ def test_sigkill_and_resume_match_an_uninterrupted_run(tmp_path):
     assert _comparable(a[step]) == _comparable(b[step]), step
 
 
+def _traj():
+  from scope_jax.rollout.types import Span, Trajectory
+  return Trajectory(np.array([1, 2, 3, 4], np.int32), np.array([0, 0, 1, 1], np.int32),
+                    np.array([0, 0, -1, -1], np.float32), 2, [Span(0, 2, "prompt")], [], None,
+                    None, "eos")
+
+
+def _question(res, rule, votes, ver, reward, status="ok"):
+  """A Question with its outcomes filled in (no rollouts run)."""
+  q = spell.Question(0, "doc_qa", [], _traj(), reward=reward, status=status)
+  q.res_rewards, q.rule, q.votes, q.ver_rewards = res, rule, votes, ver
+  q.responses = [_traj() for _ in res]
+  q.verdicts = [[_traj() for _ in v] for v in ver]
+  return q
+
+
 def test_dynamic_sampling_counts(tmp_path):
   """Responder groups need reward variance; negatives match positives; verifier groups need
   agreement in [0.51, 0.99], conflicting ones capped at the number of questions."""
   rt = runtime.Runtime(small_config(), str(tmp_path))
   method = spell.Spell(rt)
-  from scope_jax.rollout.types import Span, Trajectory
-
-  def traj():
-    return Trajectory(np.array([1, 2, 3, 4], np.int32), np.array([0, 0, 1, 1], np.int32),
-                      np.array([0, 0, -1, -1], np.float32), 2, [Span(0, 2, "prompt")], [], None,
-                      None, "eos")
-
-  def question(res, rule, votes, ver, reward, status="ok"):
-    q = spell.Question(0, "doc_qa", [], traj(), reward=reward, status=status)
-    q.res_rewards, q.rule, q.votes, q.ver_rewards = res, rule, votes, ver
-    q.responses = [traj() for _ in res]
-    q.verdicts = [[traj() for _ in v] for v in ver]
-    return q
-
+  question = _question
   agree3 = [1.0, 1.0, 1.0, 0.0]  # 0.75 agreement: trainable
   unanimous = [1.0, 1.0, 1.0, 1.0]  # 1.0: too easy
   qs = [
@@ -177,6 +180,38 @@ def test_dynamic_sampling_counts(tmp_path):
   assert len(trajs) == len(advs) == 4 + 2 + 3 * 4
   chex.assert_trees_all_close(np.asarray(advs[:4]), np.array([1, -1, 1, -1]), atol=1e-5,
                               rtol=1e-7)  # group z-score
+
+
+def test_released_verifier_selection_keeps_a_few_consistent_groups(tmp_path):
+  """`spell.verifier_selection='released'`: only groups whose vote agrees with the rule check,
+  agreement counted over valid judgments, and int(responder rows · ratio / G) of them; none
+  when fewer are eligible (the released trainer then skips the verifier)."""
+  agree3, one_invalid = [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, -1.0]
+
+  def batch():
+    qs = [_question([1, 0, 1, 0], [1, 0, 1, 0], [1, 0, 1, 0], [agree3] * 4, 1.0)
+          for _ in range(8)]  # 32 responder rows, 32 consistent groups in the band
+    for q in qs[:4]:
+      q.votes = [1, 1, 1, 0]  # response 1 conflicts with the rule: never picked as released
+      q.ver_rewards = [agree3, agree3, agree3, one_invalid]  # 3/3 valid agree: out of the band
+    return qs
+
+  paper = spell.Spell(runtime.Runtime(small_config(**{"spell.group_size": 4}),
+                                      str(tmp_path / "p")))
+  *_, counts = paper.select_and_advantage(batch())
+  assert counts["train/verifier_groups"] == 32  # every group in the band, conflicting included
+  for ratio, expect in ((0.125, 1), (0.5, 4), (1.0, 8)):  # int(32 · ratio / 4)
+    c = small_config(**{"spell.group_size": 4, "spell.verifier_selection": "released",
+                        "spell.verifier_update_ratio": ratio})
+    m = spell.Spell(runtime.Runtime(c, str(tmp_path / str(ratio))))
+    qs = batch()
+    trajs, advs, counts = m.select_and_advantage(qs)
+    assert counts["train/verifier_candidates"] == 32 - 4 - 4
+    assert counts["train/verifier_groups"] == expect
+    assert len(trajs) == len(advs) == 32 + counts["train/questioner_samples"] + 4 * expect
+  chosen, eligible = spell.R.released_verifier_groups(
+      [(True, agree3)] * 3, 32, 1.0, 4, (0.51, 0.99), np.random.default_rng(0))
+  assert (chosen, eligible) == ([], 3)  # 8 wanted, 3 eligible: no verifier update
 
 
 def test_paper_preset_matches_the_paper():

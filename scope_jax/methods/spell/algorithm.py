@@ -67,7 +67,8 @@ class Spell(Method):
   answering_role = "responder"  # held-out evaluation scores it (config.eval)
   world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
   at_least_one = ("questions_per_step", "group_size", "docs_per_question", "max_generation_rounds")
-  choices = {"tasks": R.TASKS, "reward_mapping": MAPPINGS, "prompt_style": tuple(STYLES)}
+  choices = {"tasks": R.TASKS, "reward_mapping": MAPPINGS, "prompt_style": tuple(STYLES),
+             "verifier_selection": R.VERIFIER_SELECTIONS}
   # G = 4 in a smoke run: the verifier trains on groups whose agreement is in (0.5, 1), which
   # two votes never have.
   smoke = {"total_steps": 1, "spell.questions_per_step": 2, "spell.group_size": 4,
@@ -86,6 +87,9 @@ class Spell(Method):
   def check(cls, c) -> None:
     if not c.data.num_clusters and c.data.cluster_size < 1:
       raise ValueError("Set data.num_clusters or a positive data.cluster_size.")
+    if not 0 <= c.spell.verifier_update_ratio <= 1:
+      raise ValueError(f"spell.verifier_update_ratio={c.spell.verifier_update_ratio} must be in "
+                       "[0, 1]: verifier rows per responder row (the released 0.125 = 1/G).")
     lo, hi = c.spell.verifier_agreement
     if not 0 < lo < hi < 1:
       raise ValueError(f"spell.verifier_agreement={tuple(c.spell.verifier_agreement)} must be "
@@ -270,23 +274,30 @@ class Spell(Method):
                                eps=cfg.adv_eps)
       trajs += [q.traj for q in picked]
       advs += list(a)
-    # Verifier: groups whose agreement is in [lo, hi]; consistent with the rule check first,
-    # conflicting ones subsampled to the number of questions.
-    consistent, conflicting = [], []
-    lo, hi = cfg.verifier_agreement
-    for q in questions:
-      for i, rewards in enumerate(q.ver_rewards):
-        agree = float(np.mean([r == 1.0 for r in rewards]))
-        if lo <= agree <= hi:
-          (consistent if q.votes[i] == int(q.rule[i] >= 1.0) else conflicting).append((q, i))
-    if len(conflicting) > len(questions):
-      conflicting = [conflicting[j] for j in self.rng.choice(len(conflicting), len(questions),
-                                                              replace=False)]
+    # Verifier: groups whose agreement is in [lo, hi] (§4.3), chosen by `verifier_selection`.
+    groups = [(q, i, q.votes[i] == int(q.rule[i] >= 1.0), rewards)
+              for q in questions for i, rewards in enumerate(q.ver_rewards)]
+    if cfg.verifier_selection == "released":
+      chosen, candidates = R.released_verifier_groups(
+          [(c, r) for _, _, c, r in groups], len(kept) * cfg.group_size,
+          cfg.verifier_update_ratio, cfg.group_size, cfg.verifier_agreement, self.rng)
+      consistent, conflicting = [groups[j][:2] for j in chosen], []
+    else:
+      consistent, conflicting = [], []
+      lo, hi = cfg.verifier_agreement
+      for q, i, agrees_with_rule, rewards in groups:
+        if lo <= float(np.mean([r == 1.0 for r in rewards])) <= hi:
+          (consistent if agrees_with_rule else conflicting).append((q, i))
+      candidates = len(consistent) + len(conflicting)
+      if len(conflicting) > len(questions):
+        conflicting = [conflicting[j] for j in self.rng.choice(len(conflicting), len(questions),
+                                                                replace=False)]
     for q, i in consistent + conflicting:
       trajs += q.verdicts[i]
       advs += list(adv_lib.group_zscore([q.ver_rewards[i]], eps=cfg.adv_eps)[0])
     counts = {"train/responder_groups": len(kept), "train/questioner_samples": len(picked),
-              "train/verifier_groups": len(consistent) + len(conflicting)}
+              "train/verifier_groups": len(consistent) + len(conflicting),
+              "train/verifier_candidates": candidates}
     return trajs, advs, counts
 
   # ----------------------------------------------------------------------- metrics and state
