@@ -44,7 +44,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.spell = ml_collections.ConfigDict()
   c.spell.tasks = ("doc_qa", "doc_mc", "doc_math")  # task types (math only on numeric clusters)
   c.spell.questions_per_step = 128  # N: questions with responder groups per step
-  c.spell.max_generation_rounds = 3  # extra proposal rounds to fill N (dynamic sampling)
+  c.spell.max_generation_rounds = 3  # proposal rounds to fill N (dynamic sampling)
+  # A step's batch is full at N grounded questions ('grounded') or at N responder groups with
+  # reward variance, then cut to exactly N × G responses ('variance', the released trainer's)
+  c.spell.fill_rule = "grounded"
+  c.spell.generation_batch = 0  # questions proposed per round (0 = questions_per_step)
   c.spell.group_size = 8  # G responses per question and G judgments per response
   c.spell.docs_per_question = 5  # m new documents shown to the questioner
   c.spell.history_size = 3  # L solvable (docs, q, a) remembered per cluster
@@ -118,6 +122,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
     c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
     c.spell.verifier_selection = "released"  # 16 consistent groups against 128 × 8 responses
+    c.spell.fill_rule = "variance"  # released: 128 groups with variance, from rounds of 480
+    c.spell.generation_batch = 480  # (GEN_BS) ...
+    c.spell.max_generation_rounds = 10  # ... up to 10 of them (max_num_gen_batches)
     c.model.dtype = "bfloat16"
     c.model.remat = "full"
     c.mesh.shape = (1, -1, 1)

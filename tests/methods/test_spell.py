@@ -214,11 +214,53 @@ def test_released_verifier_selection_keeps_a_few_consistent_groups(tmp_path):
   assert (chosen, eligible) == ([], 3)  # 8 wanted, 3 eligible: no verifier update
 
 
+def test_variance_fill_rule_collects_n_groups_with_variance_and_cuts_to_n(tmp_path):
+  """`spell.fill_rule='variance'` (released): rounds go on until N responder groups have reward
+  variance, bounded by max_generation_rounds, and the update keeps exactly N of them; a step
+  that cannot fill says so in `fill_shortfall`. 'grounded' stops at N grounded questions."""
+  def run(rule, rounds, vary_every):
+    c = small_config(**{"spell.questions_per_step": 4, "spell.group_size": 4,
+                        "spell.fill_rule": rule, "spell.generation_batch": 3,
+                        "spell.max_generation_rounds": rounds})
+    m = spell.Spell(runtime.Runtime(c, str(tmp_path / f"{rule}{rounds}{vary_every}")))
+    made = []
+
+    def propose(n):  # every vary_every-th question has reward variance, the rest none
+      out = []
+      for _ in range(n):
+        k = len(made)
+        res = [1.0, 0.0, 1.0, 0.0] if k % vary_every == 0 else [1.0] * 4
+        q = _question(res, res, [int(r) for r in res], [[1.0] * 4] * 4, 0.5 if res[1] == 0
+                      else 0.0, "ok" if res[1] == 0 else "zero_variance")
+        made.append(q)
+        out.append(q)
+      return out
+
+    m.propose, m.grounding_filter, m.respond_and_verify = propose, lambda b: None, lambda b: None
+    seen = {}
+    m.rt.train = lambda policy, trajs, advs, **kw: seen.update(rows=len(trajs)) or {}
+    return m.step(0), len(made)
+
+  metrics, made = run("variance", 10, 2)  # 2 groups with variance per round of 3 ... 4, 5
+  assert metrics["rounds"] == 3 and made == 9 and metrics["fill_shortfall"] == 0
+  assert metrics["train/responder_groups"] == 4  # 5 had variance: cut to N
+  metrics, made = run("variance", 2, 3)  # 1 per round, 2 rounds: short by 2
+  assert metrics["rounds"] == 2 and metrics["fill_shortfall"] == 2
+  assert metrics["train/responder_groups"] == 2
+  metrics, made = run("grounded", 10, 2)  # 4 grounded questions after 2 rounds
+  assert metrics["rounds"] == 2 and metrics["train/responder_groups"] == 3
+
+
 def test_paper_preset_matches_the_paper():
   c = spell_config.get_config("paper")
   assert c.spell.max_doc_chars == 0  # whole documents
   assert (c.data.num_clusters, c.data.cluster_size, c.data.max_cluster_size) == (0, 20, 0)
   assert c.spell.roles.verifier.max_new_tokens == 4096
+  # the released trainer's batch: rounds of 480 (GEN_BS), up to 10, until 128 groups have reward
+  # variance; 16 consistent verifier groups (VERIFIER_UPDATE_RATIO 0.125)
+  assert (c.spell.fill_rule, c.spell.generation_batch, c.spell.max_generation_rounds) == \
+      ("variance", 480, 10)
+  assert (c.spell.verifier_selection, c.spell.verifier_update_ratio) == ("released", 0.125)
 
 
 def test_task_types_are_drawn_uniformly(tmp_path):

@@ -68,7 +68,7 @@ class Spell(Method):
   world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
   at_least_one = ("questions_per_step", "group_size", "docs_per_question", "max_generation_rounds")
   choices = {"tasks": R.TASKS, "reward_mapping": MAPPINGS, "prompt_style": tuple(STYLES),
-             "verifier_selection": R.VERIFIER_SELECTIONS}
+             "verifier_selection": R.VERIFIER_SELECTIONS, "fill_rule": ("grounded", "variance")}
   # G = 4 in a smoke run: the verifier trains on groups whose agreement is in (0.5, 1), which
   # two votes never have.
   smoke = {"total_steps": 1, "spell.questions_per_step": 2, "spell.group_size": 4,
@@ -239,20 +239,35 @@ class Spell(Method):
     cfg = self.cfg
     questions: list[Question] = []
     rounds = 0
-    while sum(q.status in ("ok", "zero_variance") for q in questions) < cfg.questions_per_step \
-        and rounds < cfg.max_generation_rounds:
-      batch = self.propose(cfg.questions_per_step)
+    while self.filled(questions) < cfg.questions_per_step and rounds < cfg.max_generation_rounds:
+      batch = self.propose(cfg.generation_batch or cfg.questions_per_step)
       self.grounding_filter(batch)
       self.respond_and_verify(batch)
       questions += batch
       rounds += 1
+    short = max(cfg.questions_per_step - self.filled(questions), 0)
+    if short and cfg.fill_rule == "variance":
+      logging.warning("Step %d: %d of %d responder groups with reward variance after %d rounds "
+                      "of %d questions; the update is short (raise spell.max_generation_rounds "
+                      "or spell.generation_batch).", step, cfg.questions_per_step - short,
+                      cfg.questions_per_step, rounds, cfg.generation_batch or
+                      cfg.questions_per_step)
     trajs, advs, counts = self.select_and_advantage(questions)
     self.rt.metrics.samples(step, self.sample_records(questions))  # before the update
     metrics = self.step_metrics(questions, counts, rounds)
+    metrics["fill_shortfall"] = float(short)
     metrics.update(self.rt.train(self.policy, trajs, advs))
     if not trajs:
       logging.info("Step %d: no group had reward variance; no update.", step)
     return metrics
+
+  def filled(self, questions: list[Question]) -> int:
+    """How far a step's batch is filled: grounded questions ('grounded', the paper's N
+    questions), or responder groups with reward variance ('variance', the released trainer's
+    stop rule)."""
+    if self.cfg.fill_rule == "variance":
+      return sum(_has_variance(q) for q in questions)
+    return sum(q.status in ("ok", "zero_variance") for q in questions)
 
   def select_and_advantage(self, questions: list[Question]):
     """Role-specific dynamic sampling (§4.3) and per-role advantages for one unified update."""
@@ -260,7 +275,9 @@ class Spell(Method):
     trajs: list[Trajectory] = []
     advs: list[float] = []
     # Responder: groups with non-zero reward variance, z-scored within the group.
-    kept = [q for q in questions if q.responses and np.std(q.res_rewards) > 0]
+    kept = [q for q in questions if _has_variance(q)]
+    if cfg.fill_rule == "variance":
+      kept = kept[:cfg.questions_per_step]  # the released trainer cuts to exactly N × G rows
     for q in kept:
       trajs += q.responses
       advs += list(adv_lib.group_zscore([q.res_rewards], eps=cfg.adv_eps)[0])
@@ -349,6 +366,10 @@ class Spell(Method):
 
   def summary(self) -> str:
     return f"  history memory: {len(self.memory.to_json())} clusters with solvable questions"
+
+
+def _has_variance(q: Question) -> bool:
+  return bool(q.responses) and float(np.std(q.res_rewards)) > 0
 
 
 METHOD = Spell
