@@ -62,6 +62,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.spell.verifier_selection = "paper"
   c.spell.verifier_update_ratio = 0.125  # released VERIFIER_UPDATE_RATIO (1/G)
   c.spell.adv_eps = 1e-6  # z-score epsilon
+  c.spell.verify_unanswered = False  # False (released): a response with no "The answer is"
+  # gets its rule score, unjudged; True: the verifier judges its last 300 characters
   c.spell.vote_in_reward = True  # r_res = max(R_rule, v) (the paper); False: R_rule alone
   c.spell.extractive_labels = False  # True: a doc_qa answer no document states is ungrounded
   c.spell.roles = ml_collections.ConfigDict(dict(

@@ -251,6 +251,45 @@ def test_variance_fill_rule_collects_n_groups_with_variance_and_cuts_to_n(tmp_pa
   assert metrics["rounds"] == 2 and metrics["train/responder_groups"] == 3
 
 
+class _SometimesSilentSampler(ScriptedSpellSampler):
+  """The scripted roles, but half the responder's document answers state no final answer."""
+
+  def _answer(self, text, rng):
+    out = super()._answer(text, rng)
+    if out.startswith("The correct answer is") and "Empty" not in text and rng.random() < 0.5:
+      return "I am not sure what the documents say."
+    return out
+
+
+def test_a_response_with_no_answer_keeps_its_rule_score_unjudged(tmp_path):
+  """Released: a response with no parsable final answer is not sent to the verifier; its reward
+  is the rule score (0) and it has no verifier group. `spell.verify_unanswered=True` judges its
+  last 300 characters instead."""
+  rt = runtime.Runtime(small_config(**{"spell.tasks": ("doc_qa",)}), str(tmp_path / "a"))
+  method = spell.Spell(rt)
+  play_all_roles(rt, _SometimesSilentSampler(rt.tokenizer))
+  asked = []
+  real = method.verifier.generate
+  method.verifier.generate = lambda prompts, **kw: asked.extend(prompts) or real(prompts, **kw)
+  batch = method.propose(3)
+  method.grounding_filter(batch)
+  method.respond_and_verify(batch)
+  silent = [(q, i) for q in batch for i, t in enumerate(q.responses)
+            if spell.match.extract_final_answer(t.response_text()) is None]
+  answered = sum(len(q.responses) for q in batch) - len(silent)
+  assert silent and answered and len(asked) == answered
+  for q, i in silent:
+    assert q.res_rewards[i] == q.rule[i] == 0.0 and q.ver_rewards[i] == [] and q.votes[i] == 0
+  m = method.step_metrics(batch, {}, 1)
+  assert (m["verifier/votes"], m["verifier/skipped_unanswered"]) == (answered, len(silent))
+  q, i = silent[0]
+  c = small_config(**{"spell.verify_unanswered": True})
+  on = spell.Spell(runtime.Runtime(c, str(tmp_path / "b")))
+  text = rt.tokenizer.decode(on.verifier_prompt(q.proposal, q.responses[i]))
+  assert "I am not sure what the documents say." in text
+  assert method.verifier_prompt(q.proposal, q.responses[i]) is None
+
+
 def test_paper_preset_matches_the_paper():
   c = spell_config.get_config("paper")
   assert c.spell.max_doc_chars == 0  # whole documents

@@ -158,9 +158,16 @@ class Spell(Method):
       fields.update({f"choice_{k}": v for k, v in proposal.options.items()})
     return self.responder.render(f"responder_{task}", fit=("context", "question"), **fields)
 
-  def verifier_prompt(self, proposal: R.Proposal, response: Trajectory) -> list[int]:
+  def verifier_prompt(self, proposal: R.Proposal, response: Trajectory) -> list[int] | None:
+    """The verifier's prompt for one response, or None when the response states no final answer
+    and `spell.verify_unanswered` is off (the released trainer then skips verification and the
+    response keeps its rule score); on, the verifier judges the response's last 300 characters."""
     text = rollout.plain_response(self.rt.tokenizer, response)  # the answer, never its <|im_end|>
-    answer = match.extract_final_answer(text) or text[-300:]
+    answer = match.extract_final_answer(text)
+    if answer is None:
+      if not self.cfg.verify_unanswered:
+        return None
+      answer = text[-300:]
     return self.verifier.render("verifier", problem=proposal.display(), answer_1=proposal.answer,
                                 answer_2=answer, fit=("answer_2", "problem", "answer_1"))
 
@@ -215,11 +222,17 @@ class Spell(Method):
       q.responses = responses[k * g:(k + 1) * g]
       q.rule = [self.parse(R.rule_score, t.response_text(), q.proposal.answer, q.task,
                            malformed=0.0) for t in q.responses]
-    verdicts = self.verifier.generate([self.verifier_prompt(q.proposal, t)
-                                       for q in live for t in q.responses], num_samples=g)
+    prompts = [self.verifier_prompt(q.proposal, t) for q in live for t in q.responses]
+    asked = [p for p in prompts if p is not None]
+    generated = iter(self.verifier.generate(asked, num_samples=g) if asked else [])
     for k, q in enumerate(live):
       for i in range(g):
-        row = verdicts[(k * g + i) * g:(k * g + i + 1) * g]
+        if prompts[k * g + i] is None:  # no answer to judge: no vote, no verifier group
+          q.verdicts.append([])
+          q.votes.append(0)
+          q.ver_rewards.append([])
+          continue
+        row = [next(generated) for _ in range(g)]
         judged = [self.parse(R.parse_verdict, t.response_text(), malformed=None) for t in row]
         vote = R.majority(judged)
         q.verdicts.append(row)
@@ -293,7 +306,7 @@ class Spell(Method):
       advs += list(a)
     # Verifier: groups whose agreement is in [lo, hi] (§4.3), chosen by `verifier_selection`.
     groups = [(q, i, q.votes[i] == int(q.rule[i] >= 1.0), rewards)
-              for q in questions for i, rewards in enumerate(q.ver_rewards)]
+              for q in questions for i, rewards in enumerate(q.ver_rewards) if rewards]
     if cfg.verifier_selection == "released":
       chosen, candidates = R.released_verifier_groups(
           [(c, r) for _, _, c, r in groups], len(kept) * cfg.group_size,
@@ -335,12 +348,14 @@ class Spell(Method):
     m.update(metrics_lib.summarize([r for q in answered for r in q.res_rewards], "responder/reward"))
     m.update(metrics_lib.summarize([r for q in answered for r in q.rule], "responder/rule"))
     ver = [r for q in answered for rows in q.ver_rewards for r in rows]
-    m["verifier/votes"] = sum(len(q.votes) for q in answered)
+    m["verifier/votes"] = sum(bool(r) for q in answered for r in q.ver_rewards)
+    m["verifier/skipped_unanswered"] = sum(not r for q in answered for r in q.ver_rewards)
     m.update(metrics_lib.summarize(ver, "verifier/reward"))
     if ver:
       m["verifier/agreement"] = float(np.mean([r == 1.0 for r in ver]))
       m["verifier/share_invalid"] = float(np.mean([r < 0 for r in ver]))
-      m["verifier/share_yes_votes"] = float(np.mean([v for q in answered for v in q.votes]))
+      m["verifier/share_yes_votes"] = float(np.mean([v for q in answered
+                                                     for v, r in zip(q.votes, q.ver_rewards) if r]))
     m["memory/clusters_with_history"] = len(self.memory.to_json())
     m["parse_errors"] = self.parse.take()
     return m
@@ -353,7 +368,8 @@ class Spell(Method):
       if q.responses:
         rec["responses (reward)"] = "\n---\n".join(
             f"({r:.2f}) {t.response_text()[-400:]}" for t, r in zip(q.responses[:3], q.res_rewards))
-        rec["verdicts"] = "\n---\n".join(t.response_text()[-200:] for t in q.verdicts[0][:3])
+        rec["verdicts"] = "\n---\n".join(t.response_text()[-200:] for t in
+                                          next((v for v in q.verdicts if v), [])[:3])
       out.append(rec)
     return out
 
