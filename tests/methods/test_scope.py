@@ -225,6 +225,25 @@ class RecordingScopeSampler(ScriptedScopeSampler):
     return super().generate(prompts, **kw)
 
 
+def test_task_set_filter_samples_the_solver_as_released(tmp_path):
+  """The task-set filter's Solver rollouts (which ḡ lands in the window) sample at T 0.7, top-p
+  0.9 as the released Stage B does (`BatchMultiTurnRollout` defaults), not at the Solver role's
+  own 1.0/1.0; `scope.task_set.solver_sampling=()` keeps the role's settings."""
+  assert scope_config.get_config("paper").scope.task_set.solver_sampling == (0.7, 0.9)
+  for sampling, want in (((0.7, 0.9), (0.7, 0.9)), ((), (1.0, 1.0))):
+    c = small_config(**{"scope.task_set.solver_sampling": sampling,
+                        "scope.task_set.max_rounds": 1, "scope.task_set.candidates_per_round": 2,
+                        "scope.task_set.samples_per_document": 1})
+    c.scope.roles.solver.temperature = c.scope.roles.solver.top_p = 1.0
+    rt = runtime.Runtime(c, str(tmp_path / str(len(sampling))))
+    m = scope.Scope(rt)
+    sampler = RecordingScopeSampler(rt.tokenizer)
+    play_all_roles(rt, sampler)
+    m.build_task_set(0, {})
+    solver_calls = [(t, p) for texts, t, p in sampler.log if "Complete the task" in texts[0]]
+    assert solver_calls and all(s == want for s in solver_calls), solver_calls
+
+
 def test_stage1_as_released(tmp_path):
   """The released Stage 1: a plain <task> is the task, the rubric Judge reads the Challenger's
   search results after the document, and the Solver rollouts behind ḡ sample at T 0.7, top-p
