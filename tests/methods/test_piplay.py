@@ -86,6 +86,8 @@ def test_every_preset_loads(preset):
     assert tuple(c.piplay.lambdas) == (0.03, 0.003, 0.002) and c.piplay.variant == "thinking"
     assert c.total_steps == 300 and c.piplay.examiner_batch == c.piplay.student_batch == 256
     assert c.piplay.roles.student.max_turns == 4 and c.piplay.tau == 0.05  # 5 turns in all
+    # Dr.Zero's tool output cap, max_tool_response_length 512, in verl's character unit
+    assert all(c.piplay.roles[r].max_obs_chars == 512 for r in ("examiner", "student", "teacher"))
     assert dict(c.piplay.examiner_optim) == {"lr": 5e-7, "grad_clip": 0.1}
     assert dict(c.piplay.student_optim) == {"grad_clip": 0.1, "warmup_steps": 2}
     assert tuple(c.piplay.restart_optimizer) == ("student",) and c.piplay.adv_std == "unbiased"
