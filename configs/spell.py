@@ -62,6 +62,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.spell.verifier_selection = "paper"
   c.spell.verifier_update_ratio = 0.125  # released VERIFIER_UPDATE_RATIO (1/G)
   c.spell.adv_eps = 1e-6  # z-score epsilon
+  c.spell.adv_std = "population"  # z-score std: population | unbiased (torch.std, released) | none
   c.spell.verify_unanswered = False  # False (released): a response with no "The answer is"
   # gets its rule score, unjudged; True: the verifier judges its last 300 characters
   c.spell.vote_in_reward = True  # r_res = max(R_rule, v) (the paper); False: R_rule alone
@@ -127,6 +128,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.spell.fill_rule = "variance"  # released: 128 groups with variance, from rounds of 480
     c.spell.generation_batch = 480  # (GEN_BS) ...
     c.spell.max_generation_rounds = 10  # ... up to 10 of them (max_num_gen_batches)
+    c.spell.adv_std = "unbiased"  # torch.std in all three roles' advantages
+    c.optim.weight_decay = 0.01  # verl's AdamW default, which the released script keeps
     c.model.dtype = "bfloat16"
     c.model.remat = "full"
     c.mesh.shape = (1, -1, 1)

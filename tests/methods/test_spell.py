@@ -251,6 +251,17 @@ def test_variance_fill_rule_collects_n_groups_with_variance_and_cuts_to_n(tmp_pa
   assert metrics["rounds"] == 2 and metrics["train/responder_groups"] == 3
 
 
+def test_unbiased_std_in_every_roles_advantage(tmp_path):
+  """`spell.adv_std='unbiased'` (the released torch.std): [1, 0, 1, 0] → ±0.5/√(1/3) = ±0.866,
+  against ±1 with the population std."""
+  c = small_config(**{"spell.adv_std": "unbiased"})
+  m = spell.Spell(runtime.Runtime(c, str(tmp_path)))
+  q = _question([1, 0, 1, 0], [1, 0, 1, 0], [1, 0, 1, 0], [[1.0, 1.0, 1.0, 0.0]] * 4, 1.0)
+  _, advs, _ = m.select_and_advantage([q])
+  chex.assert_trees_all_close(np.asarray(advs[:4]), np.array([1, -1, 1, -1]) * 0.5 / np.sqrt(1 / 3),
+                              rtol=1e-5)
+
+
 class _SometimesSilentSampler(ScriptedSpellSampler):
   """The scripted roles, but half the responder's document answers state no final answer."""
 
@@ -300,6 +311,7 @@ def test_paper_preset_matches_the_paper():
   assert (c.spell.fill_rule, c.spell.generation_batch, c.spell.max_generation_rounds) == \
       ("variance", 480, 10)
   assert (c.spell.verifier_selection, c.spell.verifier_update_ratio) == ("released", 0.125)
+  assert (c.spell.adv_std, c.optim.weight_decay) == ("unbiased", 0.01)  # torch.std; verl's AdamW
 
 
 def test_task_types_are_drawn_uniformly(tmp_path):

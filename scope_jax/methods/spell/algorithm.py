@@ -68,7 +68,8 @@ class Spell(Method):
   world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
   at_least_one = ("questions_per_step", "group_size", "docs_per_question", "max_generation_rounds")
   choices = {"tasks": R.TASKS, "reward_mapping": MAPPINGS, "prompt_style": tuple(STYLES),
-             "verifier_selection": R.VERIFIER_SELECTIONS, "fill_rule": ("grounded", "variance")}
+             "verifier_selection": R.VERIFIER_SELECTIONS, "fill_rule": ("grounded", "variance"),
+             "adv_std": adv_lib.STD_KINDS}
   # G = 4 in a smoke run: the verifier trains on groups whose agreement is in (0.5, 1), which
   # two votes never have.
   smoke = {"total_steps": 1, "spell.questions_per_step": 2, "spell.group_size": 4,
@@ -293,7 +294,7 @@ class Spell(Method):
       kept = kept[:cfg.questions_per_step]  # the released trainer cuts to exactly N × G rows
     for q in kept:
       trajs += q.responses
-      advs += list(adv_lib.group_zscore([q.res_rewards], eps=cfg.adv_eps)[0])
+      advs += list(adv_lib.group_zscore([q.res_rewards], std=cfg.adv_std, eps=cfg.adv_eps)[0])
     # Questioner: the kept questions are positives; an equal number of negatives (r_que ≤ 0).
     negatives = [q for q in questions if q.reward <= 0]
     n_neg = min(len(negatives), int(round(cfg.questioner_negative_ratio * len(kept))))
@@ -301,6 +302,7 @@ class Spell(Method):
                            self.rng.choice(len(negatives), n_neg, replace=False)] if n_neg else list(kept)
     if picked:
       a = adv_lib.batch_zscore([q.reward for q in picked], keys=[q.task for q in picked],
+                               std=cfg.adv_std,
                                eps=cfg.adv_eps)
       trajs += [q.traj for q in picked]
       advs += list(a)
@@ -324,7 +326,8 @@ class Spell(Method):
                                                                 replace=False)]
     for q, i in consistent + conflicting:
       trajs += q.verdicts[i]
-      advs += list(adv_lib.group_zscore([q.ver_rewards[i]], eps=cfg.adv_eps)[0])
+      advs += list(adv_lib.group_zscore([q.ver_rewards[i]], std=cfg.adv_std,
+                                        eps=cfg.adv_eps)[0])
     counts = {"train/responder_groups": len(kept), "train/questioner_samples": len(picked),
               "train/verifier_groups": len(consistent) + len(conflicting),
               "train/verifier_candidates": candidates}
