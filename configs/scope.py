@@ -95,7 +95,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
       challenger=base.role(8192, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500,
                            max_prompt_tokens=1024),
-      solver=base.role(8192, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
+      # released: 5 assistant turns in all (`max_assistant_turns: 5`), 4 searches, and the
+      # prompt says "up to 4 times": 4 searches and a search-free last turn here
+      solver=base.role(8192, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500,
                        max_prompt_tokens=2048),
       gate=base.role(256, temperature=0.0, top_p=1.0, max_prompt_tokens=14336),
       rubric=base.role(8192, temperature=0.0, top_p=1.0, max_prompt_tokens=14336),

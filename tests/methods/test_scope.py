@@ -85,6 +85,7 @@ def test_every_preset_loads(preset):
     assert (c.loss.kl_beta, c.loss.kl_kind, c.loss.agg_mode) == (1e-3, "k3", "token-mean")
     assert (s.roles.rubric.temperature, s.roles.grader.temperature) == (0.0, 0.6)
     assert (s.roles.solver.max_obs_tokens, c.retrieval.topk, c.rollout.max_context) == (500, 3, 16384)
+    assert s.roles.solver.max_turns == 4  # released: 5 assistant turns, "search up to 4 times"
     assert s.search_ratio == (4, 3, 2) and s.search_choices == (1, 2, 3)
     assert c.total_steps == 120 and c.warmup.steps == 0
     assert (s.task_form, s.rubric_sees_searches, s.stage1_solver_sampling,
