@@ -73,8 +73,8 @@ class Spell(Method):
   # G = 4 in a smoke run: the verifier trains on groups whose agreement is in (0.5, 1), which
   # two votes never have.
   smoke = {"total_steps": 1, "spell.questions_per_step": 2, "spell.group_size": 4,
-           "spell.max_generation_rounds": 1, "spell.docs_per_question": 2,
-           "data.max_cluster_size": 3}
+           "spell.max_generation_rounds": 1, "spell.generation_batch": 0,
+           "spell.docs_per_question": 2, "data.max_cluster_size": 3}
 
   @classmethod
   def players(cls, c) -> Players:
