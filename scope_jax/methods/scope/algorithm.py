@@ -415,7 +415,7 @@ class Scope(Method):
   def solver_parts(self, traj: Trajectory, grade: float | None) -> dict[str, float]:
     answer = traj.final("answer") or ""
     n = len(self.rt.tokenizer.encode(answer, add_special_tokens=False)) if answer else 0
-    fmt = self.guard(R.solver_format, traj, malformed=0.0)
+    fmt = self.guard(R.solver_format, traj, self.cfg.rewards_as_released, malformed=0.0)
     return {"reward": R.solver_reward(grade, n, fmt, traj.num_searches),
             "rubric": grade if grade is not None else 0.0, "length_penalty": R.length_penalty(n),
             "format": fmt, "search": R.search_reward(traj.num_searches), "answer_tokens": n,
