@@ -57,6 +57,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   a.filter_pm = True  # D_PM keeps r_PG > 0 and questions of > 20 characters ending in '?'
   a.balance_grm = True  # D_GRM per question: the minority score's answers + as many others
   a.format_reward = True  # + (share of turns opening with <think> + 1[searched]) / 4, every role
+  # GRM verdict → score: 'released' (the text after the last "conclusion" scores 1 when it says
+  # "correct" and not "incorrect"; the GRM phase rewards the stored label's word inside the last
+  # <answer>) or 'paper' (a strict "conclusion: correct/wrong" in <answer>, r_GRM = 1[ŝ = s])
+  a.verdict_rule = "released"
+  a.harder_at_half = True  # the PM flag at s̄ = 0.5: HARDER as released (≥ 0.5); False: > 0.5
   a.pm_samples = 10  # M PM answers per valid question (the PG's reward)
   a.pg_reward = "entropy"  # 'entropy' (binary entropy of {s_m}, the paper) or 'azr' (1 − p̄)
   a.gate_reward = True  # a question failing the validity gate gets r_PG = 0 (else: its entropy)
@@ -96,7 +101,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # Advantages: GRPO (group z-score over G). The released code trains with PPO + GAE (λ = γ = 1)
   # and a critic initialised from the policy; no critic is built here, so there is no option
   # for it (docs/methods/asl.md). As released: lr 1e-6 constant, no KL, entropy bonus 0.001,
-  # token-mean, weight decay 0.01, grad clip 1.0.
+  # weight decay 0.01, grad clip 1.0.
   c.seed = 37
   c.total_steps = 2000  # a cap: phases end on data size and reward slope, not on a step count
   c.optim.lr = 1e-6
@@ -104,13 +109,19 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.optim.schedule = "constant"
   c.optim.grad_clip = 1.0
   c.optim.weight_decay = 0.01
-  c.loss.agg_mode = "token-mean"
+  # The released actor's micro-batches hold one sequence each, so its token-mean per micro-batch
+  # is a mean over sequences of each sequence's token mean.
+  c.loss.agg_mode = "seq-mean-token-mean"
   c.loss.kl_beta = 0.0
   c.loss.entropy_coef = 1e-3
   c.loss.temperature = 1.0
   c.rollout.max_context = 2048 + 10240
   c.rollout.max_prompt_tokens = 2048
 
+  if preset in ("demo", "learn"):  # as these were measured (docs/learning.md)
+    a.verdict_rule = "paper"
+    a.harder_at_half = False
+    c.loss.agg_mode = "token-mean"
   if preset == "demo":
     c.seed = 0
     c.total_steps = 12

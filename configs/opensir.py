@@ -56,7 +56,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # or the problems of a JSONL `file` (`world`: world `world.seed`'s training problems).
   c.opensir.initial_pool = ml_collections.ConfigDict(dict(
       size=0, file="", candidates=160, max_rounds=100, solve_rate_band=(0.5, 0.9), min_chars=30))
-  c.opensir.math_timeout = 5  # seconds per math-verify parse (the released parse's default)
+  # Seconds per math-verify parse: the released code passes none, and its pinned math-verify
+  # 0.5.2 defaults to 3 (its docstring says 5; 0.9's default is 5).
+  c.opensir.math_timeout = 3
+  # What a loss token-mean runs over: 'step' (one token-mean over the whole update) or 'unit'
+  # (TRL's: a token-mean per micro-batch, one unit's 8 + 8 rows, averaged over the units; on
+  # the policy term, exact at ratio 1, while the small k3 KL stays a token-mean over the step)
+  c.opensir.loss_unit = "step"
   # Prompts are one user turn (the released code's form for Gemma; for Llama and Qwen it puts
   # the instructions in a system message). The pool grows after each whole step, and diversity
   # compares against this step's problems (the released code: after each micro-batch of 32).
@@ -108,6 +114,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.model.remat = "full"
     c.opensir.encoder = ""  # required: the Linq-Embed-Mistral checkpoint directory (the paper's)
     c.opensir.initial_pool.size = 512  # the released run's starting pool
+    c.opensir.loss_unit = "unit"  # TRL's micro-batch token-mean (with recompute_old_logp)
     c.mesh.shape = (1, -1, 1)
     c.loss.micro_batch_rows = 4
   return c

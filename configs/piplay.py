@@ -82,11 +82,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.data.max_rounds = 30  # stop after this many rounds even if the set is short
   s.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
       examiner=base.role(2048, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
-                         max_prompt_tokens=3072, max_context=4096),  # Table 5: 4096
+                         max_obs_chars=0, max_prompt_tokens=3072, max_context=4096),  # Table 5
       student=base.role(2048, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
-                        max_prompt_tokens=1024),
+                        max_obs_chars=0, max_prompt_tokens=1024),
       teacher=base.role(2048, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
-                        max_prompt_tokens=6144)))
+                        max_obs_chars=0, max_prompt_tokens=6144)))
   # Tables 5–7: AdamW (0.9, 0.999), weight decay 0.01, lr 1e-6 constant with 3% warmup, max
   # sequence 8192 (4096 for the examiner's rollouts, so its whole path fits the teacher's
   # prompt). Without `restart_optimizer`, a policy keeps its AdamW state and schedule across
@@ -145,8 +145,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.loss.micro_batch_rows = 4
     # Max turns: Dr.Zero's 5 assistant turns in all (a 5th that searches ends the row) are 4
     # searches and a search-free 5th turn here.
+    # Tool output: Dr.Zero's `max_tool_response_length: 512` is counted in characters (verl's
+    # default unit): 512 characters + "...(truncated)", then the 500-token bound.
     for role in ("examiner", "student", "teacher"):
       s.roles[role].max_turns = 4
+      s.roles[role].max_obs_chars = 512
     s.examiner_optim = ml_collections.ConfigDict(dict(lr=5e-7, grad_clip=0.1))
     # The student restarts each iteration (Dr.Zero's solver): a 3% warm-up of one iteration's 50
     # steps (2), then the constant rate.

@@ -85,6 +85,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.task_set.size = 0  # target tasks per iteration (0 = solver_batch × solver_steps)
   s.task_set.window = (0.2, 0.8)  # keep tasks with ḡ in [low, high]
   s.task_set.solver_rollouts = 4  # N Solver rollouts per candidate for the filter
+  s.task_set.solver_sampling = (0.7, 0.9)  # their (T, top-p), as released (Stage B's
+  # BatchMultiTurnRollout defaults); () = the Solver role's own settings
   s.task_set.samples_per_document = 4  # Challenger samples per document, at most one task kept
   # (released: N_ROLLOUTS=4, MAX_TASKS_PER_PROMPT=1)
   s.task_set.candidates_per_round = 2000  # Challenger tasks generated per round (released)
@@ -93,7 +95,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   s.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
       challenger=base.role(8192, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500,
                            max_prompt_tokens=1024),
-      solver=base.role(8192, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
+      # released: 5 assistant turns in all (`max_assistant_turns: 5`), 4 searches, and the
+      # prompt says "up to 4 times": 4 searches and a search-free last turn here
+      solver=base.role(8192, temperature=1.0, top_p=1.0, max_turns=4, max_obs_tokens=500,
                        max_prompt_tokens=2048),
       gate=base.role(256, temperature=0.0, top_p=1.0, max_prompt_tokens=14336),
       rubric=base.role(8192, temperature=0.0, top_p=1.0, max_prompt_tokens=14336),
@@ -139,6 +143,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     s.task_form = "question"  # the format the demo model was warmed on
     s.rubric_sees_searches = False
     s.stage1_solver_sampling = ()
+    s.task_set.solver_sampling = ()
     s.task_set.max_rounds = 2
     base.demo_warmup(c)
     base.demo_rollout(c)
@@ -200,6 +205,7 @@ def learn(c: ml_collections.ConfigDict) -> None:
   s.rubric_sees_searches = False  # the source document states the fact
   s.retrievable_tasks = True  # the task must name its entity well enough to find its page
   s.stage1_solver_sampling = ()  # the Solver's own sampling, as it trains
+  s.task_set.solver_sampling = ()
   s.task_set.solver_rollouts = 4
   s.task_set.window = (0.2, 0.5)  # hard tasks: answers the Solver does not yet give (the
   # released (0.2, 0.8), or (0.4, 0.8), keeps the answers it gives anyway: docs/learning.md)

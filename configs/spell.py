@@ -44,7 +44,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.spell = ml_collections.ConfigDict()
   c.spell.tasks = ("doc_qa", "doc_mc", "doc_math")  # task types (math only on numeric clusters)
   c.spell.questions_per_step = 128  # N: questions with responder groups per step
-  c.spell.max_generation_rounds = 3  # extra proposal rounds to fill N (dynamic sampling)
+  c.spell.max_generation_rounds = 3  # proposal rounds to fill N (dynamic sampling)
+  # A step's batch is full at N grounded questions ('grounded') or at N responder groups with
+  # reward variance, then cut to exactly N × G responses ('variance', the released trainer's)
+  c.spell.fill_rule = "grounded"
+  c.spell.generation_batch = 0  # questions proposed per round (0 = questions_per_step)
   c.spell.group_size = 8  # G responses per question and G judgments per response
   c.spell.docs_per_question = 5  # m new documents shown to the questioner
   c.spell.history_size = 3  # L solvable (docs, q, a) remembered per cluster
@@ -53,7 +57,14 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.spell.reward_mapping = "gaussian"  # questioner difficulty: gaussian | reverse (AZR) | rzero
   c.spell.questioner_negative_ratio = 1.0  # negatives per positive question in the update
   c.spell.verifier_agreement = (0.51, 0.99)  # train verifier groups with agreement in range
+  # 'paper' (§4.3: consistent groups, plus conflicting ones up to N) or 'released' (consistent
+  # groups only, int(responder rows · verifier_update_ratio / G) of them; the paper presets)
+  c.spell.verifier_selection = "paper"
+  c.spell.verifier_update_ratio = 0.125  # released VERIFIER_UPDATE_RATIO (1/G)
   c.spell.adv_eps = 1e-6  # z-score epsilon
+  c.spell.adv_std = "population"  # z-score std: population | unbiased (torch.std, released) | none
+  c.spell.verify_unanswered = False  # False (released): a response with no "The answer is"
+  # gets its rule score, unjudged; True: the verifier judges its last 300 characters
   c.spell.vote_in_reward = True  # r_res = max(R_rule, v) (the paper); False: R_rule alone
   c.spell.extractive_labels = False  # True: a doc_qa answer no document states is ungrounded
   c.spell.roles = ml_collections.ConfigDict(dict(
@@ -113,6 +124,12 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
                       "preset:qwen3-30b-a3b")  # replace with hf:<path> for the real weights
     c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
     c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
+    c.spell.verifier_selection = "released"  # 16 consistent groups against 128 × 8 responses
+    c.spell.fill_rule = "variance"  # released: 128 groups with variance, from rounds of 480
+    c.spell.generation_batch = 480  # (GEN_BS) ...
+    c.spell.max_generation_rounds = 10  # ... up to 10 of them (max_num_gen_batches)
+    c.spell.adv_std = "unbiased"  # torch.std in all three roles' advantages
+    c.optim.weight_decay = 0.01  # verl's AdamW default, which the released script keeps
     c.model.dtype = "bfloat16"
     c.model.remat = "full"
     c.mesh.shape = (1, -1, 1)

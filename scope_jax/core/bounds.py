@@ -121,6 +121,8 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     ("*_loss.*", None), ("*_optim.*", None),
     # Everything else a method counts: batches, steps, samples, store sizes, rounds.
     ("scope.stage1_grader_temperature", NONNEGATIVE), ("scope.stage1_solver_sampling", NONNEGATIVE),
+    ("scope.task_set.solver_sampling", NONNEGATIVE), ("*.max_obs_chars", COUNT),
+    ("spell.verifier_update_ratio", SHARE), ("spell.generation_batch", COUNT),
     ("spell.*", SIZE), ("scope.*", SIZE), ("opensir.*", SIZE), ("asl.*", SIZE),
     ("piplay.*", SIZE),
 )

@@ -81,6 +81,7 @@ class Role:
                          max_turns=s.get("max_turns", 0) if self.tool is not None else 0,
                          max_turn_tokens=s.max_new_tokens,
                          max_obs_tokens=s.get("max_obs_tokens", 500),
+                         max_obs_chars=s.get("max_obs_chars", 0),
                          max_total_tokens=self.max_context,
                          temperature=s.temperature if temperature is None else temperature,
                          top_p=s.top_p if top_p is None else top_p, top_k=s.get("top_k", 0),

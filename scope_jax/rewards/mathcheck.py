@@ -49,25 +49,31 @@ def boxed_answer(text: str) -> str | None:
   return match.last_boxed(text)
 
 
-# math-verify's anchored LaTeX: "final answer … is: $7$" (also $$…$$, \(…\), \[…\]); bounded.
-_FINAL_LATEX = re.compile(
-    r"final answer.{0,100}?\s+is:?\s*(?:\$\$(.{1,200}?)\$\$|\$(.{1,200}?)\$|\\\((.{1,200}?)\\\)"
-    r"|\\\[(.{1,200}?)\\\])", re.IGNORECASE | re.DOTALL)
+# math-verify's anchored LaTeX (its `lazy_latex_regex`), in its priority order, each bounded:
+# "final answer … is: $7$" (50), "answer: … $7$" (100), "answer … $7$" (200); the math is in
+# $$…$$, $…$, \(…\) or \[…\].
+_LATEX_ENV = r"(?:\$\$(.{1,200}?)\$\$|\$(.{1,200}?)\$|\\\((.{1,200}?)\\\)|\\\[(.{1,200}?)\\\])"
+_ANCHORED = tuple(re.compile(anchor + _LATEX_ENV, re.IGNORECASE | re.DOTALL) for anchor in (
+    r"final answer.{0,100}?\s+is:?\s*", r"answer:.{0,50}?", r"answer.{0,50}?"))
 
 
 def final_answer(text: str) -> str | None:
-  """The answer a response states: its last `\\boxed{...}`, else the LaTeX after its last
-  "final answer … is" ("So the final answer is $7$."), as math-verify's anchored extraction
-  reads it (OpenSIR's released parse: boxed first, no unanchored LaTeX)."""
+  """The answer a response states: its last `\\boxed{...}`, else the LaTeX after the last
+  "final answer … is" ("So the final answer is $7$."), else after the last "answer:" ("**Answer:**
+  $12$"), else after the last "answer" ("The answer is $7$"), within 50 characters, as
+  math-verify's anchored extraction reads it (OpenSIR's released parse: boxed first, no
+  unanchored LaTeX)."""
   boxed = boxed_answer(text)
   if boxed is not None:
     return boxed
-  found = None
-  for found in _FINAL_LATEX.finditer(str(text)[-match.MAX_TEXT:]):
-    pass
-  if found is None:
-    return None
-  return next(g for g in found.groups() if g is not None).strip() or None
+  text = str(text)[-match.MAX_TEXT:]
+  for anchored in _ANCHORED:
+    found = None
+    for found in anchored.finditer(text):
+      pass
+    if found is not None:
+      return next(g for g in found.groups() if g is not None).strip() or None
+  return None
 
 
 def screen(answer: str) -> str | None:

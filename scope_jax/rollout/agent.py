@@ -36,6 +36,7 @@ INVALID_ACTION_FUNCTION_CALLS = (
     "<function_calls>search(query=\"my query\")</function_calls>. If I want to give the final "
     "output, I should put it between <answer> and </answer> or <task> and </task>. Let me try "
     "again.\n")
+TRUNCATED = "...(truncated)"  # verl's mark after a tool response cut by characters
 MAX_CHARS_PER_TOKEN = 64  # observations are cut to this many characters per token of budget
 TOOL_ERROR = "The search tool failed for this query ({}). Try a different query or answer."
 
@@ -47,6 +48,10 @@ class RolloutConfig:
   max_turns: int = 4  # searches allowed before the final, search-free turn
   max_turn_tokens: int = 512  # new tokens per generated turn
   max_obs_tokens: int = 500  # observation budget (documents are cut to this many tokens)
+  # Character cap on a tool response before the token cap, as verl's `max_tool_response_length`
+  # counts by default: longer text keeps its first max_obs_chars characters + "...(truncated)"
+  # (0 = none).
+  max_obs_chars: int = 0
   max_total_tokens: int = 4096  # prompt + response
   temperature: float = 1.0
   top_p: float = 1.0
@@ -349,6 +354,8 @@ def _observe(rows, pending, answers, error, turn, tokenizer, config: RolloutConf
     row.searches += error is None
     # Cut by characters first (no token is that long), so a huge document costs no more than
     # the part that can be shown; then to the token budget, with special-token parsing off.
+    if 0 < config.max_obs_chars < len(body):
+      body = body[:config.max_obs_chars] + TRUNCATED
     body = body[:config.max_obs_tokens * MAX_CHARS_PER_TOKEN]
     body_ids = encode_plain(tokenizer, body)[:config.max_obs_tokens]
     ids = prefix_ids + body_ids + suffix_ids

@@ -76,6 +76,10 @@ def test_every_preset_loads(preset):
     assert (a.syntax, a.prompt_style, a.topics) == ("qwen", "paper", "")
     assert c.model.source == "preset:qwen2.5-7b" and c.retrieval.topk == 3
     assert c.retrieval.encoder == "" and c.model.tokenizer == ""  # paths supplied by the user
+    # The released actor: micro-batches of one sequence (seq-mean of token means), the flag
+    # at s̄ = 0.5 HARDER (`score >= 0.5`), and the released verdict scorer and GRM reward.
+    assert (c.loss.agg_mode, a.harder_at_half, a.verdict_rule) == (
+        "seq-mean-token-mean", True, "released")
   elif preset == "demo":
     assert (a.topics, a.syntax, a.prompt_style, c.warmup.steps) == ("corpus", "xml", "compact",
                                                                       3000)

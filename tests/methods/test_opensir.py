@@ -49,11 +49,13 @@ def test_every_preset_loads(preset):
     assert (o.group_size, o.num_solutions, o.length_cap, o.length_baseline) == (8, 8, 1000, 1000)
     assert (c.optim.lr, c.optim.warmup_steps, c.optim.grad_clip) == (3e-7, 25, 0.5)
     assert (c.loss.kl_beta, c.loss.kl_kind, c.loss.agg_mode) == (1e-4, "k3", "token-mean")
+    assert o.loss_unit == "unit"  # ... taken per TRL micro-batch (a unit's 8 + 8 rows)
     assert (c.opensir.roles.student.temperature, c.opensir.roles.student.max_new_tokens) == (1.0, 2048)
     assert (c.rollout.max_prompt_tokens, c.total_steps) == (1024, 200)
     assert c.loss.recompute_old_logp  # TRL with one iteration: the trainer's own log-probs
+    # math-verify 0.5.2 (the released pin) parses under its default 3 s
     assert (o.math_timeout, o.initial_pool.size, tuple(o.initial_pool.solve_rate_band)) == (
-        5, 512, (0.5, 0.9))
+        3, 512, (0.5, 0.9))
     assert c.model.source == {"paper": "preset:llama3.2-3b",
                               "paper_gemma2": "preset:gemma2-2b"}[preset]
 
@@ -90,6 +92,32 @@ def stepped(tmp_path_factory):
   rt.begin_step(0)
   metrics = method.step(0)
   return rt, method, metrics, seen, before
+
+
+def test_loss_unit_weights_each_units_rows_as_trl_does(tmp_path):
+  """`opensir.loss_unit='unit'`: each row's advantage carries (T / U) / T_u, so the learner's
+  token-mean becomes TRL's mean over micro-batches (units) of their token-means."""
+  rt = runtime.Runtime(small_config(), str(tmp_path))
+  method = opensir.OpenSir(rt)
+  play_all_roles(rt, ScriptedOpenSirSampler(rt.tokenizer))
+  cands = method.generate_problems()
+  method.solve(cands)
+  method.score(cands)
+  trajs, advs, *_ = method.select(cands)
+  method.cfg.loss_unit = "unit"
+  trajs_u, advs_u, *_ = method.select(cands)
+  tokens = np.asarray([t.loss_mask[t.prompt_len:].sum() for t in trajs], np.float64)
+  trained = {id(t) for t in trajs}
+  per_row_unit = []  # each unit adds its teacher group, then its picked problem's solutions
+  for u in range(method.cfg.units_per_step):
+    picked = [c for c in cands if c.unit == u and c.solutions and id(c.solutions[0]) in trained]
+    per_row_unit += [u] * (method.cfg.group_size + sum(len(c.solutions) for c in picked))
+  assert len(per_row_unit) == len(trajs) and len(set(per_row_unit)) > 1
+  sums = {u: tokens[np.asarray(per_row_unit) == u].sum() for u in set(per_row_unit)}
+  want = np.asarray(advs) * np.asarray([tokens.sum() / len(sums) / sums[u]
+                                        for u in per_row_unit])
+  chex.assert_trees_all_close(np.asarray(advs_u), want, rtol=1e-6)
+  assert not np.allclose(advs_u, advs)
 
 
 def test_scripted_step_runs_every_phase(stepped):

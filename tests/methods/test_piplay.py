@@ -86,6 +86,8 @@ def test_every_preset_loads(preset):
     assert tuple(c.piplay.lambdas) == (0.03, 0.003, 0.002) and c.piplay.variant == "thinking"
     assert c.total_steps == 300 and c.piplay.examiner_batch == c.piplay.student_batch == 256
     assert c.piplay.roles.student.max_turns == 4 and c.piplay.tau == 0.05  # 5 turns in all
+    # Dr.Zero's tool output cap, max_tool_response_length 512, in verl's character unit
+    assert all(c.piplay.roles[r].max_obs_chars == 512 for r in ("examiner", "student", "teacher"))
     assert dict(c.piplay.examiner_optim) == {"lr": 5e-7, "grad_clip": 0.1}
     assert dict(c.piplay.student_optim) == {"grad_clip": 0.1, "warmup_steps": 2}
     assert tuple(c.piplay.restart_optimizer) == ("student",) and c.piplay.adv_std == "unbiased"
@@ -172,6 +174,28 @@ def test_teacher_inputs_fit_the_teacher_context(tmp_path):
   ids = m.teacher_inputs(records, trajs)
   assert len(ids[0]) + 150 <= role.max_context and len(ids[0]) < len(full[0])
   assert ids[1] == full[1]  # it already fits: unchanged
+
+
+def test_teacher_inputs_survive_a_response_longer_than_the_template_leaves(tmp_path):
+  """A student response that leaves less room than the teacher template and question alone must
+  not stop the run: the QCP goes, then the prompt is cut from the left (verl's truncation='left'),
+  keeping the question and the assistant header next to the response; both cuts are counted."""
+  c = small_config()
+  c.piplay.roles.teacher.max_context = 300
+  m = piplay.PiPlay(runtime.Runtime(c, str(tmp_path)))
+  role = m.roles["teacher"]
+  records = [{"privileged": "A fact about the document. " * 50, "question": "Who wrote it?"},
+             {"privileged": "short", "question": "Who?"}]
+  bare = role.prompt(m.prompts.teacher("", records[0]["question"]))
+  assert len(bare) > 12  # the template alone is longer than the room below
+  resp = lambda i, n: Trajectory(np.zeros(n + 20, np.int32), np.zeros(n + 20, np.int32),
+                                 np.zeros(n + 20, np.float32), 20, [], [], None, None, "eos",
+                                 prompt_index=i)
+  metrics = {}
+  ids = m.teacher_inputs(records, [resp(0, 288), resp(1, 10)], metrics)
+  assert ids[0] == bare[-12:]  # 300 - 288 tokens: the right end of the prompt without a QCP
+  assert ids[1] == m.teacher_prompts(records)[1]
+  assert metrics == {"teacher/truncated_rows": 1.0, "teacher/left_truncated_rows": 1.0}
 
 
 @pytest.mark.parametrize("style", sorted(P.STYLES))

@@ -85,6 +85,7 @@ def test_every_preset_loads(preset):
     assert (c.loss.kl_beta, c.loss.kl_kind, c.loss.agg_mode) == (1e-3, "k3", "token-mean")
     assert (s.roles.rubric.temperature, s.roles.grader.temperature) == (0.0, 0.6)
     assert (s.roles.solver.max_obs_tokens, c.retrieval.topk, c.rollout.max_context) == (500, 3, 16384)
+    assert s.roles.solver.max_turns == 4  # released: 5 assistant turns, "search up to 4 times"
     assert s.search_ratio == (4, 3, 2) and s.search_choices == (1, 2, 3)
     assert c.total_steps == 120 and c.warmup.steps == 0
     assert (s.task_form, s.rubric_sees_searches, s.stage1_solver_sampling,
@@ -223,6 +224,25 @@ class RecordingScopeSampler(ScriptedScopeSampler):
     texts = [self.tok.decode(p) for p in prompts]
     self.log.append((texts, kw.get("temperature"), kw.get("top_p")))
     return super().generate(prompts, **kw)
+
+
+def test_task_set_filter_samples_the_solver_as_released(tmp_path):
+  """The task-set filter's Solver rollouts (which ḡ lands in the window) sample at T 0.7, top-p
+  0.9 as the released Stage B does (`BatchMultiTurnRollout` defaults), not at the Solver role's
+  own 1.0/1.0; `scope.task_set.solver_sampling=()` keeps the role's settings."""
+  assert scope_config.get_config("paper").scope.task_set.solver_sampling == (0.7, 0.9)
+  for sampling, want in (((0.7, 0.9), (0.7, 0.9)), ((), (1.0, 1.0))):
+    c = small_config(**{"scope.task_set.solver_sampling": sampling,
+                        "scope.task_set.max_rounds": 1, "scope.task_set.candidates_per_round": 2,
+                        "scope.task_set.samples_per_document": 1})
+    c.scope.roles.solver.temperature = c.scope.roles.solver.top_p = 1.0
+    rt = runtime.Runtime(c, str(tmp_path / str(len(sampling))))
+    m = scope.Scope(rt)
+    sampler = RecordingScopeSampler(rt.tokenizer)
+    play_all_roles(rt, sampler)
+    m.build_task_set(0, {})
+    solver_calls = [(t, p) for texts, t, p in sampler.log if "Complete the task" in texts[0]]
+    assert solver_calls and all(s == want for s in solver_calls), solver_calls
 
 
 def test_stage1_as_released(tmp_path):

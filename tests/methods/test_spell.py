@@ -142,25 +142,28 @@ def test_sigkill_and_resume_match_an_uninterrupted_run(tmp_path):
     assert _comparable(a[step]) == _comparable(b[step]), step
 
 
+def _traj():
+  from scope_jax.rollout.types import Span, Trajectory
+  return Trajectory(np.array([1, 2, 3, 4], np.int32), np.array([0, 0, 1, 1], np.int32),
+                    np.array([0, 0, -1, -1], np.float32), 2, [Span(0, 2, "prompt")], [], None,
+                    None, "eos")
+
+
+def _question(res, rule, votes, ver, reward, status="ok"):
+  """A Question with its outcomes filled in (no rollouts run)."""
+  q = spell.Question(0, "doc_qa", [], _traj(), reward=reward, status=status)
+  q.res_rewards, q.rule, q.votes, q.ver_rewards = res, rule, votes, ver
+  q.responses = [_traj() for _ in res]
+  q.verdicts = [[_traj() for _ in v] for v in ver]
+  return q
+
+
 def test_dynamic_sampling_counts(tmp_path):
   """Responder groups need reward variance; negatives match positives; verifier groups need
   agreement in [0.51, 0.99], conflicting ones capped at the number of questions."""
   rt = runtime.Runtime(small_config(), str(tmp_path))
   method = spell.Spell(rt)
-  from scope_jax.rollout.types import Span, Trajectory
-
-  def traj():
-    return Trajectory(np.array([1, 2, 3, 4], np.int32), np.array([0, 0, 1, 1], np.int32),
-                      np.array([0, 0, -1, -1], np.float32), 2, [Span(0, 2, "prompt")], [], None,
-                      None, "eos")
-
-  def question(res, rule, votes, ver, reward, status="ok"):
-    q = spell.Question(0, "doc_qa", [], traj(), reward=reward, status=status)
-    q.res_rewards, q.rule, q.votes, q.ver_rewards = res, rule, votes, ver
-    q.responses = [traj() for _ in res]
-    q.verdicts = [[traj() for _ in v] for v in ver]
-    return q
-
+  question = _question
   agree3 = [1.0, 1.0, 1.0, 0.0]  # 0.75 agreement: trainable
   unanimous = [1.0, 1.0, 1.0, 1.0]  # 1.0: too easy
   qs = [
@@ -179,11 +182,136 @@ def test_dynamic_sampling_counts(tmp_path):
                               rtol=1e-7)  # group z-score
 
 
+def test_released_verifier_selection_keeps_a_few_consistent_groups(tmp_path):
+  """`spell.verifier_selection='released'`: only groups whose vote agrees with the rule check,
+  agreement counted over valid judgments, and int(responder rows · ratio / G) of them; none
+  when fewer are eligible (the released trainer then skips the verifier)."""
+  agree3, one_invalid = [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, -1.0]
+
+  def batch():
+    qs = [_question([1, 0, 1, 0], [1, 0, 1, 0], [1, 0, 1, 0], [agree3] * 4, 1.0)
+          for _ in range(8)]  # 32 responder rows, 32 consistent groups in the band
+    for q in qs[:4]:
+      q.votes = [1, 1, 1, 0]  # response 1 conflicts with the rule: never picked as released
+      q.ver_rewards = [agree3, agree3, agree3, one_invalid]  # 3/3 valid agree: out of the band
+    return qs
+
+  paper = spell.Spell(runtime.Runtime(small_config(**{"spell.group_size": 4}),
+                                      str(tmp_path / "p")))
+  *_, counts = paper.select_and_advantage(batch())
+  assert counts["train/verifier_groups"] == 32  # every group in the band, conflicting included
+  for ratio, expect in ((0.125, 1), (0.5, 4), (1.0, 8)):  # int(32 · ratio / 4)
+    c = small_config(**{"spell.group_size": 4, "spell.verifier_selection": "released",
+                        "spell.verifier_update_ratio": ratio})
+    m = spell.Spell(runtime.Runtime(c, str(tmp_path / str(ratio))))
+    qs = batch()
+    trajs, advs, counts = m.select_and_advantage(qs)
+    assert counts["train/verifier_candidates"] == 32 - 4 - 4
+    assert counts["train/verifier_groups"] == expect
+    assert len(trajs) == len(advs) == 32 + counts["train/questioner_samples"] + 4 * expect
+  chosen, eligible = spell.R.released_verifier_groups(
+      [(True, agree3)] * 3, 32, 1.0, 4, (0.51, 0.99), np.random.default_rng(0))
+  assert (chosen, eligible) == ([], 3)  # 8 wanted, 3 eligible: no verifier update
+
+
+def test_variance_fill_rule_collects_n_groups_with_variance_and_cuts_to_n(tmp_path):
+  """`spell.fill_rule='variance'` (released): rounds go on until N responder groups have reward
+  variance, bounded by max_generation_rounds, and the update keeps exactly N of them; a step
+  that cannot fill says so in `fill_shortfall`. 'grounded' stops at N grounded questions."""
+  def run(rule, rounds, vary_every):
+    c = small_config(**{"spell.questions_per_step": 4, "spell.group_size": 4,
+                        "spell.fill_rule": rule, "spell.generation_batch": 3,
+                        "spell.max_generation_rounds": rounds})
+    m = spell.Spell(runtime.Runtime(c, str(tmp_path / f"{rule}{rounds}{vary_every}")))
+    made = []
+
+    def propose(n):  # every vary_every-th question has reward variance, the rest none
+      out = []
+      for _ in range(n):
+        k = len(made)
+        res = [1.0, 0.0, 1.0, 0.0] if k % vary_every == 0 else [1.0] * 4
+        q = _question(res, res, [int(r) for r in res], [[1.0] * 4] * 4, 0.5 if res[1] == 0
+                      else 0.0, "ok" if res[1] == 0 else "zero_variance")
+        made.append(q)
+        out.append(q)
+      return out
+
+    m.propose, m.grounding_filter, m.respond_and_verify = propose, lambda b: None, lambda b: None
+    seen = {}
+    m.rt.train = lambda policy, trajs, advs, **kw: seen.update(rows=len(trajs)) or {}
+    return m.step(0), len(made)
+
+  metrics, made = run("variance", 10, 2)  # 2 groups with variance per round of 3 ... 4, 5
+  assert metrics["rounds"] == 3 and made == 9 and metrics["fill_shortfall"] == 0
+  assert metrics["train/responder_groups"] == 4  # 5 had variance: cut to N
+  metrics, made = run("variance", 2, 3)  # 1 per round, 2 rounds: short by 2
+  assert metrics["rounds"] == 2 and metrics["fill_shortfall"] == 2
+  assert metrics["train/responder_groups"] == 2
+  metrics, made = run("grounded", 10, 2)  # 4 grounded questions after 2 rounds
+  assert metrics["rounds"] == 2 and metrics["train/responder_groups"] == 3
+
+
+def test_unbiased_std_in_every_roles_advantage(tmp_path):
+  """`spell.adv_std='unbiased'` (the released torch.std): [1, 0, 1, 0] → ±0.5/√(1/3) = ±0.866,
+  against ±1 with the population std."""
+  c = small_config(**{"spell.adv_std": "unbiased"})
+  m = spell.Spell(runtime.Runtime(c, str(tmp_path)))
+  q = _question([1, 0, 1, 0], [1, 0, 1, 0], [1, 0, 1, 0], [[1.0, 1.0, 1.0, 0.0]] * 4, 1.0)
+  _, advs, _ = m.select_and_advantage([q])
+  chex.assert_trees_all_close(np.asarray(advs[:4]), np.array([1, -1, 1, -1]) * 0.5 / np.sqrt(1 / 3),
+                              rtol=1e-5)
+
+
+class _SometimesSilentSampler(ScriptedSpellSampler):
+  """The scripted roles, but half the responder's document answers state no final answer."""
+
+  def _answer(self, text, rng):
+    out = super()._answer(text, rng)
+    if out.startswith("The correct answer is") and "Empty" not in text and rng.random() < 0.5:
+      return "I am not sure what the documents say."
+    return out
+
+
+def test_a_response_with_no_answer_keeps_its_rule_score_unjudged(tmp_path):
+  """Released: a response with no parsable final answer is not sent to the verifier; its reward
+  is the rule score (0) and it has no verifier group. `spell.verify_unanswered=True` judges its
+  last 300 characters instead."""
+  rt = runtime.Runtime(small_config(**{"spell.tasks": ("doc_qa",)}), str(tmp_path / "a"))
+  method = spell.Spell(rt)
+  play_all_roles(rt, _SometimesSilentSampler(rt.tokenizer))
+  asked = []
+  real = method.verifier.generate
+  method.verifier.generate = lambda prompts, **kw: asked.extend(prompts) or real(prompts, **kw)
+  batch = method.propose(3)
+  method.grounding_filter(batch)
+  method.respond_and_verify(batch)
+  silent = [(q, i) for q in batch for i, t in enumerate(q.responses)
+            if spell.match.extract_final_answer(t.response_text()) is None]
+  answered = sum(len(q.responses) for q in batch) - len(silent)
+  assert silent and answered and len(asked) == answered
+  for q, i in silent:
+    assert q.res_rewards[i] == q.rule[i] == 0.0 and q.ver_rewards[i] == [] and q.votes[i] == 0
+  m = method.step_metrics(batch, {}, 1)
+  assert (m["verifier/votes"], m["verifier/skipped_unanswered"]) == (answered, len(silent))
+  q, i = silent[0]
+  c = small_config(**{"spell.verify_unanswered": True})
+  on = spell.Spell(runtime.Runtime(c, str(tmp_path / "b")))
+  text = rt.tokenizer.decode(on.verifier_prompt(q.proposal, q.responses[i]))
+  assert "I am not sure what the documents say." in text
+  assert method.verifier_prompt(q.proposal, q.responses[i]) is None
+
+
 def test_paper_preset_matches_the_paper():
   c = spell_config.get_config("paper")
   assert c.spell.max_doc_chars == 0  # whole documents
   assert (c.data.num_clusters, c.data.cluster_size, c.data.max_cluster_size) == (0, 20, 0)
   assert c.spell.roles.verifier.max_new_tokens == 4096
+  # the released trainer's batch: rounds of 480 (GEN_BS), up to 10, until 128 groups have reward
+  # variance; 16 consistent verifier groups (VERIFIER_UPDATE_RATIO 0.125)
+  assert (c.spell.fill_rule, c.spell.generation_batch, c.spell.max_generation_rounds) == \
+      ("variance", 480, 10)
+  assert (c.spell.verifier_selection, c.spell.verifier_update_ratio) == ("released", 0.125)
+  assert (c.spell.adv_std, c.optim.weight_decay) == ("unbiased", 0.01)  # torch.std; verl's AdamW
 
 
 def test_task_types_are_drawn_uniformly(tmp_path):

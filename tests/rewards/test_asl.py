@@ -58,6 +58,48 @@ def test_harder_easier_flag():
   assert R.difficulty_flag(0.0) == R.EASIER and R.difficulty_flag(1.0) == R.HARDER
 
 
+def test_harder_at_half_is_the_released_flag():
+  """The released `"HARDER" if score >= 0.5`: at s̄ = 0.5 (2 of G = 4) the question is flagged
+  HARDER; the paper's > 0.5 flags it EASIER."""
+  assert R.difficulty_flag(0.5, harder_at_half=True) == R.HARDER
+  assert R.difficulty_flag(0.5, harder_at_half=False) == R.EASIER
+  assert R.difficulty_flag(0.25, harder_at_half=True) == R.EASIER
+  assert R.difficulty_flag(0.75, harder_at_half=True) == R.HARDER
+
+
+@pytest.mark.parametrize("text, released, paper", [
+    # a paraphrased conclusion: the released scorer reads "correct" after "conclusion"
+    ("<answer>Conclusion: the student's answer is correct.</answer>", 1, None),
+    ("Conclusion: the student's answer is correct.", 1, None),  # no <answer> needed as released
+    ("<answer>correct</answer>", None, 1),  # a bare verdict: no "conclusion", 0 as released
+    ("<answer>conclusion: incorrect</answer>", 0, 0),
+    ("<answer>conclusion: correct</answer>", 1, 1),
+    ("<answer>conclusion: wrong</answer>", 0, 0),
+    ("<answer>conclusion: correct/wrong</answer>", 1, None),  # the placeholder: "correct" first
+    ("In conclusion, I am unsure.", 0, None),
+    ("no verdict at all", None, None),
+])
+def test_released_verdict_scorer_against_the_papers_parse(text, released, paper):
+  assert R.released_verdict(text) == released
+  assert R.parse_verdict(text) == paper
+  assert R.score(R.released_verdict(text)) == (released or 0)
+
+
+@pytest.mark.parametrize("text, reference, reward", [
+    ("<answer>conclusion: correct</answer>", 1, 1.0),
+    ("<answer>conclusion: incorrect</answer>", 1, 1.0),  # "correct" is in "incorrect"
+    ("<answer>conclusion: incorrect</answer>", 0, 0.0),
+    ("<answer>correct/wrong</answer>", 0, 1.0),  # the copied placeholder agrees with either
+    ("<answer>correct/wrong</answer>", 1, 1.0),
+    ("<answer>The student's answer is wrong.</answer>", 0, 1.0),
+    ("<answer>first</answer> then <answer>conclusion: wrong</answer>", 0, 1.0),  # the last
+    ("conclusion: correct", 1, 0.0),  # no <answer>: "No answer found."
+    ("<answer> </answer>", 0, 0.0),
+])
+def test_released_grm_reward_is_a_substring_match_of_the_label(text, reference, reward):
+  assert R.released_grm_reward(text, reference) == reward
+
+
 def test_grm_agreement_reward():
   assert R.grm_reward(1, 1) == 1.0 and R.grm_reward(0, 0) == 1.0
   assert R.grm_reward(1, 0) == 0.0 and R.grm_reward(0, 1) == 0.0

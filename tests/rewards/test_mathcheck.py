@@ -210,6 +210,31 @@ def test_fuzz_ten_thousand_strings_within_budget(fast_checker):
     ("\\boxed{3} … so the final answer is $4$", "3"),
     ("The final answer is 7", None),  # unanchored text: no LaTeX, no answer (as released)
     ("I think $7$ is right", None),
+    # math-verify's "answer:" (priority 100) and "answer" (200) anchors, after "final answer"
+    ("The answer is $7$.", "7"),
+    ("**Answer:** $12$", "12"),
+    ("Answer: $\\frac34$", "\\frac34"),
+    ("The answer is $3$. Final answer: $5$", "5"),  # the last "answer:" before a bare "answer"
+    ("So the final answer is $4$. The answer is $9$.", "4"),  # "final answer" ranks first
+    ("Answer: 5", None),  # no LaTeX
+    ("The answer, after a long derivation that runs on for far too many words, is $7$", None),
 ])
 def test_final_answer_boxed_then_anchored_latex(text, expected):
   assert mathcheck.final_answer(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "The answer is $7$.", "**Answer:** $12$", "Answer: $\\frac34$", "So the final answer is $7$.",
+    "The answer is $3$. Final answer: $5$", "Answer: 5", "I think $7$ is right",
+    "The answer, after a long derivation that runs on for far too many words, is $7$",
+])
+def test_final_answer_agrees_with_math_verify(text):
+  """OpenSIR's released parse (boxed first, anchored LaTeX only) reads the same answer."""
+  import math_verify
+  from math_verify import LatexExtractionConfig
+  config = [LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)]
+  theirs = math_verify.parse(text, config, fallback_mode="no_fallback")
+  ours = mathcheck.final_answer(text)
+  assert bool(theirs) == (ours is not None)
+  if ours is not None:
+    assert math_verify.verify(math_verify.parse(f"${ours}$"), theirs)

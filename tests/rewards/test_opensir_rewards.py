@@ -184,3 +184,17 @@ def test_symbolic_majority_and_solve_rate_through_the_checker(checker):
   majority, rate = R.solve_rate(answers)
   assert majority == checker.final(texts[0]) and rate == 0.75
   assert R.solvability(rate, 8, 0.5, 0.9) == pytest.approx(0.8125)  # 1 − 0.75·0.05/0.2
+
+
+def test_unit_token_weights_give_trls_micro_batch_token_mean():
+  """A global token-mean of w_r·L_r equals the mean over units of each unit's token-mean (TRL's
+  micro-batches): a unit of 2 rows × 100 tokens next to one of 2 × 1000 weighs 0.5, not 0.09."""
+  tokens, units = [100, 100, 1000, 1000], [0, 0, 1, 1]
+  w = R.unit_token_weights(tokens, units)
+  chex.assert_trees_all_close(w, np.array([5.5, 5.5, 0.55, 0.55]), rtol=1e-12)
+  rng = np.random.default_rng(0)
+  per_token = [rng.normal(size=n) for n in tokens]  # a loss term per token of each row
+  global_mean = sum(wr * x.sum() for wr, x in zip(w, per_token)) / sum(tokens)
+  unit_means = [np.concatenate(per_token[:2]).mean(), np.concatenate(per_token[2:]).mean()]
+  assert global_mean == pytest.approx(np.mean(unit_means), rel=1e-12)
+  assert R.unit_token_weights([0, 0, 5], [0, 0, 1]).tolist() == [0.0, 0.0, 1.0]  # empty unit

@@ -70,6 +70,11 @@ def test_solver_format_on_a_multi_turn_transcript():
   assert S.solver_format(t) == pytest.approx((1 + 0.5 + 1) / 3)
   one = _traj(["<answer>x</answer>"])
   assert S.solver_format(one) == pytest.approx((0 + 0 + 1) / 3)
+  late = _traj(["Plan: <think>a</think><search>x</search>", "<think>c</think><answer>y</answer>"],
+               [0])
+  # The released Solver reward: a turn thinks only when it opens with <think>…</think>.
+  assert S.solver_format(late) == pytest.approx((1 + 1 + 1) / 3)
+  assert S.solver_format(late, released=True) == pytest.approx((0.5 + 1 + 1) / 3)
   assert S.solver_reward(0.5, 1536, 0.5, 2) == pytest.approx(0.525 * 0.5 + 0.25 + 0.1 * 2 / 3)
   assert S.solver_reward(None, 10, 0.0, 0) == 0.0
 
@@ -113,16 +118,18 @@ def test_think_counts_anywhere_in_a_turn():
 
 
 def test_challenger_format_and_reward_as_released():
-  """The released Challenger reward: a turn thinks only when it opens with <think>, a failed
-  search cancels a valid one in the tool score, and an unreadable task or a malformed rubric
-  zeroes the reward that the paper's text would still pay for format."""
-  t = _traj(["<think>plan</think><search>a</search>", "Now. <think>late</think><search>b</search>",
-             "<think>ok</think><task><question>What?</question></task>"], [0, 1], errors=[1])
-  # Paper: think 3/3 (anywhere), tool 1 valid / 2 required, structure 1.
-  assert S.challenger_format(t, 2) == pytest.approx((1 + 0.5 + 1) / 3)
-  # Released: think 2/3 (the second turn opens with text), tool max(1 − 1, 0)/2 = 0.
+  """The released Challenger reward: a turn thinks when it has a `<think>` anywhere, closed or
+  not (`re.search("<think>", content)`), a failed search cancels a valid one in the tool score,
+  and an unreadable task or a malformed rubric zeroes the reward that the paper's text would
+  still pay for format."""
+  t = _traj(["<think>plan</think><search>a</search>", "Now. <think>late, never closed <search>b"
+             "</search>", "<task><question>What?</question></task>"], [0, 1], errors=[1])
+  # Paper: think 1/3 (a closed block), tool 1 valid / 2 required, structure 1.
+  assert S.challenger_format(t, 2) == pytest.approx((1 / 3 + 0.5 + 1) / 3)
+  # Released: think 2/3 (an open tag counts), tool max(1 − 1, 0)/2 = 0.
   assert S.challenger_format(t, 2, released=True) == pytest.approx((2 / 3 + 0 + 1) / 3)
-  assert S.think_share(["  <think>a</think>", "x<think>b</think>"], opening=True) == 0.5
+  assert S.think_share(["  <think>a</think>", "x<think>b</think>"], "opening") == 0.5
+  assert S.think_share(["x <think>b", "none"], "tag") == 0.5
   assert S.challenger_reward(0.5, True, 0.5, formed=False) == 0.0
   assert S.challenger_reward(0.5, False, None, formed=True) == pytest.approx(0.25)
 

@@ -66,6 +66,18 @@ def test_a_huge_document_is_cut_by_characters_first():
   assert len(DEMO.encode(span.text)) <= 50 + 20  # the budget plus the wrappers
 
 
+def test_a_character_cap_cuts_a_tool_response_as_verl_does():
+  """`max_obs_chars` (verl's `max_tool_response_length` in its default 'char' unit): the first
+  N characters and "...(truncated)", before the token budget; a shorter response is untouched."""
+  text = "Doc 1(Title: A) " + "abcdefgh " * 100  # 916 characters
+  span, _ = observation(rollout(Tool(text), max_obs_tokens=500, max_obs_chars=512))
+  assert text[:512] + "...(truncated)" in span.text and text[:513] not in span.text
+  span, _ = observation(rollout(Tool(text[:100]), max_obs_tokens=500, max_obs_chars=512))
+  assert text[:100] in span.text and "truncated" not in span.text
+  span, _ = observation(rollout(Tool(text), max_obs_tokens=500))  # 0: no character cap
+  assert text[:600] in span.text and "truncated" not in span.text  # only the token budget
+
+
 def test_plain_chat_contents_never_become_control_tokens():
   messages = [{"role": "system", "content": "Be brief."},
               {"role": "user", "content": "Question: " + HOSTILE}]

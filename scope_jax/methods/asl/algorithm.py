@@ -79,7 +79,8 @@ class Asl(Method):
                   "pm_samples", "pm_target_first", "pm_target", "stores.pg", "stores.pm",
                   "stores.grm")
   choices = {"prompt_style": tuple(P.STYLES), "pg_reward": R.PG_REWARDS, "grm_mode": GRM_MODES,
-             "adv_std": adv_lib.STD_KINDS, "phase_end": PHASE_ENDS}
+             "adv_std": adv_lib.STD_KINDS, "phase_end": PHASE_ENDS,
+             "verdict_rule": R.VERDICT_RULES}
   searches = True
   smoke = {"total_steps": 3, "asl.pg_batch": 2, "asl.grm_batch": 2, "asl.pm_batch": 2,
            "asl.group_size": 2, "asl.validity_samples": 2,
@@ -141,6 +142,7 @@ class Asl(Method):
     self.verification = load_verification(cfg.verification_data) \
         if cfg.verification_share > 0 else []
     self.parse = ParseGuard()
+    self.verdict = R.released_verdict if cfg.verdict_rule == "released" else R.parse_verdict
     # One policy plays all three roles; the frozen-GRM ablation judges with M0 instead.
     self.policy = rt.add_policy("policy")
     if cfg.grm_mode == "frozen":
@@ -174,7 +176,7 @@ class Asl(Method):
     """k GRM verdicts per (question, completion); malformed ones are None (and counted)."""
     role = self.roles["grm"]
     trajs = role.generate([role.prompt(self.prompts.grm(q, c)) for q, c in pairs], num_samples=k)
-    verdicts = [self.parse(R.parse_verdict, final_text(t), malformed=None) for t in trajs]
+    verdicts = [self.parse(self.verdict, final_text(t), malformed=None) for t in trajs]
     self._count("grm_verdicts", len(verdicts))
     self._count("grm_malformed", sum(v is None for v in verdicts))
     return [verdicts[i * k:(i + 1) * k] for i in range(len(pairs))]
@@ -379,11 +381,16 @@ class Asl(Method):
     role = self.roles["grm"]
     trajs = role.generate([role.prompt(self.prompts.grm(x["question"], x["response"]))
                            for x in items], num_samples=g)
-    preds = [self.parse(R.parse_verdict, final_text(t), malformed=None) for t in trajs]
+    preds = [self.parse(self.verdict, final_text(t), malformed=None) for t in trajs]
     self._count("grm_verdicts", len(preds))
     self._count("grm_malformed", sum(p is None for p in preds))
-    rewards = np.asarray([R.grm_reward(p, items[t.prompt_index]["score"])
-                          for t, p in zip(trajs, preds)])
+    if self.cfg.verdict_rule == "released":  # the stored label's words in the last <answer>
+      rewards = np.asarray([self.parse(R.released_grm_reward, final_text(t),
+                                       items[t.prompt_index]["score"], malformed=0.0)
+                            for t in trajs])
+    else:
+      rewards = np.asarray([R.grm_reward(p, items[t.prompt_index]["score"])
+                            for t, p in zip(trajs, preds)])
     m = metrics_lib.summarize(rewards, "grm/reward")  # agreement: what the phase's end reads
     m["grm/agreement"] = float(rewards.mean())
     for label in (0, 1):
@@ -411,7 +418,7 @@ class Asl(Method):
     trajs = self.answer([x["question"] for x in items], g)
     scored = self.score_answers([(items[t.prompt_index]["question"], t) for t in trajs])
     rewards = np.asarray([float(R.score(s)) for _, s in scored]).reshape(len(items), g)
-    flags = [R.difficulty_flag(float(r.mean())) for r in rewards]
+    flags = [R.difficulty_flag(float(r.mean()), cfg.harder_at_half) for r in rewards]
     self.upsert_pg([dict(x, flag=f) for x, f in zip(items, flags)])
     m = metrics_lib.summarize(rewards.reshape(-1), "pm/reward")
     m["pm/accuracy"] = float(rewards.mean())  # as judged by the GRM

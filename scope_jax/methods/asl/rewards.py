@@ -22,6 +22,11 @@ MAX_QUESTION_CHARS = 2_000
 MAX_ANSWER_CHARS = 500
 HARDER, EASIER = "HARDER", "EASIER"
 PG_REWARDS = ("entropy", "azr")
+# How a GRM verdict becomes a score: 'released' (asl3.py's `compute_score` for the gate, r_PM
+# and r_PG, and its sub-string match of the stored label for the GRM phase's reward) or 'paper'
+# (one strict parse of `<answer>conclusion: correct/wrong</answer>`, r_GRM = 1[ŝ = s]).
+VERDICT_RULES = ("released", "paper")
+_ANSWER = re.compile(r".*<answer>(.*?)</answer>", re.DOTALL)
 # "conclusion: correct/wrong" (Fig. 12); bounded: at most 40 characters between the two words.
 # A copied "correct/wrong" placeholder is no verdict.
 _VERDICT = re.compile(r"conclusion\s{0,4}[:：]?\s{0,40}\**\s{0,4}(correct|wrong|incorrect)\b(?!\s{0,4}/)",
@@ -80,10 +85,33 @@ def parse_verdict(text: str | None) -> int | None:
   found = _VERDICT.search(body[:MAX_ANSWER_CHARS])
   if found is not None:
     return int(found.group(1).lower() == "correct")
-  # A bare verdict, `<answer>correct</answer>`: the released code matches the word in the
-  # answer without the "conclusion:" label, so it counts here too.
+  # A bare verdict, `<answer>correct</answer>`, counts too (the released GRM-phase reward reads
+  # the word without the label; its scorer, `released_verdict`, gives such an answer 0).
   bare = body.strip().strip(".!*").strip().lower()
   return {"correct": 1, "wrong": 0, "incorrect": 0}.get(bare)
+
+
+def released_verdict(text: str | None) -> int | None:
+  """The released scorer (`compute_score`): the lower-cased text after the last "conclusion"
+  scores 0 if it holds "incorrect", else 1 if it holds "correct", else 0; None (scored 0, and
+  counted malformed) when the text has no "conclusion"."""
+  if text is None:
+    return None
+  text = str(text)[-MAX_TEXT:].lower()
+  if "conclusion" not in text:
+    return None
+  tail = text.rsplit("conclusion", 1)[-1]
+  return 0 if "incorrect" in tail else int("correct" in tail)
+
+
+def released_grm_reward(text: str | None, reference: int) -> float:
+  """The released GRM-phase reward (`subem`): 1 when the stored label, "correct" or "wrong",
+  occurs in the normalised body of the last <answer> ("No answer found." without one), so
+  "incorrect" agrees with a stored "correct" and a copied "correct/wrong" with either."""
+  found = _ANSWER.search(str(text or "")[-MAX_TEXT:])
+  body = found.group(1).strip() if found else ""
+  label = "correct" if int(reference) == 1 else "wrong"
+  return float(label in match.normalize(body or "No answer found."))
 
 
 def score(verdict: int | None) -> int:
@@ -166,9 +194,10 @@ def grm_reward(predicted: int | None, reference: int) -> float:
   return float(predicted is not None and int(predicted) == int(reference))
 
 
-def difficulty_flag(s_bar: float) -> str:
-  """HARDER when the PM's mean score s̄ > 0.5 (too easy), else EASIER."""
-  return HARDER if s_bar > 0.5 else EASIER
+def difficulty_flag(s_bar: float, harder_at_half: bool = False) -> str:
+  """HARDER when the PM's mean score s̄ > 0.5 (too easy; the paper's §3.4), or s̄ ≥ 0.5 with
+  `harder_at_half` (the released `score >= 0.5`), else EASIER."""
+  return HARDER if s_bar > 0.5 or (harder_at_half and s_bar == 0.5) else EASIER
 
 
 # ------------------------------------------------------------------------- phase termination

@@ -109,6 +109,7 @@ class OpenSir(Method):
   world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
   at_least_one = ("units_per_step", "groups_per_unit", "group_size", "num_solutions",
                   "math_timeout", "diversity_top_k")
+  choices = {"loss_unit": ("step", "unit")}
   smoke = {"total_steps": 1, "opensir.units_per_step": 2, "opensir.groups_per_unit": 2,
            "opensir.group_size": 2, "opensir.num_solutions": 2,
            "opensir.initial_pool.candidates": 2, "opensir.initial_pool.max_rounds": 1}
@@ -234,11 +235,12 @@ class OpenSir(Method):
 
   def select(self, cands: list[Candidate]):
     """Per unit: the teacher group with the most varied c and the student problem with the
-    highest c, with group z-score advantages; `<concepts>` masked out of the teacher rows."""
+    highest c, with group z-score advantages; `<concepts>` masked out of the teacher rows. With
+    `opensir.loss_unit='unit'` each row's advantage carries its unit's weight in TRL's loss."""
     cfg = self.cfg
     trajs: list[Trajectory] = []
     advs: list[float] = []
-    picked_groups, picked_problems = [], []
+    picked_groups, picked_problems, units = [], [], []
     for u in range(cfg.units_per_step):
       unit = [c for c in cands if c.unit == u]
       groups = [[c for c in unit if c.group == u * cfg.groups_per_unit + k]
@@ -255,6 +257,10 @@ class OpenSir(Method):
         advs += list(adv_lib.group_zscore([p.student_rewards], std="unbiased",
                                           eps=cfg.adv_eps)[0])
         picked_problems.append(p)
+      units += [u] * (len(trajs) - len(units))
+    if cfg.loss_unit == "unit":  # TRL's token-mean per micro-batch (a unit's 8 + 8 rows)
+      tokens = [int(t.loss_mask[t.prompt_len:].sum()) for t in trajs]
+      advs = list(np.asarray(advs) * R.unit_token_weights(tokens, units))
     return trajs, advs, picked_groups, picked_problems
 
   def mask_concepts(self, traj: Trajectory) -> Trajectory:

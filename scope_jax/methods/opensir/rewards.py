@@ -202,3 +202,18 @@ def concepts_mask(ids: Sequence[int], decode) -> np.ndarray:
   """[T] int32 loss mask of a teacher response with `<concepts>…</concepts>` (tags included)
   masked out: the concepts are a label for the pool, not part of the problem to learn."""
   return span_token_mask(ids, decode, tag_content(decode(list(ids)), "concepts"))
+
+
+def unit_token_weights(tokens: Sequence[int], units: Sequence[int]) -> np.ndarray:
+  """[rows] weights w_r = (T / U) / T_u(r), with T_u a unit's loss tokens, T their sum and U the
+  units with tokens. A global token-mean of w_r·A_r·(per-token term) is TRL's loss: the token
+  mean of each micro-batch (one unit), averaged over micro-batches. It holds for the policy
+  term, linear in A while the ratio is 1 (TRL's one iteration, `loss.recompute_old_logp`)."""
+  tokens_R = np.asarray(tokens, np.float64)
+  units_R = np.asarray(units)
+  per_unit = {u: tokens_R[units_R == u].sum() for u in set(units_R.tolist())}
+  live = [u for u, n in per_unit.items() if n > 0]
+  if not live:
+    return np.ones(len(tokens_R))
+  mean = tokens_R.sum() / len(live)
+  return np.asarray([mean / per_unit[u] if per_unit[u] > 0 else 0.0 for u in units_R.tolist()])

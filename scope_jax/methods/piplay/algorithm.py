@@ -219,18 +219,27 @@ class PiPlay(Method):
     role = self.roles["teacher"]
     return [role.prompt(self.prompts.teacher(r["privileged"], r["question"])) for r in records]
 
-  def teacher_inputs(self, records: Sequence[dict], trajs: Sequence[Trajectory]) -> list[list[int]]:
-    """The teacher's prompt per student rollout, its privileged part cut so that prompt and
-    response fit the teacher's context (Table 7: 8,192 tokens)."""
+  def teacher_inputs(self, records: Sequence[dict], trajs: Sequence[Trajectory],
+                     metrics: dict | None = None) -> list[list[int]]:
+    """The teacher's prompt per student rollout, cut so that prompt and response fit the
+    teacher's context (Table 7: 8,192 tokens). The privileged part (QCP) is cut first, from its
+    end; when the template and question alone leave no room, the prompt without the QCP is cut
+    from the left, as verl's `truncation='left'` does, so the question and the assistant header
+    next to the response stay. A long response never stops a run; `metrics` counts both cuts."""
     role, prompts = self.roles["teacher"], self.teacher_prompts(records)
-    out = []
+    out, cut, left = [], 0, 0
     for t in trajs:
-      room = role.max_context - (len(t.tokens) - t.prompt_len)
+      room = max(role.max_context - (len(t.tokens) - t.prompt_len), 1)
       ids = prompts[t.prompt_index]
       if len(ids) > room:
         r = records[t.prompt_index]
-        ids = role.prompt(self.prompts.teacher(r["privileged"], r["question"]), limit=max(room, 1))
+        ids, from_left = fit_teacher(role, self.prompts.teacher("", r["question"]),
+                                     self.prompts.teacher(r["privileged"], r["question"]), room)
+        cut, left = cut + 1, left + from_left
       out.append(ids)
+    if metrics is not None:
+      metrics.update({"teacher/truncated_rows": float(cut),
+                      "teacher/left_truncated_rows": float(left)})
     return out
 
   def privileged(self, q: Question, it: int, index: int) -> str:
@@ -294,7 +303,7 @@ class PiPlay(Method):
     advs = adv_lib.group_zscore(np.reshape(rewards, (b, cfg.group_size)), std=cfg.adv_std,
                                 eps=cfg.adv_eps).reshape(-1)
     lam = self.distill_coef(it)
-    teacher_ids = self.teacher_inputs(picked, trajs) if lam > 0 else None
+    teacher_ids = self.teacher_inputs(picked, trajs, metrics) if lam > 0 else None
     loss = dataclasses.replace(self.student.loss, distill_coef=lam)
     metrics.update(self.rt.train(self.student, trajs, advs, loss=loss, teacher="teacher",
                                  teacher_prompts=teacher_ids))
@@ -439,6 +448,15 @@ class PiPlay(Method):
                    f"{ex['student answer']!r}, teacher {ex['teacher answer']!r}")
       lines.append("    QCP: " + " ".join(ex["teacher sees"].split())[-300:])
     return "\n".join(lines)
+
+
+def fit_teacher(role, bare, full, room: int) -> tuple[list[int], bool]:
+  """(ids, cut from the left): the teacher prompt `full` with its QCP cut to `room` tokens, or,
+  when `bare` (the same prompt without a QCP) is itself over `room`, `bare`'s last `room` tokens."""
+  bare_ids = role.prompt(bare)
+  if len(bare_ids) > room:
+    return list(bare_ids[-room:]), True
+  return role.prompt(full, limit=room), False
 
 
 METHOD = PiPlay

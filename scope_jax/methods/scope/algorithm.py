@@ -117,10 +117,12 @@ class Scope(Method):
                        "0 <= low <= high <= 1.")
     if not 1 <= s.min_criteria <= s.max_criteria:
       raise ValueError("scope.min_criteria must be at least 1 and at most scope.max_criteria.")
-    sampling = tuple(s.stage1_solver_sampling)
-    if sampling and (len(sampling) != 2 or not 0.0 < sampling[1] <= 1.0):
-      raise ValueError(f"scope.stage1_solver_sampling={sampling} must be (temperature, top_p) "
-                       "with top_p in (0, 1], or () for the Solver role's own settings.")
+    for name, sampling in (("stage1_solver_sampling", s.stage1_solver_sampling),
+                           ("task_set.solver_sampling", s.task_set.solver_sampling)):
+      sampling = tuple(sampling)
+      if sampling and (len(sampling) != 2 or not 0.0 < sampling[1] <= 1.0):
+        raise ValueError(f"scope.{name}={sampling} must be (temperature, top_p) with top_p in "
+                         "(0, 1], or () for the Solver role's own settings.")
     for name in ("challenger", "solver"):
       try:
         optim_settings(c, s[f"{name}_optim"])
@@ -381,7 +383,7 @@ class Scope(Method):
     while len(tasks) < target and rounds < ts.max_rounds:
       picks = pool[rounds * ts.candidates_per_round:(rounds + 1) * ts.candidates_per_round]
       cands = self.propose(picks, ts.samples_per_document)
-      self.evaluate(cands, ts.solver_rollouts, stats)
+      self.evaluate(cands, ts.solver_rollouts, stats, ts.solver_sampling)
       for c in cands:
         key = R.rubric_key(c.criteria)
         if c.gate and c.g_bar is not None and R.in_difficulty_window(c.g_bar, lo, hi) \
@@ -413,7 +415,7 @@ class Scope(Method):
   def solver_parts(self, traj: Trajectory, grade: float | None) -> dict[str, float]:
     answer = traj.final("answer") or ""
     n = len(self.rt.tokenizer.encode(answer, add_special_tokens=False)) if answer else 0
-    fmt = self.guard(R.solver_format, traj, malformed=0.0)
+    fmt = self.guard(R.solver_format, traj, self.cfg.rewards_as_released, malformed=0.0)
     return {"reward": R.solver_reward(grade, n, fmt, traj.num_searches),
             "rubric": grade if grade is not None else 0.0, "length_penalty": R.length_penalty(n),
             "format": fmt, "search": R.search_reward(traj.num_searches), "answer_tokens": n,

@@ -55,14 +55,23 @@ def search_reward(valid_searches: int, target: int = 3) -> float:
 
 # ------------------------------------------------------------------------------- format scores
 
-def think_share(turns: Sequence[str], opening: bool = False) -> float:
-  """Fraction of assistant turns with a <think>…</think> block anywhere in them (App. F.1), or,
-  with `opening`, one the turn opens with (the released Challenger reward's `^\\s*<think>`)."""
+THINK_RULES = ("closed", "opening", "tag")
+
+
+def think_share(turns: Sequence[str], rule: str = "closed") -> float:
+  """Fraction of assistant turns that think: 'closed', a <think>…</think> block anywhere (App.
+  F.1); 'opening', one the turn opens with (the released Solver reward's `^\\s*<think>(.*?)
+  </think>`); 'tag', a `<think>` anywhere, closed or not (the released Challenger reward's
+  `re.search("<think>", content)` on the original messages)."""
+  if rule not in THINK_RULES:
+    raise ValueError(f"Unknown think rule {rule!r}; valid: {', '.join(THINK_RULES)}.")
   if not turns:
     return 0.0
-  if opening:
+  if rule == "opening":
     return sum(t.lstrip().startswith("<think>") and _has_think(t.lstrip()[:MAX_TEXT])
                for t in turns) / len(turns)
+  if rule == "tag":
+    return sum("<think>" in t[:MAX_TEXT] for t in turns) / len(turns)
   return sum(_has_think(t[:MAX_TEXT]) for t in turns) / len(turns)
 
 
@@ -96,7 +105,7 @@ def task_question(turns: Sequence[str], form: str = "question") -> str | None:
 def challenger_format(traj: Trajectory, required_searches: int, released: bool = False,
                       form: str = "question") -> float:
   """(think + tool + structure) / 3; tool = valid searches / required, clamped to [0, 1]. As
-  released: a turn thinks when it opens with <think>, and tool = max(valid − invalid, 0) /
+  released: a turn thinks when it has a `<think>` anywhere, and tool = max(valid − invalid, 0) /
   required (an invalid call or a failed search cancels a valid one)."""
   turns = traj.turn_texts()
   searches = traj.num_searches
@@ -105,11 +114,12 @@ def challenger_format(traj: Trajectory, required_searches: int, released: bool =
     searches = max(searches - invalid, 0)
   tool = min(max(searches / max(required_searches, 1), 0.0), 1.0)
   structure = float(bool(turns) and well_formed_task(turns[-1], form))
-  return (think_share(turns, opening=released) + tool + structure) / 3.0
+  return (think_share(turns, "tag" if released else "closed") + tool + structure) / 3.0
 
 
-def solver_format(traj: Trajectory) -> float:
-  """(think + tool + answer) / 3; tool = min(valid searches in non-final turns / (turns − 1), 1)."""
+def solver_format(traj: Trajectory, released: bool = False) -> float:
+  """(think + tool + answer) / 3; tool = min(valid searches in non-final turns / (turns − 1), 1).
+  As released, a turn thinks only when it opens with <think>…</think>."""
   turns = traj.turn_texts()
   if not turns:
     return 0.0
@@ -117,7 +127,7 @@ def solver_format(traj: Trajectory) -> float:
   searches = sum(1 for c in traj.tool_calls if c.error is None and c.turn < final_turn)
   tool = min(searches / final_turn, 1.0) if final_turn > 0 else 0.0
   answer = float(bool(extract_tag(turns[-1][-MAX_TEXT:], "answer")))
-  return (think_share(turns) + tool + answer) / 3.0
+  return (think_share(turns, "opening" if released else "closed") + tool + answer) / 3.0
 
 
 # ------------------------------------------------------------------------------- rubrics

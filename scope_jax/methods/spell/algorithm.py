@@ -67,12 +67,14 @@ class Spell(Method):
   answering_role = "responder"  # held-out evaluation scores it (config.eval)
   world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
   at_least_one = ("questions_per_step", "group_size", "docs_per_question", "max_generation_rounds")
-  choices = {"tasks": R.TASKS, "reward_mapping": MAPPINGS, "prompt_style": tuple(STYLES)}
+  choices = {"tasks": R.TASKS, "reward_mapping": MAPPINGS, "prompt_style": tuple(STYLES),
+             "verifier_selection": R.VERIFIER_SELECTIONS, "fill_rule": ("grounded", "variance"),
+             "adv_std": adv_lib.STD_KINDS}
   # G = 4 in a smoke run: the verifier trains on groups whose agreement is in (0.5, 1), which
   # two votes never have.
   smoke = {"total_steps": 1, "spell.questions_per_step": 2, "spell.group_size": 4,
-           "spell.max_generation_rounds": 1, "spell.docs_per_question": 2,
-           "data.max_cluster_size": 3}
+           "spell.max_generation_rounds": 1, "spell.generation_batch": 0,
+           "spell.docs_per_question": 2, "data.max_cluster_size": 3}
 
   @classmethod
   def players(cls, c) -> Players:
@@ -86,6 +88,9 @@ class Spell(Method):
   def check(cls, c) -> None:
     if not c.data.num_clusters and c.data.cluster_size < 1:
       raise ValueError("Set data.num_clusters or a positive data.cluster_size.")
+    if not 0 <= c.spell.verifier_update_ratio <= 1:
+      raise ValueError(f"spell.verifier_update_ratio={c.spell.verifier_update_ratio} must be in "
+                       "[0, 1]: verifier rows per responder row (the released 0.125 = 1/G).")
     lo, hi = c.spell.verifier_agreement
     if not 0 < lo < hi < 1:
       raise ValueError(f"spell.verifier_agreement={tuple(c.spell.verifier_agreement)} must be "
@@ -154,9 +159,16 @@ class Spell(Method):
       fields.update({f"choice_{k}": v for k, v in proposal.options.items()})
     return self.responder.render(f"responder_{task}", fit=("context", "question"), **fields)
 
-  def verifier_prompt(self, proposal: R.Proposal, response: Trajectory) -> list[int]:
+  def verifier_prompt(self, proposal: R.Proposal, response: Trajectory) -> list[int] | None:
+    """The verifier's prompt for one response, or None when the response states no final answer
+    and `spell.verify_unanswered` is off (the released trainer then skips verification and the
+    response keeps its rule score); on, the verifier judges the response's last 300 characters."""
     text = rollout.plain_response(self.rt.tokenizer, response)  # the answer, never its <|im_end|>
-    answer = match.extract_final_answer(text) or text[-300:]
+    answer = match.extract_final_answer(text)
+    if answer is None:
+      if not self.cfg.verify_unanswered:
+        return None
+      answer = text[-300:]
     return self.verifier.render("verifier", problem=proposal.display(), answer_1=proposal.answer,
                                 answer_2=answer, fit=("answer_2", "problem", "answer_1"))
 
@@ -211,11 +223,17 @@ class Spell(Method):
       q.responses = responses[k * g:(k + 1) * g]
       q.rule = [self.parse(R.rule_score, t.response_text(), q.proposal.answer, q.task,
                            malformed=0.0) for t in q.responses]
-    verdicts = self.verifier.generate([self.verifier_prompt(q.proposal, t)
-                                       for q in live for t in q.responses], num_samples=g)
+    prompts = [self.verifier_prompt(q.proposal, t) for q in live for t in q.responses]
+    asked = [p for p in prompts if p is not None]
+    generated = iter(self.verifier.generate(asked, num_samples=g) if asked else [])
     for k, q in enumerate(live):
       for i in range(g):
-        row = verdicts[(k * g + i) * g:(k * g + i + 1) * g]
+        if prompts[k * g + i] is None:  # no answer to judge: no vote, no verifier group
+          q.verdicts.append([])
+          q.votes.append(0)
+          q.ver_rewards.append([])
+          continue
+        row = [next(generated) for _ in range(g)]
         judged = [self.parse(R.parse_verdict, t.response_text(), malformed=None) for t in row]
         vote = R.majority(judged)
         q.verdicts.append(row)
@@ -235,20 +253,35 @@ class Spell(Method):
     cfg = self.cfg
     questions: list[Question] = []
     rounds = 0
-    while sum(q.status in ("ok", "zero_variance") for q in questions) < cfg.questions_per_step \
-        and rounds < cfg.max_generation_rounds:
-      batch = self.propose(cfg.questions_per_step)
+    while self.filled(questions) < cfg.questions_per_step and rounds < cfg.max_generation_rounds:
+      batch = self.propose(cfg.generation_batch or cfg.questions_per_step)
       self.grounding_filter(batch)
       self.respond_and_verify(batch)
       questions += batch
       rounds += 1
+    short = max(cfg.questions_per_step - self.filled(questions), 0)
+    if short and cfg.fill_rule == "variance":
+      logging.warning("Step %d: %d of %d responder groups with reward variance after %d rounds "
+                      "of %d questions; the update is short (raise spell.max_generation_rounds "
+                      "or spell.generation_batch).", step, cfg.questions_per_step - short,
+                      cfg.questions_per_step, rounds, cfg.generation_batch or
+                      cfg.questions_per_step)
     trajs, advs, counts = self.select_and_advantage(questions)
     self.rt.metrics.samples(step, self.sample_records(questions))  # before the update
     metrics = self.step_metrics(questions, counts, rounds)
+    metrics["fill_shortfall"] = float(short)
     metrics.update(self.rt.train(self.policy, trajs, advs))
     if not trajs:
       logging.info("Step %d: no group had reward variance; no update.", step)
     return metrics
+
+  def filled(self, questions: list[Question]) -> int:
+    """How far a step's batch is filled: grounded questions ('grounded', the paper's N
+    questions), or responder groups with reward variance ('variance', the released trainer's
+    stop rule)."""
+    if self.cfg.fill_rule == "variance":
+      return sum(_has_variance(q) for q in questions)
+    return sum(q.status in ("ok", "zero_variance") for q in questions)
 
   def select_and_advantage(self, questions: list[Question]):
     """Role-specific dynamic sampling (§4.3) and per-role advantages for one unified update."""
@@ -256,10 +289,12 @@ class Spell(Method):
     trajs: list[Trajectory] = []
     advs: list[float] = []
     # Responder: groups with non-zero reward variance, z-scored within the group.
-    kept = [q for q in questions if q.responses and np.std(q.res_rewards) > 0]
+    kept = [q for q in questions if _has_variance(q)]
+    if cfg.fill_rule == "variance":
+      kept = kept[:cfg.questions_per_step]  # the released trainer cuts to exactly N × G rows
     for q in kept:
       trajs += q.responses
-      advs += list(adv_lib.group_zscore([q.res_rewards], eps=cfg.adv_eps)[0])
+      advs += list(adv_lib.group_zscore([q.res_rewards], std=cfg.adv_std, eps=cfg.adv_eps)[0])
     # Questioner: the kept questions are positives; an equal number of negatives (r_que ≤ 0).
     negatives = [q for q in questions if q.reward <= 0]
     n_neg = min(len(negatives), int(round(cfg.questioner_negative_ratio * len(kept))))
@@ -267,26 +302,35 @@ class Spell(Method):
                            self.rng.choice(len(negatives), n_neg, replace=False)] if n_neg else list(kept)
     if picked:
       a = adv_lib.batch_zscore([q.reward for q in picked], keys=[q.task for q in picked],
+                               std=cfg.adv_std,
                                eps=cfg.adv_eps)
       trajs += [q.traj for q in picked]
       advs += list(a)
-    # Verifier: groups whose agreement is in [lo, hi]; consistent with the rule check first,
-    # conflicting ones subsampled to the number of questions.
-    consistent, conflicting = [], []
-    lo, hi = cfg.verifier_agreement
-    for q in questions:
-      for i, rewards in enumerate(q.ver_rewards):
-        agree = float(np.mean([r == 1.0 for r in rewards]))
-        if lo <= agree <= hi:
-          (consistent if q.votes[i] == int(q.rule[i] >= 1.0) else conflicting).append((q, i))
-    if len(conflicting) > len(questions):
-      conflicting = [conflicting[j] for j in self.rng.choice(len(conflicting), len(questions),
-                                                              replace=False)]
+    # Verifier: groups whose agreement is in [lo, hi] (§4.3), chosen by `verifier_selection`.
+    groups = [(q, i, q.votes[i] == int(q.rule[i] >= 1.0), rewards)
+              for q in questions for i, rewards in enumerate(q.ver_rewards) if rewards]
+    if cfg.verifier_selection == "released":
+      chosen, candidates = R.released_verifier_groups(
+          [(c, r) for _, _, c, r in groups], len(kept) * cfg.group_size,
+          cfg.verifier_update_ratio, cfg.group_size, cfg.verifier_agreement, self.rng)
+      consistent, conflicting = [groups[j][:2] for j in chosen], []
+    else:
+      consistent, conflicting = [], []
+      lo, hi = cfg.verifier_agreement
+      for q, i, agrees_with_rule, rewards in groups:
+        if lo <= float(np.mean([r == 1.0 for r in rewards])) <= hi:
+          (consistent if agrees_with_rule else conflicting).append((q, i))
+      candidates = len(consistent) + len(conflicting)
+      if len(conflicting) > len(questions):
+        conflicting = [conflicting[j] for j in self.rng.choice(len(conflicting), len(questions),
+                                                                replace=False)]
     for q, i in consistent + conflicting:
       trajs += q.verdicts[i]
-      advs += list(adv_lib.group_zscore([q.ver_rewards[i]], eps=cfg.adv_eps)[0])
+      advs += list(adv_lib.group_zscore([q.ver_rewards[i]], std=cfg.adv_std,
+                                        eps=cfg.adv_eps)[0])
     counts = {"train/responder_groups": len(kept), "train/questioner_samples": len(picked),
-              "train/verifier_groups": len(consistent) + len(conflicting)}
+              "train/verifier_groups": len(consistent) + len(conflicting),
+              "train/verifier_candidates": candidates}
     return trajs, advs, counts
 
   # ----------------------------------------------------------------------- metrics and state
@@ -307,12 +351,14 @@ class Spell(Method):
     m.update(metrics_lib.summarize([r for q in answered for r in q.res_rewards], "responder/reward"))
     m.update(metrics_lib.summarize([r for q in answered for r in q.rule], "responder/rule"))
     ver = [r for q in answered for rows in q.ver_rewards for r in rows]
-    m["verifier/votes"] = sum(len(q.votes) for q in answered)
+    m["verifier/votes"] = sum(bool(r) for q in answered for r in q.ver_rewards)
+    m["verifier/skipped_unanswered"] = sum(not r for q in answered for r in q.ver_rewards)
     m.update(metrics_lib.summarize(ver, "verifier/reward"))
     if ver:
       m["verifier/agreement"] = float(np.mean([r == 1.0 for r in ver]))
       m["verifier/share_invalid"] = float(np.mean([r < 0 for r in ver]))
-      m["verifier/share_yes_votes"] = float(np.mean([v for q in answered for v in q.votes]))
+      m["verifier/share_yes_votes"] = float(np.mean([v for q in answered
+                                                     for v, r in zip(q.votes, q.ver_rewards) if r]))
     m["memory/clusters_with_history"] = len(self.memory.to_json())
     m["parse_errors"] = self.parse.take()
     return m
@@ -325,7 +371,8 @@ class Spell(Method):
       if q.responses:
         rec["responses (reward)"] = "\n---\n".join(
             f"({r:.2f}) {t.response_text()[-400:]}" for t, r in zip(q.responses[:3], q.res_rewards))
-        rec["verdicts"] = "\n---\n".join(t.response_text()[-200:] for t in q.verdicts[0][:3])
+        rec["verdicts"] = "\n---\n".join(t.response_text()[-200:] for t in
+                                          next((v for v in q.verdicts if v), [])[:3])
       out.append(rec)
     return out
 
@@ -338,6 +385,10 @@ class Spell(Method):
 
   def summary(self) -> str:
     return f"  history memory: {len(self.memory.to_json())} clusters with solvable questions"
+
+
+def _has_variance(q: Question) -> bool:
+  return bool(q.responses) and float(np.std(q.res_rewards)) > 0
 
 
 METHOD = Spell

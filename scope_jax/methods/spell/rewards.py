@@ -16,6 +16,10 @@ from scope_jax.rewards import match
 from scope_jax.methods.spell.difficulty import questioner_difficulty
 
 TASKS = ("doc_qa", "doc_mc", "doc_math")
+# Which verifier groups train: 'paper' (§4.3: consistent ones, plus conflicting ones up to the
+# number of questions) or 'released' (the released trainer: consistent ones only, a sample sized
+# by the responder batch).
+VERIFIER_SELECTIONS = ("paper", "released")
 BAD_FORMAT = -1.0
 UNGROUNDED = -0.5
 INVALID_VERDICT = -1.0
@@ -128,3 +132,24 @@ def questioner_reward(responder_rewards: Sequence[float], mapping: str = "gaussi
     return 0.0
   p = sum(responder_rewards) / len(responder_rewards)
   return questioner_difficulty(p, mapping)
+
+
+def released_verifier_groups(groups: Sequence[tuple[bool, Sequence[float]]], responder_rows: int,
+                             ratio: float, group_size: int, band: tuple[float, float],
+                             rng) -> tuple[list[int], int]:
+  """(indices of the verifier groups to train, how many were eligible), as the released trainer
+  picks them: a group (consistent with the rule check, its rewards) is eligible when its vote
+  agrees with the rule and the share of its *valid* judgments that agree with the vote is in
+  `band`; int(responder_rows · ratio / G) of them are drawn at random, and none at all when fewer
+  are eligible than that (the released `_build_final_judge_batch` then skips the verifier)."""
+  lo, hi = band
+  eligible = []
+  for j, (consistent, rewards) in enumerate(groups):
+    valid = [r for r in rewards if r >= 0]
+    if consistent and valid and lo <= sum(r == 1.0 for r in valid) / len(valid) <= hi:
+      eligible.append(j)
+  target = int(responder_rows * ratio / group_size)
+  if target > len(eligible) or target == 0:
+    return [], len(eligible)
+  return sorted(int(eligible[k]) for k in rng.choice(len(eligible), target, replace=False)), \
+      len(eligible)
