@@ -51,7 +51,10 @@ CHATTY = ("/orbax/", "xla_bridge.py", "faiss/loader.py")  # libraries whose INFO
 
 
 def quiet_chatty_libraries() -> None:
-  """Only warnings and errors from `CHATTY` libraries reach the absl log (the entrypoints')."""
+  """Only warnings and errors from `CHATTY` libraries reach the absl log (the entrypoints'), and
+  no log line is longer than the console's limit."""
+  from scope_jax.core import console  # pylint: disable=g-import-not-at-top
+  console.clip_log_lines()
   logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= std_logging.WARNING or not any(q in r.pathname for q in CHATTY))
 

@@ -25,7 +25,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 1  # save a checkpoint every this many steps (and at the end)
   c.keep_checkpoints = 3  # newest checkpoints kept on disk
   c.async_checkpoint = True  # save in the background while the next step runs
-  c.progress = True  # progress bars for steps and rollouts
+  c.progress = True  # progress bars for steps and rollouts (only when stderr is a terminal)
   c.overwrite = False  # start over in a workdir that holds metrics but no checkpoint
   c.smoke = False  # this preset at the smallest sizes on one machine and a real model (core/smoke.py)
 

@@ -19,6 +19,7 @@ from absl import logging
 from etils import epath
 
 from scope_jax import distributed
+from scope_jax.core import console
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import evaluator as eval_lib
 from scope_jax.retrieval import search
@@ -163,7 +164,5 @@ class Evaluations:
                                records, step=None if updates == 0 else updates - 1, label=label,
                                extra={"role": self.role.name, "updates": updates})
       out.update({f"eval/{bench.name}/{k}": v for k, v in metrics.items()})
-      logging.info("eval after %d updates: %s %s", updates, bench.name,
-                   ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())
-                             if not k.startswith("time/")))
+      logging.info("%s", console.eval_line(updates, bench.name, metrics, len(bench.examples)))
     return out

@@ -26,6 +26,7 @@ from scope_jax import run_record
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
 from scope_jax.core import bounds
+from scope_jax.core import console
 from scope_jax.core import evals as evals_lib
 from scope_jax.core import health as health_lib
 from scope_jax.core import smoke
@@ -204,7 +205,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   health = health_lib.Health()  # counts updates that could not teach (this process's steps)
   run_start = time.perf_counter()
   bar = tqdm(total=config.total_steps, initial=start, desc=f"{config.method} steps", unit="step",
-             disable=jax.process_index() != 0)
+             disable=jax.process_index() != 0 or not console.progress_on(config.progress))
   for step in range(start, config.total_steps):
     engine_lib.free_caches()  # every step starts from empty caches, as a resumed run does
     rt.timer.reset()
@@ -218,8 +219,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     for warning in health.observe(metrics):
       logging.warning("step %d: %s.", step, warning)
     last = rt.metrics.write(step, metrics)
-    logging.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())
-                                                  if not k.startswith("time/")))
+    logging.info("%s", console.step_line(step, config.total_steps, last))  # the rest: metrics.jsonl
     host = method.host_state()
     distributed.check_agree(f"step {step}'s host state",  # multi-host: every host decided alike
                             {k: v for k, v in host.items() if k not in method.host_local_keys})
@@ -245,10 +245,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         f"{wall:.1f}s; workdir {workdir}")
   if last:
     keys = [k for k in sorted(last) if k.startswith("time/") or k.endswith("/reward/mean")]
-    print("  " + "; ".join(f"{k} {last[k]:.3g}" for k in keys))
+    print(console.clip("  " + "; ".join(f"{k} {last[k]:.3g}" for k in keys), console.MAX_LINE))
   text = method.summary()
   if text:
-    print(text)
+    print(console.clip(text, console.MAX_LINE))
   warning = health.summary()
   if warning:
     print(warning)
