@@ -93,6 +93,10 @@ class MetricsWriter:
       self._tb = events.EventsWriter(self.workdir / "tb",  # a new events file per start
                                      purge_step=keep + 1 if resume_step is not None else None)
 
+  def rows(self) -> list[dict]:
+    """The records kept so far (this process's; none where writing is off)."""
+    return [json.loads(line) for line in self._lines]
+
   def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
     clean = {k: s for k, v in metrics.items() if (s := _scalar(v)) is not None}
     bad = sorted(k for k, v in metrics.items() if k not in clean and _is_number(v))

@@ -48,6 +48,12 @@ def due(updates: int, config: ml_collections.ConfigDict) -> bool:
       updates % every == 0 or updates == config.total_steps)
 
 
+def done(rows, updates: int) -> bool:
+  """Whether metrics `rows` hold the evaluation after `updates` updates (its row is written
+  only once every benchmark is scored)."""
+  return any(r.get("eval/updates") == updates for r in rows)
+
+
 def searches_own_world(config: ml_collections.ConfigDict) -> bool:
   """Whether the run searches world `world.seed`'s documents alone, so that its world questions
   can use the run's own tool (no other corpus, no other worlds' pages)."""

@@ -199,8 +199,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       engine_lib.free_caches()
       rt.metrics.write(updates, evaluations.run(updates))
 
+  final_eval = False  # the evaluation after the last update, run again: it was cut short
   if start < config.total_steps:
     evaluate(start)
+  elif (start == config.total_steps and evaluations is not None
+        and evals_lib.due(start, config)
+        and distributed.broadcast_int(not evals_lib.done(rt.metrics.rows(), start))):
+    logging.warning("The evaluation after the last update (%d) is missing: the run stopped "
+                    "during it. Running it now.", start)
+    evaluate(start)
+    final_eval = True
   last: dict[str, float] = {}
   health = health_lib.Health()  # counts updates that could not teach (this process's steps)
   run_start = time.perf_counter()
@@ -236,6 +244,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     logging.info("Learning curves: %s", report.plot(workdir))
   wall = time.perf_counter() - run_start
   if not distributed.is_primary():  # the summary is printed once
+    return last
+  if final_eval:
+    print(f"Ran the missing evaluation after the last of {config.total_steps} steps of "
+          f"{config.method} in {workdir}.")
     return last
   if start >= config.total_steps:
     print(f"Nothing to run: {config.total_steps} steps of {config.method} are already done in "
