@@ -10,6 +10,8 @@ import re
 import sys
 from typing import Mapping
 
+from absl import logging
+
 MAX_LINE = 400  # characters per console line, the log prefix included
 _PREFIX = 60  # room for absl's prefix ("I1128 23:50:18.527160 139798388042624 runner.py:221] ")
 _REWARD = re.compile(r"^(.+)/(?:reward|outcome)/mean$")  # π-Play's student reports an outcome
@@ -69,7 +71,6 @@ class ClipLines(std_logging.Filter):
 
 def clip_log_lines() -> None:
   """Installs `ClipLines` on absl's handler (once)."""
-  from absl import logging  # pylint: disable=g-import-not-at-top
   handler = logging.get_absl_handler()
   if not any(isinstance(f, ClipLines) for f in handler.filters):
     handler.addFilter(ClipLines())

@@ -150,8 +150,10 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, warm_start: bool =
   module = validate(config)
   workdir = ckpt_lib.absolute(workdir)
   check_writable(workdir)
-  metrics_lib.check_fresh(workdir, bool(ckpt_lib.Checkpointer.list_steps(f"{workdir}/checkpoints")),
-                          config.overwrite)
+  resumable = bool(ckpt_lib.Checkpointer.list_steps(f"{workdir}/checkpoints"))
+  metrics_lib.check_fresh(workdir, resumable, config.overwrite)
+  if config.overwrite and not resumable:  # starting over: nothing of the old run is reused
+    clear_derived(workdir)
   rt = Runtime(config, workdir)
   method = module.make_method(rt)
   if warm_start:
@@ -160,6 +162,20 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, warm_start: bool =
       logging.info("Warm-up: %s", info)
     rt.release_base()  # after the warm-up, which rebases on the warmed weights
   return rt, method
+
+
+DERIVED = ("world", "warm_start")  # what a run writes for itself besides metrics and checkpoints
+
+
+def clear_derived(workdir: str) -> None:
+  """Removes a workdir's world files and warm-up (`overwrite`: a new run there reuses neither)."""
+  if distributed.is_primary():
+    for name in DERIVED:
+      path = epath.Path(workdir) / name
+      if path.exists():
+        logging.info("overwrite: removing %s", path)
+        path.rmtree()
+  distributed.barrier("clear_derived")
 
 
 def check_writable(workdir: str) -> None:
