@@ -137,7 +137,8 @@ def check_fresh(workdir, has_checkpoint: bool, overwrite: bool, records=None) ->
   would be appended to the first)."""
   records = read_jsonl(epath.Path(workdir) / "metrics.jsonl") if records is None else records
   if records and not has_checkpoint and not overwrite:
-    raise ValueError(f"{workdir} holds metrics of {len(records)} steps but no checkpoint to "
+    steps = len({r.get("step") for r in records if "eval/updates" not in r})
+    raise ValueError(f"{workdir} holds metrics of {steps} steps but no checkpoint to "
                      "resume from; use a new --workdir, or pass --config.overwrite=true to start "
                      "over there.")
 
