@@ -44,7 +44,8 @@ def test_eval_line():
   chex.assert_equal(console.eval_line(10, "hop1", {"pass@1": 0.25, "pass@4": 0.5,
                                                    "time/seconds": 3.0}, 300),
                     "eval after 10 updates: hop1 pass@1 0.25 (300 questions)")
-  chex.assert_equal(console.eval_line(0, "x", {"b": 1.0, "a": 2.0}), "eval after 0 updates: x a 2, b 1")
+  chex.assert_equal(console.eval_line(0, "x", {"b": 1.0, "a": 2.0}),
+                    "eval after 0 updates: x a 2, b 1")
 
 
 def test_clip_cuts_every_line():

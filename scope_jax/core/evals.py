@@ -70,14 +70,21 @@ def validate(config: ml_collections.ConfigDict, method_cls) -> None:
   if not e.benchmarks:
     raise ValueError(f"eval.every={e.every} needs eval.benchmarks (built-ins, "
                      "file:<path>:<type> or world:<set>).")
-  names = [s.strip() for s in str(e.benchmarks).split(",") if s.strip()]
-  for n in names:
+  items, seen = [s.strip() for s in str(e.benchmarks).split(",") if s.strip()], {}
+  for n in items:
     if n.startswith(WORLD_PREFIX):
       if n[len(WORLD_PREFIX):] not in GOLD_SETS:
         raise ValueError(f"eval.benchmarks: {n!r} is not a world gold set; choose from "
                          f"{', '.join(WORLD_PREFIX + s for s in GOLD_SETS)}.")
+      name, path = n[len(WORLD_PREFIX):], None
     else:
-      bench_lib.parse_specs(n)
+      name, _, path = bench_lib.parse_specs(n)[0]
+    if name in seen:  # results and metrics go by name: a second one would overwrite the first
+      raise ValueError(f"eval.benchmarks: {seen[name]!r} and {n!r} are both named {name!r}; name "
+                       "each benchmark once (a file benchmark is named by its file stem).")
+    seen[name] = n
+    if path is not None and "://" not in path and not epath.Path(path).exists():
+      raise ValueError(f"eval.benchmarks: {n!r}: the file {path} does not exist.")
   if e.get("num_samples", 1) < 1:
     raise ValueError(f"eval.num_samples={e.num_samples}: it must be at least 1.")
   if not e.get("temperature", 0.0) >= 0:  # NaN fails too

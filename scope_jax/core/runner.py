@@ -229,7 +229,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   health = health_lib.Health()  # counts updates that could not teach (this process's steps)
   run_start = time.perf_counter()
   bar = tqdm(total=config.total_steps, initial=start, desc=f"{config.method} steps", unit="step",
-             disable=jax.process_index() != 0 or not console.progress_on(config.progress))
+             disable=(jax.process_index() != 0
+                      or not console.progress_on(config.get("progress", True))))
   for step in range(start, config.total_steps):
     engine_lib.free_caches()  # every step starts from empty caches, as a resumed run does
     rt.timer.reset()

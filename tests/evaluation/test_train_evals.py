@@ -153,6 +153,12 @@ def test_the_summary_says_how_alike_the_final_answers_are(tmp_path):
      "from other worlds"),
     ({"eval.every": 1, "eval.benchmarks": "world:hop1", "eval.prompt": "role"},
      "copy_qa has no answering prompt of its own"),
+    ({"eval.every": 1, "eval.benchmarks": "world:doc,world:doc", "eval.role": "answerer"},
+     "'world:doc' and 'world:doc' are both named 'doc'"),
+    ({"eval.every": 1, "eval.benchmarks": "world:doc,file:/runs/x/world/gold/doc.jsonl:qa",
+      "eval.role": "answerer"}, "are both named 'doc'"),
+    ({"eval.every": 1, "eval.benchmarks": "file:/nonexistent/q.jsonl:qa", "eval.role": "answerer"},
+     "the file /nonexistent/q.jsonl does not exist"),
 ])
 def test_bad_eval_or_control_settings_name_the_fix(overrides, message):
   with pytest.raises(ValueError, match=re.escape(message)):
