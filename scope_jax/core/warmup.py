@@ -35,6 +35,7 @@ from absl import logging
 from etils import epath
 
 from scope_jax import assets, distributed
+from scope_jax import checkpoint as ckpt_lib
 from scope_jax.data import DEMO_MODEL
 from scope_jax.models import hf_io
 from scope_jax.rl import sft
@@ -131,7 +132,11 @@ def warm_start(rt, method) -> dict[str, float]:
   demos = demonstrations(method, rt.config)
   key, digest = settings_key(rt.config, rt.model_config), demos_digest(demos)
   stamp = f"{key}-{digest}"  # what the fit depends on: another warm-up is never reused
-  if distributed.broadcast_int(stamp_of(local) == stamp):  # process 0's view, for all
+  mine = stamp_of(local)
+  if mine is None and (local / "config.json").exists() and ckpt_lib.Checkpointer.list_steps(
+      f"{rt.workdir}/checkpoints"):
+    mine = stamp  # saved before warm-ups were stamped, by the run being resumed: its own
+  if distributed.broadcast_int(mine == stamp):  # process 0's view, for all
     logging.info("Loading the warmed-up base model of this run from %s", local)
     rt.rebase(load(local, rt, dtype))
     return {"warmup/source_run": 1.0, "warmup/demonstrations": float(len(demos))}

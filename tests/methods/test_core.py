@@ -184,6 +184,10 @@ def test_a_warm_up_under_another_key_is_not_reused(tmp_path, monkeypatch):
     info = warmup.warm_start(rt, spell.Spell(rt))
     assert "warmup/source_run" not in info and info.get("warmup/source_cache") == 1.0, info
     assert warmup.stamp_of(local) == stamp
+  (local / warmup.STAMP).unlink()  # saved before stamps, by a run with a checkpoint: its own
+  (tmp_path / "a" / "checkpoints" / "3").mkdir(parents=True)
+  rt = runtime.Runtime(c, str(tmp_path / "a"))
+  assert warmup.warm_start(rt, spell.Spell(rt)).get("warmup/source_run") == 1.0
 
 
 def test_overwrite_starts_over_without_the_old_world_or_warm_up(tmp_path):
