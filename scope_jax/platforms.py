@@ -22,9 +22,13 @@ _GOOGLE_PCI_VENDOR = "0x1ae0"
 # not TPUs.
 _TPU_PCI_DEVICES = frozenset({"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f",
                               "0x0076"})
-_NVIDIA_DEVICES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg")
-_CUDA_PLUGINS = ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13", "jax_cuda12_plugin",
-                 "jax_cuda13_plugin")
+# A GPU platform: the device files that show its GPU, and the names its JAX plugin goes by.
+_GPUS = {"cuda": (("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg"),
+                  ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13", "jax_cuda12_plugin",
+                   "jax_cuda13_plugin")),
+         "rocm": (("/dev/kfd",),
+                  ("jax_plugins.xla_rocm6", "jax_plugins.xla_rocm7", "jax_rocm6_plugin",
+                   "jax_rocm7_plugin"))}
 
 
 def _read(path: str) -> str:
@@ -49,16 +53,15 @@ def tpu_attached(glob_fn: Callable[[str], Iterable[str]] = glob.glob,
 
 def gpu_platforms(exists: Callable[[str], bool] = os.path.exists,
                   has_module: Callable[[str], bool] | None = None) -> tuple[str, ...]:
-  """('cuda',) when an NVIDIA GPU is visible and JAX's CUDA plugin is installed, else ()."""
+  """The GPU platforms ('cuda', 'rocm') whose GPU is visible and whose JAX plugin is installed."""
   if has_module is None:
     def has_module(name):
       try:
         return importlib.util.find_spec(name) is not None
       except (ImportError, ValueError):
         return False
-  if any(exists(d) for d in _NVIDIA_DEVICES) and any(has_module(p) for p in _CUDA_PLUGINS):
-    return ("cuda",)
-  return ()
+  return tuple(name for name, (devices, plugins) in _GPUS.items()
+               if any(exists(d) for d in devices) and any(has_module(p) for p in plugins))
 
 
 def without_absent_tpu(environ: MutableMapping[str, str], tpu: bool | None = None,

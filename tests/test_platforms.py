@@ -47,6 +47,8 @@ def test_platforms_without_an_absent_tpu():
                     ("cuda",))
   chex.assert_equal(platforms.gpu_platforms(lambda p: p == "/dev/nvidia0", lambda m: False), ())
   chex.assert_equal(platforms.gpu_platforms(lambda p: False, lambda m: True), ())
+  chex.assert_equal(platforms.gpu_platforms(lambda p: p == "/dev/kfd", lambda m: "rocm" in m),
+                    ("rocm",))
 
 
 def _python(code: str, **env):
