@@ -7,7 +7,9 @@ finish reasons) and the wall time of each run. This is what a user runs before b
 
 Each run is `python -m scope_jax.main --config=configs/<m>.py:<preset> --config.smoke=True` in
 its own process (JAX_PLATFORMS=cpu, one device: the sampling rules would keep one replica of the
-weights per virtual device); workdirs stay under --out.
+weights per virtual device); workdirs stay under --out. An --out that holds earlier runs of these
+presets is refused (they would resume, finished, and report the old code's table) unless
+--overwrite deletes them first.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -45,6 +48,21 @@ FINISH = ("final", "eos", "stop", "length", "max_turns", "context")
 SEARCHERS = {  # the roles that hold the search tool
     "spell": (), "opensir": (), "scope": ("challenger", "solver"), "asl": ("pg", "grm", "pm"),
     "piplay": ("examiner", "student", "teacher")}
+
+
+def fresh(out: pathlib.Path, specs, overwrite: bool) -> None:
+  """Readies `out` for these presets' runs: an earlier run of one of them there would resume,
+  finished, and its old table would read as this code's; refused unless `overwrite`, which
+  deletes them."""
+  old = [out / f"{s.replace(':', '_')}{suffix}" for s in specs for suffix in ("", ".log")]
+  old = [p for p in old if p.exists()]
+  if old and not overwrite:
+    raise ValueError(f"--out={out} holds earlier runs ({', '.join(p.name for p in old[:4])}"
+                     f"{', …' if len(old) > 4 else ''}); pass --overwrite to delete them and run "
+                     "again, or choose another --out.")
+  for p in old:
+    shutil.rmtree(p) if p.is_dir() else p.unlink()
+  out.mkdir(parents=True, exist_ok=True)
 
 
 def run(spec: str, out: pathlib.Path, extra=()) -> dict:
@@ -124,11 +142,18 @@ def main(argv=None):
   parser.add_argument("--presets", default=",".join(PAPER_PRESETS))
   parser.add_argument("--out", default="/tmp/scope_jax_paper_smoke")
   parser.add_argument("--samples", action="store_true", help="print each run's samples.log")
+  parser.add_argument("--overwrite", action="store_true",
+                      help="delete the earlier runs of these presets under --out first")
   args = parser.parse_args(argv)
   out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
+  specs = args.presets.split(",")
+  try:
+    fresh(out, specs, args.overwrite)
+  except ValueError as e:
+    print(f"Error: {e}", file=sys.stderr)
+    return 2
   results = []
-  for spec in args.presets.split(","):
+  for spec in specs:
     r = run(spec, out)
     results.append(r)
     print(f"{spec}: exit {r['rc']}, {len(r['rows'])} steps, {r['wall']:.0f} s", flush=True)

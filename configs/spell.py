@@ -5,7 +5,7 @@
         --config.model.source=hf:/ckpt/Qwen2.5-7B-Instruct --config.model.tokenizer=/ckpt/Qwen2.5-7B-Instruct
 
 Presets: 'demo' (default; the bundled demo model, warmed on every role's format, over the
-bundled Wikipedia corpus with compact prompts: about a minute on a laptop CPU), 'learn' (SPELL on
+bundled Wikipedia corpus with compact prompts: 1–2 minutes on a laptop CPU), 'learn' (SPELL on
 the synthetic world `world.seed`'s documents at CPU scale: the bundled reader model warmed on 16
 other worlds' closed-class document questions, its responder answering with the document's fact
 30% of the time and another member of the fact's class otherwise; the responder's reward is its

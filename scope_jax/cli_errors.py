@@ -10,6 +10,8 @@ from typing import NoReturn, Sequence
 
 from absl import flags, logging
 
+from scope_jax.core import console
+
 _DID_YOU_MEAN = re.compile(r"""Did you mean \\?["'](\w+)\\?["'] instead of \\?["'](\w+)\\?["']""")
 _NO_FILE = re.compile(r"No such file or directory: '([^']+)'")
 _PRESET = re.compile(r"Unknown preset '[^\n]*")
@@ -51,7 +53,9 @@ CHATTY = ("/orbax/", "xla_bridge.py", "faiss/loader.py")  # libraries whose INFO
 
 
 def quiet_chatty_libraries() -> None:
-  """Only warnings and errors from `CHATTY` libraries reach the absl log (the entrypoints')."""
+  """Only warnings and errors from `CHATTY` libraries reach the absl log (the entrypoints'), and
+  no log line is longer than the console's limit."""
+  console.clip_log_lines()
   logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= std_logging.WARNING or not any(q in r.pathname for q in CHATTY))
 

@@ -25,7 +25,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 1  # save a checkpoint every this many steps (and at the end)
   c.keep_checkpoints = 3  # newest checkpoints kept on disk
   c.async_checkpoint = True  # save in the background while the next step runs
-  c.progress = True  # progress bars for steps and rollouts
+  c.progress = True  # progress bars for steps and rollouts (only when stderr is a terminal)
   c.overwrite = False  # start over in a workdir that holds metrics but no checkpoint
   c.smoke = False  # this preset at the smallest sizes on one machine and a real model (core/smoke.py)
 
@@ -189,7 +189,7 @@ def world_learn(c: ml_collections.ConfigDict, gold_set: str, max_new_tokens: int
   c.eval.prompt = "role"
   c.eval.max_new_tokens = max_new_tokens
   c.eval.max_turns = 1
-  c.checkpoint_every = 1000
+  c.checkpoint_every = 10  # a kill loses at most 10 steps (each checkpoint is small: 0.8M params)
   c.keep_checkpoints = 1
 
 

@@ -15,6 +15,7 @@ with several trained policies adds the policy: `<run>/eval/<policy>/<benchmark>/
 from absl import app, flags
 
 from scope_jax import cli_errors, run_record
+from scope_jax.core import console
 from scope_jax.evaluation import driver
 from scope_jax.evaluation import evaluator as eval_lib
 
@@ -64,7 +65,8 @@ _MESH = flags.DEFINE_list("mesh_shape", None, "Mesh (data,fsdp,tensor[,expert]);
                           "run's mesh.shape, else 1,-1,1.")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Param dtype (default: the "
                            "run's model.param_dtype, else float32).")
-_PROGRESS = flags.DEFINE_bool("progress", True, "Progress bars.")
+_PROGRESS = flags.DEFINE_bool("progress", True, "Progress bars (shown only when stderr is a "
+                               "terminal).")
 
 
 def options() -> driver.Options:
@@ -82,7 +84,7 @@ def options() -> driver.Options:
       watch_timeout=_WATCH_TIMEOUT.value, overwrite=_OVERWRITE.value, index=_INDEX.value,
       encoder=_ENCODER.value, retrieval_url=_URL.value, topk=_TOPK.value,
       mesh_shape=tuple(int(x) for x in _MESH.value) if _MESH.value else None,
-      dtype=_DTYPE.value, progress=_PROGRESS.value, settings=settings)
+      dtype=_DTYPE.value, progress=console.progress_on(_PROGRESS.value), settings=settings)
 
 
 def main(argv):

@@ -35,7 +35,9 @@ def main(argv):
     cli_errors.fail(e)
   logging.info("JAX %s: %d processes, devices %s", jax.__version__, jax.process_count(),
                jax.devices())
-  logging.info("Config:\n%s", config)
+  logging.info("Config: %s (%s), %d steps; the whole config goes to <workdir>/run.json",
+               config.method, config.preset, config.total_steps)
+  logging.debug("Config:\n%s", config)
   try:  # what only loading shows (a tokenizer larger than the model's vocabulary): one line
     runner.run(config, _WORKDIR.value)
   except ValueError as e:

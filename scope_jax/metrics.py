@@ -93,6 +93,10 @@ class MetricsWriter:
       self._tb = events.EventsWriter(self.workdir / "tb",  # a new events file per start
                                      purge_step=keep + 1 if resume_step is not None else None)
 
+  def rows(self) -> list[dict]:
+    """The records kept so far (this process's; none where writing is off)."""
+    return [json.loads(line) for line in self._lines]
+
   def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
     clean = {k: s for k, v in metrics.items() if (s := _scalar(v)) is not None}
     bad = sorted(k for k, v in metrics.items() if k not in clean and _is_number(v))
@@ -133,7 +137,8 @@ def check_fresh(workdir, has_checkpoint: bool, overwrite: bool, records=None) ->
   would be appended to the first)."""
   records = read_jsonl(epath.Path(workdir) / "metrics.jsonl") if records is None else records
   if records and not has_checkpoint and not overwrite:
-    raise ValueError(f"{workdir} holds metrics of {len(records)} steps but no checkpoint to "
+    steps = len({r.get("step") for r in records if "eval/updates" not in r})
+    raise ValueError(f"{workdir} holds metrics of {steps} steps but no checkpoint to "
                      "resume from; use a new --workdir, or pass --config.overwrite=true to start "
                      "over there.")
 

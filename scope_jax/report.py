@@ -9,13 +9,16 @@ or on gs://; a run with held-out evaluation (`config.eval.every`) draws it when 
 from __future__ import annotations
 
 import io
+import json
+import math
+import os
 import re
 from typing import Sequence
 
 from absl import app, flags
 from etils import epath
 
-from scope_jax import metrics as metrics_lib
+from scope_jax import cli_errors
 
 REWARD = re.compile(r"^(?:(.+)/)?(?:reward|outcome)(?:/mean)?$")  # π-Play's student: outcome
 ACCURACY = re.compile(r"^eval/(.+)/pass@1$")
@@ -38,10 +41,78 @@ def curves(rows: Sequence[dict]) -> dict[str, dict[str, list[tuple[float, float]
 
 
 def read(run) -> list[dict]:
+  """A run's metrics rows; a damaged line (not a JSON object of finite numbers, as a run writes
+  them) is a one-line error that names it."""
   path = epath.Path(run) / "metrics.jsonl"
   if not path.exists():
     raise FileNotFoundError(f"No metrics.jsonl in {run}: is it a run's --workdir?")
-  return metrics_lib.read_jsonl(path)
+  rows = []
+  for i, line in enumerate(path.read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except ValueError as e:
+      raise ValueError(f"{path} line {i} is not JSON ({e}): the file is damaged; restore it or "
+                       "delete that line.") from None
+    bad = (["the line"] if not isinstance(row, dict) else
+           [k for k, v in row.items() if isinstance(v, bool) or not isinstance(v, (int, float))
+            or not math.isfinite(v)])
+    if bad:
+      raise ValueError(f"{path} line {i}: {', '.join(bad[:3])} is not a finite number, as a run "
+                       "writes them: the file is damaged; restore it or delete that line.")
+    rows.append(row)
+  return rows
+
+
+def record(run) -> dict:
+  """The run's run.json (method, preset, config), or {} when it has none."""
+  path = epath.Path(run) / "run.json"
+  if not path.exists():
+    return {}
+  try:
+    return json.loads(path.read_text())
+  except ValueError as e:
+    raise ValueError(f"{path} is not JSON ({e}): the file is damaged.") from None
+
+
+def _compared(rec: dict) -> dict:
+  """What a run and its control must share: method, preset, world and held-out questions."""
+  c = rec.get("config", {})
+  e = c.get("eval", {})
+  return {"method": rec.get("method"), "preset": rec.get("preset"),
+          "world.seed": c.get("world", {}).get("seed"), "eval.benchmarks": e.get("benchmarks"),
+          "eval.limit": e.get("limit"), "eval.role": e.get("role"),
+          "total_steps": c.get("total_steps")}
+
+
+def check_control(run, control) -> None:
+  """A control is another run of the same method, preset and world, scored on the same held-out
+  questions; anything else is refused in one line."""
+  if os.path.realpath(os.fspath(run)) == os.path.realpath(os.fspath(control)):
+    raise ValueError(f"--control={control} is the run itself; give the control run's workdir.")
+  mine, theirs = record(run), record(control)
+  for name, rec in (("--run", mine), ("--control", theirs)):
+    if not rec:
+      raise ValueError(f"{name}: no run.json in {run if name == '--run' else control}, so the "
+                       "two runs cannot be checked to be comparable; give run workdirs.")
+  a, b = _compared(mine), _compared(theirs)
+  diff = [f"{k} {a[k]!r} vs {b[k]!r}" for k in a if a[k] != b[k]]
+  if diff:
+    raise ValueError(f"--control={control} is not a control of {run}: {'; '.join(diff)}. A "
+                     "control is the same method, preset and world, scored on the same questions.")
+
+
+def last_evaluation(run, rows) -> str:
+  """A note when the curve ends before the run's last update (the final evaluation is missing:
+  run the same command again to score it), else ''."""
+  c = record(run).get("config", {})
+  total, every = c.get("total_steps"), c.get("eval", {}).get("every")
+  updates = [r["eval/updates"] for r in rows if "eval/updates" in r]
+  if not (total and every and updates) or max(updates) >= total:
+    return ""
+  return (f"the last evaluation is after {max(updates):g} of {total} updates (the final one is "
+          "missing: run the same command again to score it)")
 
 
 def held_out(run_curves: dict) -> dict[str, tuple[float, float]]:
@@ -74,8 +145,18 @@ def plot(run, control=None, out=None) -> epath.Path:
   buf = io.BytesIO()
   fig.savefig(buf, format="png", dpi=100)
   plt.close(fig)
-  path = epath.Path(out) if out else epath.Path(run) / "learning.png"
+  path = out_path(run, out)
   path.write_bytes(buf.getvalue())
+  return path
+
+
+def out_path(run, out=None) -> epath.Path:
+  """Where the picture goes: `out` (a .png file) or `<run>/learning.png`."""
+  path = epath.Path(out) if out else epath.Path(run) / "learning.png"
+  if path.suffix.lower() != ".png" or path.is_dir():
+    raise ValueError(f"--out={out}: give a file name ending in .png (the picture is a PNG).")
+  if not path.parent.exists():
+    raise ValueError(f"--out={out}: the directory {path.parent} does not exist.")
   return path
 
 
@@ -98,6 +179,8 @@ def summary(run, control=None) -> str:
     if (share := top_share(rows, name)) is not None:
       line += f"; most common final answer: {100 * share:.0f}% of samples"
     lines.append(line)
+  if lines and (note := last_evaluation(run, rows)):
+    lines.append(f"Note: {note}.")
   return "\n".join(lines)
 
 
@@ -110,10 +193,16 @@ def main(argv):
   del argv
   if not _RUN.value:
     raise app.UsageError("--run=<workdir> is required.")
-  path = plot(_RUN.value, _CONTROL.value, _OUT.value)
-  text = summary(_RUN.value, _CONTROL.value)
+  try:  # a wrong path, a damaged file, a control of another run: one line
+    out_path(_RUN.value, _OUT.value)
+    if _CONTROL.value:
+      check_control(_RUN.value, _CONTROL.value)
+    path = plot(_RUN.value, _CONTROL.value, _OUT.value)
+    text = summary(_RUN.value, _CONTROL.value)
+  except (OSError, ValueError) as e:
+    cli_errors.fail(e)
   print(f"Wrote {path}" + (f"\nheld-out accuracy (%), start → end:\n{text}" if text else ""))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli_errors.parse_flags)

@@ -19,6 +19,7 @@ from absl import logging
 from etils import epath
 
 from scope_jax import distributed
+from scope_jax.core import console
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import evaluator as eval_lib
 from scope_jax.retrieval import search
@@ -29,12 +30,13 @@ WORLD_PREFIX = "world:"
 
 def world_specs(spec: str, seed: int, root) -> str:
   """`world:<set>` items of a benchmark list as `file:` items of world `seed`'s gold sets,
-  written under `root` (once); other items unchanged."""
+  written under `root` unless its manifest says they are this world's, whole (another seed's,
+  or files a kill cut short, are written again); other items unchanged."""
   items = [s.strip() for s in str(spec).split(",") if s.strip()]
   if not any(i.startswith(WORLD_PREFIX) for i in items):
     return spec
   world, out = World(seed), epath.Path(root)
-  if not (out / "corpus.jsonl").exists():
+  if not world.written(out):  # every process that sees no manifest writes the same bytes
     world.write(out)
   return ",".join(world.benchmark(out, i[len(WORLD_PREFIX):]) if i.startswith(WORLD_PREFIX) else i
                   for i in items)
@@ -45,6 +47,12 @@ def due(updates: int, config: ml_collections.ConfigDict) -> bool:
   every = config.eval.every
   return bool(every) and bool(config.eval.benchmarks) and (
       updates % every == 0 or updates == config.total_steps)
+
+
+def done(rows, updates: int) -> bool:
+  """Whether metrics `rows` hold the evaluation after `updates` updates (its row is written
+  only once every benchmark is scored)."""
+  return any(r.get("eval/updates") == updates for r in rows)
 
 
 def searches_own_world(config: ml_collections.ConfigDict) -> bool:
@@ -62,14 +70,21 @@ def validate(config: ml_collections.ConfigDict, method_cls) -> None:
   if not e.benchmarks:
     raise ValueError(f"eval.every={e.every} needs eval.benchmarks (built-ins, "
                      "file:<path>:<type> or world:<set>).")
-  names = [s.strip() for s in str(e.benchmarks).split(",") if s.strip()]
-  for n in names:
+  items, seen = [s.strip() for s in str(e.benchmarks).split(",") if s.strip()], {}
+  for n in items:
     if n.startswith(WORLD_PREFIX):
       if n[len(WORLD_PREFIX):] not in GOLD_SETS:
         raise ValueError(f"eval.benchmarks: {n!r} is not a world gold set; choose from "
                          f"{', '.join(WORLD_PREFIX + s for s in GOLD_SETS)}.")
+      name, path = n[len(WORLD_PREFIX):], None
     else:
-      bench_lib.parse_specs(n)
+      name, _, path = bench_lib.parse_specs(n)[0]
+    if name in seen:  # results and metrics go by name: a second one would overwrite the first
+      raise ValueError(f"eval.benchmarks: {seen[name]!r} and {n!r} are both named {name!r}; name "
+                       "each benchmark once (a file benchmark is named by its file stem).")
+    seen[name] = n
+    if path is not None and "://" not in path and not epath.Path(path).exists():
+      raise ValueError(f"eval.benchmarks: {n!r}: the file {path} does not exist.")
   if e.get("num_samples", 1) < 1:
     raise ValueError(f"eval.num_samples={e.num_samples}: it must be at least 1.")
   if not e.get("temperature", 0.0) >= 0:  # NaN fails too
@@ -163,7 +178,5 @@ class Evaluations:
                                records, step=None if updates == 0 else updates - 1, label=label,
                                extra={"role": self.role.name, "updates": updates})
       out.update({f"eval/{bench.name}/{k}": v for k, v in metrics.items()})
-      logging.info("eval after %d updates: %s %s", updates, bench.name,
-                   ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())
-                             if not k.startswith("time/")))
+      logging.info("%s", console.eval_line(updates, bench.name, metrics, len(bench.examples)))
     return out

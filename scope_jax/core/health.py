@@ -22,6 +22,7 @@ def update_stats(trajectories, advantages) -> dict[str, float]:
 
 @dataclasses.dataclass
 class Health:
+  steps: int = 0
   updates: int = 0
   skipped: int = 0  # non-finite: the params did not change
   no_signal: int = 0  # every advantage zero: the policy-gradient term was zero
@@ -31,6 +32,7 @@ class Health:
   def observe(self, metrics: dict[str, float]) -> list[str]:
     """Counts this step's updates (every `…train/applied` key) and returns its warnings."""
     warnings = []
+    self.steps += 1
     for key in sorted(k for k in metrics if k.endswith("train/" + APPLIED)):
       prefix = key[:-len(APPLIED)]
       self.updates += 1
@@ -49,9 +51,11 @@ class Health:
     return warnings
 
   def summary(self) -> str | None:
-    """A warning line for the end of the run, or None when every update could teach."""
+    """A warning line for the end of the run, or None when every update could teach (or no
+    step ran)."""
     if not self.updates:
-      return None
+      return (f"NOTHING WAS LEARNED: 0 updates in {self.steps} steps (no step had a group with "
+              "reward variance, or every rollout failed).") if self.steps else None
     bad = []
     if self.skipped:
       bad.append(f"{self.skipped} of {self.updates} updates skipped as non-finite")

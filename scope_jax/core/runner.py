@@ -26,6 +26,7 @@ from scope_jax import run_record
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
 from scope_jax.core import bounds
+from scope_jax.core import console
 from scope_jax.core import evals as evals_lib
 from scope_jax.core import health as health_lib
 from scope_jax.core import smoke
@@ -149,8 +150,10 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, warm_start: bool =
   module = validate(config)
   workdir = ckpt_lib.absolute(workdir)
   check_writable(workdir)
-  metrics_lib.check_fresh(workdir, bool(ckpt_lib.Checkpointer.list_steps(f"{workdir}/checkpoints")),
-                          config.overwrite)
+  resumable = bool(ckpt_lib.Checkpointer.list_steps(f"{workdir}/checkpoints"))
+  metrics_lib.check_fresh(workdir, resumable, config.overwrite)
+  if config.overwrite and not resumable:  # starting over: nothing of the old run is reused
+    clear_derived(workdir)
   rt = Runtime(config, workdir)
   method = module.make_method(rt)
   if warm_start:
@@ -159,6 +162,20 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, warm_start: bool =
       logging.info("Warm-up: %s", info)
     rt.release_base()  # after the warm-up, which rebases on the warmed weights
   return rt, method
+
+
+DERIVED = ("world", "warm_start")  # what a run writes for itself besides metrics and checkpoints
+
+
+def clear_derived(workdir: str) -> None:
+  """Removes a workdir's world files and warm-up (`overwrite`: a new run there reuses neither)."""
+  if distributed.is_primary():
+    for name in DERIVED:
+      path = epath.Path(workdir) / name
+      if path.exists():
+        logging.info("overwrite: removing %s", path)
+        path.rmtree()
+  distributed.barrier("clear_derived")
 
 
 def check_writable(workdir: str) -> None:
@@ -198,13 +215,22 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       engine_lib.free_caches()
       rt.metrics.write(updates, evaluations.run(updates))
 
+  final_eval = False  # the evaluation after the last update, run again: it was cut short
   if start < config.total_steps:
     evaluate(start)
+  elif (start == config.total_steps and evaluations is not None
+        and evals_lib.due(start, config)
+        and distributed.broadcast_int(not evals_lib.done(rt.metrics.rows(), start))):
+    logging.warning("The evaluation after the last update (%d) is missing: the run stopped "
+                    "during it. Running it now.", start)
+    evaluate(start)
+    final_eval = True
   last: dict[str, float] = {}
   health = health_lib.Health()  # counts updates that could not teach (this process's steps)
   run_start = time.perf_counter()
   bar = tqdm(total=config.total_steps, initial=start, desc=f"{config.method} steps", unit="step",
-             disable=jax.process_index() != 0)
+             disable=(jax.process_index() != 0
+                      or not console.progress_on(config.get("progress", True))))
   for step in range(start, config.total_steps):
     engine_lib.free_caches()  # every step starts from empty caches, as a resumed run does
     rt.timer.reset()
@@ -218,8 +244,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     for warning in health.observe(metrics):
       logging.warning("step %d: %s.", step, warning)
     last = rt.metrics.write(step, metrics)
-    logging.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())
-                                                  if not k.startswith("time/")))
+    logging.info("%s", console.step_line(step, config.total_steps, last))  # the rest: metrics.jsonl
     host = method.host_state()
     distributed.check_agree(f"step {step}'s host state",  # multi-host: every host decided alike
                             {k: v for k, v in host.items() if k not in method.host_local_keys})
@@ -237,6 +262,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   wall = time.perf_counter() - run_start
   if not distributed.is_primary():  # the summary is printed once
     return last
+  if final_eval:
+    print(f"Ran the missing evaluation after the last of {config.total_steps} steps of "
+          f"{config.method} in {workdir}.")
+    return last
   if start >= config.total_steps:
     print(f"Nothing to run: {config.total_steps} steps of {config.method} are already done in "
           f"{workdir} (raise --config.total_steps to continue).")
@@ -245,10 +274,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         f"{wall:.1f}s; workdir {workdir}")
   if last:
     keys = [k for k in sorted(last) if k.startswith("time/") or k.endswith("/reward/mean")]
-    print("  " + "; ".join(f"{k} {last[k]:.3g}" for k in keys))
+    print(console.clip("  " + "; ".join(f"{k} {last[k]:.3g}" for k in keys), console.MAX_LINE))
   text = method.summary()
   if text:
-    print(text)
+    print(console.clip(text, console.MAX_LINE))
   warning = health.summary()
   if warning:
     print(warning)

@@ -27,7 +27,7 @@ from absl import logging
 from scope_jax import metrics as metrics_lib
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
-from scope_jax.core import health
+from scope_jax.core import console, health
 from scope_jax.core.roles import Role
 from scope_jax.models import transformer
 from scope_jax.models.load import load_model
@@ -155,8 +155,9 @@ class Runtime:
     logging.info("Model %s: %s parameters; devices %s; mesh %s", self.model_config.model_type,
                  f"{transformer.count_params(self.base_params):,}", jax.devices(),
                  dict(self.mesh.shape))
-    logging.info("Parameter shardings under mesh.rules.train %s:\n%s", self.train_rules,
-                 param_overview(self.base_params))
+    if self.mesh.size > 1:  # on one device every array is whole
+      logging.info("Parameter shardings under mesh.rules.train:\n%s",
+                   param_overview(self.base_params))
 
   # ---------------------------------------------------------------------------- players
   def sampler(self, params) -> Sampler | Engine:
@@ -268,7 +269,8 @@ class Runtime:
                 max_prompt_tokens=limit, max_context=role_context(self.config, settings),
                 seed=self.config.seed, tool=tool, final_tags=tuple(final_tags),
                 templates=templates, policy=policy, timer=self.timer,
-                progress=self.config.get("progress", True) and jax.process_index() == 0,
+                progress=console.progress_on(self.config.get("progress", True))
+                and jax.process_index() == 0,
                 strip_think=strip_think, system=system, frozen=frozen, syntax=self.syntax)
     self.roles[name] = role
     return role

@@ -9,7 +9,8 @@ and rebases every policy and frozen copy of the base model on the result. Paper 
 off.
 
 Where the warmed weights come from, first match wins:
-  1. `<workdir>/warm_start`: a resumed run reuses its own (so a frozen Judge stays bit-identical);
+  1. `<workdir>/warm_start`: a resumed run reuses its own (so a frozen Judge stays bit-identical),
+     when its stamp (the settings key and the demonstrations' digest) is this run's;
   2. the bundled demo model (`data/bundled/demo_model`), fitted once on every method's
      demonstrations by `python tools/build_demo_model.py`, when its settings and this
      method's demonstrations are the ones it was fitted on;
@@ -34,6 +35,7 @@ from absl import logging
 from etils import epath
 
 from scope_jax import assets, distributed
+from scope_jax import checkpoint as ckpt_lib
 from scope_jax.data import DEMO_MODEL
 from scope_jax.models import hf_io
 from scope_jax.rl import sft
@@ -127,12 +129,20 @@ def warm_start(rt, method) -> dict[str, float]:
     return {}
   dtype = jnp.dtype(rt.config.model.param_dtype)
   local = epath.Path(rt.workdir) / "warm_start"
-  if distributed.broadcast_int((local / "config.json").exists()):  # process 0's view, for all
-    logging.info("Loading the warmed-up base model of this run from %s", local)
-    rt.rebase(load(local, rt, dtype))
-    return {"warmup/source_run": 1.0}
   demos = demonstrations(method, rt.config)
   key, digest = settings_key(rt.config, rt.model_config), demos_digest(demos)
+  stamp = f"{key}-{digest}"  # what the fit depends on: another warm-up is never reused
+  mine = stamp_of(local)
+  if mine is None and (local / "config.json").exists() and ckpt_lib.Checkpointer.list_steps(
+      f"{rt.workdir}/checkpoints"):
+    mine = stamp  # saved before warm-ups were stamped, by the run being resumed: its own
+  if distributed.broadcast_int(mine == stamp):  # process 0's view, for all
+    logging.info("Loading the warmed-up base model of this run from %s", local)
+    rt.rebase(load(local, rt, dtype))
+    return {"warmup/source_run": 1.0, "warmup/demonstrations": float(len(demos))}
+  if distributed.broadcast_int((local / "config.json").exists()):
+    logging.warning("%s holds a warm-up with other settings or demonstrations; replacing it.",
+                    local)
   meta = _bundled_meta()
   cached = assets.cache_dir() / "warm_start" / f"{key}-{digest}"
   # The asset cache is each host's own disk: a multi-host run uses it only if every host has it.
@@ -148,9 +158,9 @@ def warm_start(rt, method) -> dict[str, float]:
       logging.info("The bundled demo model was fitted with other settings or demonstrations; "
                    "warming up again (cached afterwards in %s).", cached)
     params, seconds = fit(rt, demos)
-    save(rt.model_config, params, cached)
+    save(rt.model_config, params, cached, stamp)
     out = {"warmup/seconds": seconds}
-  save(rt.model_config, params, local)
+  save(rt.model_config, params, local, stamp)
   rt.rebase(params)
   out["warmup/demonstrations"] = float(len(demos))
   return out
@@ -174,15 +184,29 @@ def load(path, rt, dtype):
   return params
 
 
-def save(model_config, params, path) -> None:
-  """Writes to a temporary sibling, then renames: an interrupted save is never picked up."""
+STAMP = "warmup_key"  # in a saved warm-up: the settings key and demonstrations digest
+
+
+def stamp_of(path) -> str | None:
+  """The key a saved warm-up was fitted under (None: no warm-up, or one saved without it)."""
+  path = epath.Path(path) / STAMP
+  return path.read_text().strip() if path.exists() else None
+
+
+def save(model_config, params, path, stamp: str | None = None) -> None:
+  """Writes to a temporary sibling, then renames: an interrupted save is never picked up. A
+  warm-up already there under `stamp` stays; one under another key is replaced."""
   path = epath.Path(path)
   tmp = epath.Path(f"{path}.tmp{os.getpid()}")
   hf_io.save_hf(model_config, params, tmp)
   if jax.process_index() != 0:
     return
-  if path.exists():
+  if stamp is not None:
+    (tmp / STAMP).write_text(stamp)
+  if path.exists() and stamp_of(path) == stamp:
     tmp.rmtree()  # another process got there first with the same content
     return
+  if path.exists():
+    path.rmtree()
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp.rename(path)

@@ -22,7 +22,9 @@ problems a method trains on are drawn apart from `arith` and checked against it)
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import uuid
 
 import numpy as np
 from etils import epath
@@ -33,6 +35,7 @@ from scope_jax.world import render as R
 
 GOLD_SETS = {"doc": "qa", "attr": "qa", "hop1": "qa_search", "attr_search": "qa_search",
              "hop2": "qa_search", "arith": "math"}
+MANIFEST = "world.json"  # seed, gold size and digest of a written world
 GOLD_SIZE = 400  # questions per gold set (at least 300, the smallest a held-out claim may use)
 
 
@@ -85,23 +88,59 @@ class World:
     pool = [q for q in every if q["question"] not in held_out]
     return [pool[int(i)] for i in rng.permutation(len(pool))[:count]]
 
-  def write(self, directory) -> epath.Path:
-    """`corpus.jsonl` (id, title, text, contents) and `gold/<set>.jsonl`, under `directory`."""
-    root = epath.Path(directory)
-    (root / "gold").mkdir(parents=True, exist_ok=True)
+  def files(self) -> dict[str, str]:
+    """What `write` writes: relative path → text (the corpus, then each gold set)."""
     lines = [json.dumps({"id": d.id, "title": d.title, "text": d.text, "contents": d.contents})
              for d in self.documents]
-    (root / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    out = {"corpus.jsonl": "\n".join(lines) + "\n"}
     for name, records in self.gold.items():
-      (root / "gold" / f"{name}.jsonl").write_text(
-          "\n".join(json.dumps(r) for r in records) + "\n")
+      out[f"gold/{name}.jsonl"] = "\n".join(json.dumps(r) for r in records) + "\n"
+    return out
+
+  def manifest(self) -> dict:
+    """What defines the written files: the seed, the gold sets' size and their content's
+    digest (a change of the generator changes it too)."""
+    h = hashlib.sha256()
+    for name, text in sorted(self.files().items()):
+      h.update(name.encode() + b"\0" + text.encode() + b"\0")
+    return {"seed": self.seed, "gold_size": self.gold_size, "digest": h.hexdigest()[:24]}
+
+  def write(self, directory) -> epath.Path:
+    """`corpus.jsonl` (id, title, text, contents), `gold/<set>.jsonl` and `world.json` (the
+    manifest, last) under `directory`; each file is replaced whole, never left cut."""
+    root = epath.Path(directory)
+    (root / "gold").mkdir(parents=True, exist_ok=True)
+    if (root / MANIFEST).exists():  # another world's files: no longer whole until rewritten
+      (root / MANIFEST).unlink()
+    for name, text in self.files().items():
+      _write_whole(root / name, text)
+    _write_whole(root / MANIFEST, json.dumps(self.manifest(), sort_keys=True))
     return root
+
+  def written(self, directory) -> bool:
+    """Whether `directory` holds this world's files, whole (its manifest is this world's)."""
+    path = epath.Path(directory) / MANIFEST
+    try:
+      return path.exists() and json.loads(path.read_text()) == self.manifest()
+    except ValueError:  # a damaged manifest: write again
+      return False
 
   def benchmark(self, directory, name: str) -> str:
     """The `file:` benchmark spec of gold set `name` written under `directory`."""
     if name not in GOLD_SETS:
       raise ValueError(f"Unknown world gold set {name!r}; choose from {', '.join(GOLD_SETS)}.")
     return f"file:{epath.Path(directory) / 'gold' / f'{name}.jsonl'}:{GOLD_SETS[name]}"
+
+
+def _write_whole(path: epath.Path, text: str) -> None:
+  """Replaces the file at once (a temporary file of this writer's own, renamed over it; one
+  object write on gs://): a reader never sees it cut."""
+  if "://" in str(path):
+    path.write_text(text)
+    return
+  tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+  tmp.write_text(text)
+  tmp.replace(path)
 
 
 def corpus(seed: int, corpus_seeds=()) -> list[Passage]:

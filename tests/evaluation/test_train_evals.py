@@ -77,6 +77,28 @@ def test_the_same_command_on_a_finished_run_keeps_its_last_evaluation(tmp_path, 
   assert (tmp_path / "metrics.jsonl").read_text() == before
 
 
+def test_a_final_evaluation_cut_short_runs_on_resume(tmp_path, monkeypatch):
+  """A kill during the evaluation after the last update (the last checkpoint is saved before
+  it) leaves no row for it: run again, the run scores it, and the curve ends there."""
+  settings = {"eval.every": 1, "eval.benchmarks": "world:arith", "eval.limit": 4,
+              "eval.role": "answerer", "eval.max_new_tokens": 16, "world.seed": 3}
+  _run(tmp_path, monkeypatch, total_steps=2, **settings)
+  whole = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert json.loads(whole[-1])["eval/updates"] == 2.0
+  (tmp_path / "metrics.jsonl").write_text("".join(x + "\n" for x in whole[:-1]))  # as a kill
+  import shutil
+  shutil.rmtree(tmp_path / "eval" / "arith" / "step_1")
+  _run(tmp_path, monkeypatch, total_steps=2, **settings)
+  again = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert again[:-1] == whole[:-1]
+  row, before = json.loads(again[-1]), json.loads(whole[-1])
+  assert (row["step"], row["eval/updates"]) == (2, 2.0)
+  assert row["eval/arith/pass@1"] == before["eval/arith/pass@1"]
+  assert (tmp_path / "eval" / "arith" / "step_1" / "results.json").exists()
+  assert report.held_out(report.curves(report.read(tmp_path)))["arith"][1] == (
+      before["eval/arith/pass@1"])
+
+
 def test_sampled_evaluation_scores_every_sample(tmp_path, monkeypatch):
   """`eval.temperature` and `eval.num_samples` reach the evaluator: n samples per question, and
   the expected score (pass@1: the mean over samples) over all of them."""
@@ -131,6 +153,12 @@ def test_the_summary_says_how_alike_the_final_answers_are(tmp_path):
      "from other worlds"),
     ({"eval.every": 1, "eval.benchmarks": "world:hop1", "eval.prompt": "role"},
      "copy_qa has no answering prompt of its own"),
+    ({"eval.every": 1, "eval.benchmarks": "world:doc,world:doc", "eval.role": "answerer"},
+     "'world:doc' and 'world:doc' are both named 'doc'"),
+    ({"eval.every": 1, "eval.benchmarks": "world:doc,file:/runs/x/world/gold/doc.jsonl:qa",
+      "eval.role": "answerer"}, "are both named 'doc'"),
+    ({"eval.every": 1, "eval.benchmarks": "file:/nonexistent/q.jsonl:qa", "eval.role": "answerer"},
+     "the file /nonexistent/q.jsonl does not exist"),
 ])
 def test_bad_eval_or_control_settings_name_the_fix(overrides, message):
   with pytest.raises(ValueError, match=re.escape(message)):

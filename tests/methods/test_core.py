@@ -166,6 +166,42 @@ def test_generic_warm_up_fits_caches_and_reloads(tmp_path, monkeypatch):
     chex.assert_trees_all_equal(warmed, jax.tree.map(np.asarray, rt2.base_params))
 
 
+def test_a_warm_up_under_another_key_is_not_reused(tmp_path, monkeypatch):
+  """A workdir's warm-up is reused only under the settings and demonstrations it was fitted
+  on (its stamp); another one, or one saved without a stamp, is replaced."""
+  monkeypatch.setenv("SCOPE_JAX_CACHE", str(tmp_path / "cache"))
+  c = spell_config_small(**{"warmup.steps": 2, "warmup.documents": 2, "warmup.batch_rows": 2})
+  runner.build(c, str(tmp_path / "a"))
+  local = tmp_path / "a" / "warm_start"
+  stamp = warmup.stamp_of(local)
+  assert stamp and stamp.startswith(warmup.settings_key(c, load.model_config(c.model)))
+  for other in ("another-fit", None):  # a fit under other settings; an unstamped one
+    if other is None:
+      (local / warmup.STAMP).unlink()
+    else:
+      (local / warmup.STAMP).write_text(other)
+    rt = runtime.Runtime(c, str(tmp_path / "a"))
+    info = warmup.warm_start(rt, spell.Spell(rt))
+    assert "warmup/source_run" not in info and info.get("warmup/source_cache") == 1.0, info
+    assert warmup.stamp_of(local) == stamp
+  (local / warmup.STAMP).unlink()  # saved before stamps, by a run with a checkpoint: its own
+  (tmp_path / "a" / "checkpoints" / "3").mkdir(parents=True)
+  rt = runtime.Runtime(c, str(tmp_path / "a"))
+  assert warmup.warm_start(rt, spell.Spell(rt)).get("warmup/source_run") == 1.0
+
+
+def test_overwrite_starts_over_without_the_old_world_or_warm_up(tmp_path):
+  (tmp_path / "world" / "gold").mkdir(parents=True)
+  (tmp_path / "world" / "gold" / "doc.jsonl").write_text("{}\n")
+  (tmp_path / "warm_start").mkdir()
+  (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')  # a run killed before a checkpoint
+  with pytest.raises(ValueError, match="overwrite"):
+    runner.build(spell_config_small(), str(tmp_path), warm_start=False)
+  assert (tmp_path / "world").exists() and (tmp_path / "warm_start").exists()
+  runner.build(spell_config_small(overwrite=True), str(tmp_path), warm_start=False)
+  assert not (tmp_path / "world").exists() and not (tmp_path / "warm_start").exists()
+
+
 def test_a_warm_start_from_other_weights_is_another_fit():
   """A warm-up that starts from a checkpoint (a `learn` preset starts from the demo model) is
   not the fit of a random init of the same shape; a random init's key is unchanged."""

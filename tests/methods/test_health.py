@@ -41,3 +41,12 @@ def test_each_sign_is_warned_and_counted():
   h.observe({"train/applied": 1.0, "train/rows": 2, "train/signal_rows": 1,
              "train/empty_rows": 0})
   assert h.summary().startswith("Warning: 1 of 3 updates skipped")
+
+
+def test_a_run_with_no_update_says_nothing_was_learned():
+  h = health_lib.Health()
+  assert h.summary() is None  # no step ran (a finished run, resumed)
+  for _ in range(3):  # steps whose groups all tied: no train/ metrics at all
+    assert h.observe({"questioner/reward/mean": -1.0, "time/step": 2.0}) == []
+  assert h.summary() == ("NOTHING WAS LEARNED: 0 updates in 3 steps (no step had a group with "
+                         "reward variance, or every rollout failed).")

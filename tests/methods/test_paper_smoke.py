@@ -18,3 +18,35 @@ def test_paper_preset_smoke_run(spec, tmp_path):
   assert set(found) == {r for r in paper_smoke.SEARCHERS[result["method"]]
                         if f"{r}/rollout/rows" in paper_smoke.merged(result["rows"])}, found
   assert all(v > 0 for v in found.values()), found
+
+
+def _fake_run(calls):
+  """A stand-in for one smoke run: a workdir with one metrics row, as a finished run leaves."""
+  def run(spec, out, extra=()):
+    calls.append(spec)
+    method, preset = spec.split(":")
+    workdir = out / f"{method}_{preset}"
+    workdir.mkdir()  # fails if an earlier run's workdir is still there
+    (workdir / "metrics.jsonl").write_text('{"step": 0}\n')
+    (out / f"{method}_{preset}.log").write_text("log\n")
+    return {"spec": spec, "method": method, "wall": 1.0, "rc": 0,
+            "rows": [{"step": 0}], "workdir": workdir, "tail": ""}
+  return run
+
+
+def test_an_out_with_earlier_runs_is_refused_or_run_again(tmp_path, monkeypatch, capsys):
+  """Run again on the same --out, the earlier (finished) runs would resume and their old table
+  read as this code's: the command refuses in one line, or with --overwrite runs them anew."""
+  calls = []
+  monkeypatch.setattr(paper_smoke, "run", _fake_run(calls))
+  args = ["--presets=spell:paper,asl:paper", f"--out={tmp_path}"]
+  assert paper_smoke.main(args) == 0 and calls == ["spell:paper", "asl:paper"]
+  capsys.readouterr()
+  assert paper_smoke.main(args) == 2 and calls == ["spell:paper", "asl:paper"]
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"Error: --out={tmp_path} holds earlier runs "
+                                             "(spell_paper, spell_paper.log, asl_paper"), err
+  assert "--overwrite" in err[0]
+  assert paper_smoke.main(["--presets=scope:paper", f"--out={tmp_path}"]) == 0  # other presets
+  assert paper_smoke.main([*args, "--overwrite"]) == 0
+  assert calls == ["spell:paper", "asl:paper", "scope:paper", "spell:paper", "asl:paper"]
