@@ -16,9 +16,9 @@ rematerialised in the backward pass: bounded memory for one more forward of the 
 path is chosen from the mesh's devices, not from `jax.default_backend()`: the planner compiles
 TPU programs on a CPU host.
 
-The module learns the mesh from `use_mesh(mesh, rules)`, read while tracing: enter it around the
-first call of the jit that traces the model (a program traced outside it stays on ragged_dot,
-as jit does not retrace for it). Letters: M tokens, P pairs (M·k), R received rows, E experts (El
+The module learns the mesh while tracing, from `use_mesh(mesh, rules)` or else from the
+activation rules every sharded program already enters (`sharding.activation_sharding`: the train
+step, prefill and decode); a program traced outside both stays on ragged_dot. Letters: M tokens, P pairs (M·k), R received rows, E experts (El
 local), D model dim, F expert MLP dim.
 """
 
@@ -32,6 +32,8 @@ from typing import Any, Iterator
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
+
+from scope_jax import sharding as shd
 
 _CONTEXT: list[tuple[Mesh | None, Any, dict]] = []
 BATCH_AXES = ("data", "fsdp")  # the token axes when no rules are given (with `expert`)
@@ -51,8 +53,12 @@ def use_mesh(mesh: Mesh | None, rules: Any = None, **options) -> Iterator[None]:
 
 
 def current_mesh() -> tuple[Mesh | None, Any]:
-  """The innermost `use_mesh` (mesh, rules), or (None, None)."""
-  return _CONTEXT[-1][:2] if _CONTEXT else (None, None)
+  """The innermost `use_mesh` (mesh, rules), else the active activation rules' (mesh, rules),
+  else (None, None)."""
+  if _CONTEXT:
+    return _CONTEXT[-1][:2]
+  act = shd.active()
+  return (act.mesh, act.rules_dict) if act is not None else (None, None)
 
 
 def is_tpu(mesh: Mesh | None) -> bool:
@@ -318,5 +324,5 @@ def experts(x_MD, weights_MK, ids_MK, gate_EDF, up_EDF, down_EFD) -> jax.Array:
   mesh, rules = current_mesh()
   if is_tpu(mesh):
     return expert_parallel(x_MD, weights_MK, ids_MK, gate_EDF, up_EDF, down_EFD, mesh, rules,
-                           **_CONTEXT[-1][2])
+                           **(_CONTEXT[-1][2] if _CONTEXT else {}))
   return ragged_experts(x_MD, weights_MK, ids_MK, gate_EDF, up_EDF, down_EFD)
