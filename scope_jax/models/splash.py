@@ -90,6 +90,28 @@ def _local(q_BNTH, k_BKTH, v_BKTH, seg_BT, window, *, sliding: int, cap: float,
   return jax.lax.cond(window > 0, lambda: run(sliding), lambda: run(0))
 
 
+def _default_precision(fn):
+  """`fn` traced under the default matmul precision, forward and backward: Mosaic rejects a
+  'highest' precision bfloat16 matmul, and a caller's `jax.default_matmul_precision` (the tests
+  ask for 'highest') would otherwise reach the kernel's dots, in its backward pass too."""
+
+  @jax.custom_vjp
+  def call(*args):
+    with jax.default_matmul_precision("default"):
+      return fn(*args)
+
+  def fwd(*args):
+    with jax.default_matmul_precision("default"):
+      return jax.vjp(fn, *args)  # (output, the pullback: a pytree of residuals)
+
+  def bwd(pullback, ct):
+    with jax.default_matmul_precision("default"):
+      return pullback(ct)
+
+  call.defvjp(fwd, bwd)
+  return call
+
+
 def attend(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, valid_BT: jax.Array, *,
            window: jax.Array | int | None = None, sliding: int = 0, scale: float | None = None,
            cap: float = 0.0, interpret: bool = False) -> jax.Array:
@@ -111,6 +133,7 @@ def attend(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, valid_BT: ja
   window = jnp.asarray(0 if window is None else window, jnp.int32)
   fn = functools.partial(_local, sliding=int(sliding), cap=float(cap or 0.0),
                          interpret=interpret)
+  fn = _default_precision(fn)
   act = shd.active()
   if act is None:
     out_BNTH = fn(q_BNTH, k_BKTH, v_BKTH, seg_BT, window)
