@@ -119,7 +119,9 @@ if __name__ == "__main__":
   n = weight_bytes(model, 1) - model.vocab_size * model.hidden_size  # matmul weights
   tokens = ROWS * COLS
   attn = 6 * LAYERS * model.num_heads * model.head_dim * COLS  # causal: half of 12·L·N·H·T
-  print(f"temp {compiled.memory_analysis().temp_size_in_bytes / MIB:.0f} MiB/chip")
+  kernels = hlo.count('custom_call_target="tpu_custom_call"')
+  print(f"temp {compiled.memory_analysis().temp_size_in_bytes / MIB:.0f} MiB/chip; "
+        f"Pallas kernel calls in the HLO: {kernels}")
   print(f"compiled flops/chip (loops once) {cost.get('flops', 0):.4g}; "
         f"loop factor {analysis.loop_factor(jaxpr):.3f}; "
         f"per chip per call {cost.get('flops', 0) * analysis.loop_factor(jaxpr):.4g}")
