@@ -3,8 +3,9 @@ a 2-layer Qwen2.5-0.5B-shaped model gathers its weights (about twice per layer: 
 backward with the rematerialised forward) and reduce-scatters its gradients; no activation is
 all-reduced, and the unembedding is gathered once per micro-batch, not once per loss chunk.
 
-Run as a script to print the toy's collectives and FLOPs:
-  python -m tests.rl.test_fsdp
+Run as a script to print the toy's collectives and FLOPs (SCOPE_JAX_SPLASH=off for the XLA
+attention over the full [T, T]):
+  python -m tests.rl.test_fsdp [remat] [file for the compiled HLO]
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ if __name__ == "__main__":
   remat = sys.argv[1] if len(sys.argv) > 1 else "full"
   compiled, traced = compile_toy(remat)
   hlo = compiled.as_text()
+  if len(sys.argv) > 2:  # where to write the compiled HLO
+    with open(sys.argv[2], "w") as f:
+      f.write(hlo)
   colls, _ = analysis.hlo_collectives(hlo)
   for kind, c in colls.items():
     print(f"{kind:20s} {c.count:5d} ops {c.bytes / MIB:10.1f} MiB")
