@@ -221,7 +221,9 @@ def _chunk_map(f, w, consts, h_n, rest_n):
   Its backward pass recomputes each chunk (as `jax.checkpoint` would: no [B, T, V] is kept)
   and sums w's cotangent over the chunks in a float32 carry, rounded to w's dtype once: `w` is
   the unembedding gathered once in the compute dtype, whose per-chunk gradients would otherwise
-  add up in that dtype. `consts` and `rest_n` (targets, teacher inputs) get no gradient.
+  add up in that dtype. Across devices the sum is one all-reduce after the loop (XLA hoists it
+  out; pinning the sum to the weight's shards here would move a reduction into every chunk).
+  `consts` and `rest_n` (targets, teacher inputs) get no gradient.
   """
   return jax.lax.map(lambda xs: f(w, consts, *xs), (h_n, rest_n))
 
