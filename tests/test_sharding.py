@@ -103,3 +103,52 @@ def test_load_hf_into_mesh_places_shards(tmp_path):
   for a, b, s in zip(jax.tree.leaves(params), jax.tree.leaves(loaded), jax.tree.leaves(expected)):
     assert b.sharding.is_equivalent_to(s, b.ndim)
     chex.assert_trees_all_equal(np.asarray(a), np.asarray(b))
+
+
+def test_rules_from_an_older_config_get_the_activation_defaults():
+  """A config written before activations had rules validates: the activation rules default, and
+  rows go where that config's batch rule sends them."""
+  old = {k: v for k, v in shd.rules_to_config(shd.TRAIN_RULES).items()
+         if not k.startswith("activation_")}
+  rules = shd.rules_from_config(old)
+  assert {k: rules[k] for k in shd.ACTIVATION_RULES} == dict(shd.ACTIVATION_RULES)
+  rules = shd.rules_from_config({**old, "batch": "data"})
+  assert rules["activation_batch"] == "data"
+  assert shd.rules_from_config(shd.rules_to_config(shd.TRAIN_RULES)) == dict(shd.TRAIN_RULES)
+  with pytest.raises(ValueError, match="activation_embed"):
+    shd.rules_from_config({**old, "activation_embed": "model"})
+
+
+def test_constrain_pins_rows_to_the_batch_axes_only_inside_the_context():
+  """Outside `activation_sharding` a constraint is the identity; inside, the embedding's output
+  is laid out rows over (data, fsdp), features whole, and a one-device mesh changes nothing."""
+  mesh = shd.make_mesh((2, 4, 1))
+  x = jnp.ones((8, 4, 16))
+  axes = ("activation_batch", "activation_length", "activation_embed")
+  assert shd.constrain(x, axes) is x
+  with shd.activation_sharding(shd.make_mesh((1, 1, 1), jax.devices()[:1])):
+    assert shd.active() is None and shd.constrain(x, axes) is x
+  with shd.activation_sharding(mesh, shd.TRAIN_RULES):
+    spec = shd.activation_spec(axes, x.shape).spec
+    out = jax.jit(lambda a: shd.constrain(a * 2, axes))(x)
+  assert spec == P(("data", "fsdp"), None, None)
+  assert out.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, spec), 3)
+  assert shd.active() is None
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 8, 1), (2, 2, 2)])
+def test_forward_with_pinned_activations_equals_unsharded(mesh_shape):
+  """The same logits with every layer's activations pinned to the batch axes (FSDP)."""
+  cfg = tiny_config("qwen3", num_heads=8, num_kv_heads=4, head_dim=8, intermediate_size=128)
+  params = init_params(cfg, jax.random.key(0))
+  tokens, mask = padded_batch(cfg.vocab_size, [8, 5, 3, 8, 1, 6, 7, 2], 8)
+  ref, _ = forward(cfg, params, jnp.asarray(tokens), attention_mask=jnp.asarray(mask))
+  mesh = shd.make_mesh(mesh_shape)
+  sharded = transformer.shard_params(params, cfg, mesh)
+  batch = shd.shard_batch({"tokens": tokens, "mask": mask}, mesh)
+
+  def fwd(p, t, m):
+    with shd.activation_sharding(mesh, shd.TRAIN_RULES):
+      return forward(cfg, p, t, attention_mask=m, remat="full")[0]
+  out = jax.jit(fwd)(sharded, batch["tokens"], batch["mask"])
+  chex.assert_trees_all_close(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=1e-5)

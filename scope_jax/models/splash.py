@@ -21,6 +21,7 @@ Dimension letters: B batch, T query length (= key length), N query heads, K kv h
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -51,10 +52,19 @@ def block_size(t: int) -> int:
   return 0
 
 
+ENV = "SCOPE_JAX_SPLASH"
+
+
 def applies(t: int, h: int) -> bool:
   """Whether the cache-free attention of a [T]-token block runs in the splash kernel: on TPU,
-  when T tiles into 128-multiples and the head dim is a lane multiple (64, 128, 256)."""
-  return target_platform() == "tpu" and block_size(t) > 0 and h % 64 == 0
+  when T tiles into 128-multiples and the head dim is a multiple of 64 (read when a program is
+  traced). `SCOPE_JAX_SPLASH=off` keeps `ops.attend_kv` everywhere (`auto`, the default)."""
+  choice = os.environ.get(ENV, "auto")
+  if choice not in ("auto", "off"):
+    raise ValueError(f"{ENV}={choice!r} is not a choice: use 'auto' (splash attention on TPU) "
+                     "or 'off' (XLA attention everywhere).")
+  return (choice == "auto" and target_platform() == "tpu" and block_size(t) > 0
+          and h % 64 == 0)
 
 
 @functools.lru_cache(maxsize=32)
@@ -66,8 +76,10 @@ def _kernel(heads: int, t: int, window: int, cap: float, interpret: bool = False
   else:
     mask = sa.CausalMask((t, t))
   b = block_size(t)
+  # One fused backward kernel (dq, dk, dv together): it forms each visible score block once,
+  # where separate dq and dkv kernels would form it twice.
   sizes = sa.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
-                        block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
+                        block_kv_dkv_compute=b, use_fused_bwd_kernel=True)
   with jax.ensure_compile_time_eval():  # concrete mask tables, so the cached kernel outlives a trace
     return sa.make_splash_mha(sa.MultiHeadMask([mask] * heads), block_sizes=sizes,
                               head_shards=1, q_seq_shards=1, attn_logits_soft_cap=cap or None,
@@ -88,6 +100,28 @@ def _local(q_BNTH, k_BKTH, v_BKTH, seg_BT, window, *, sliding: int, cap: float,
   if not sliding:
     return run(0)
   return jax.lax.cond(window > 0, lambda: run(sliding), lambda: run(0))
+
+
+def _default_precision(fn):
+  """`fn` traced under the default matmul precision, forward and backward: Mosaic rejects a
+  'highest' precision bfloat16 matmul, and a caller's `jax.default_matmul_precision` (the tests
+  ask for 'highest') would otherwise reach the kernel's dots, in its backward pass too."""
+
+  @jax.custom_vjp
+  def call(*args):
+    with jax.default_matmul_precision("default"):
+      return fn(*args)
+
+  def fwd(*args):
+    with jax.default_matmul_precision("default"):
+      return jax.vjp(fn, *args)  # (output, the pullback: a pytree of residuals)
+
+  def bwd(pullback, ct):
+    with jax.default_matmul_precision("default"):
+      return pullback(ct)
+
+  call.defvjp(fwd, bwd)
+  return call
 
 
 def attend(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, valid_BT: jax.Array, *,
@@ -111,6 +145,7 @@ def attend(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, valid_BT: ja
   window = jnp.asarray(0 if window is None else window, jnp.int32)
   fn = functools.partial(_local, sliding=int(sliding), cap=float(cap or 0.0),
                          interpret=interpret)
+  fn = _default_precision(fn)
   act = shd.active()
   if act is None:
     out_BNTH = fn(q_BNTH, k_BKTH, v_BKTH, seg_BT, window)

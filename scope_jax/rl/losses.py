@@ -8,8 +8,11 @@ logits never exist at once.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from scope_jax import sharding as shd
 
@@ -175,26 +178,26 @@ def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
     return jnp.moveaxis(x.reshape((b, n, chunk) + x.shape[2:]), 1, 0)
 
   with_teacher = teacher_hidden_BTD is not None
-  # The unembedding gathered once, before the chunk loop, to the layout a chunk's logits want
-  # (vocab over tensor, embed whole): closed over as is, its fsdp shards would be gathered again
-  # in every chunk, forward and backward. The student's stays float32, so its gradient still
-  # sums over the chunks in float32; the teacher's (no gradient) is gathered in the compute dtype.
+  # The unembedding cast to the compute dtype and gathered once, before the chunk loop, to the
+  # layout a chunk's logits want (vocab over tensor, embed whole): closed over as is, its fsdp
+  # shards would be gathered again in every chunk, forward and backward. `_chunk_map` sums its
+  # gradient over the chunks in float32 and rounds once.
   vocab_VD = ("activation_vocab", "activation_embed")
-  unembed_VD = shd.constrain(unembed_VD, vocab_VD)
+  w_VD = shd.constrain(unembed_VD.astype(hidden_BTD.dtype), vocab_VD)
+  tw_VD = None
   if with_teacher:
-    teacher_unembed_VD = shd.constrain(teacher_unembed_VD.astype(teacher_hidden_BTD.dtype),
-                                       vocab_VD)
+    tw_VD = shd.constrain(jax.lax.stop_gradient(teacher_unembed_VD).astype(
+        teacher_hidden_BTD.dtype), vocab_VD)
 
-  @jax.checkpoint
-  def one_chunk(h_BCD, y_BC, th_BCD):
-    logits = _softcap(jnp.einsum("BCD,VD->BCV", h_BCD, unembed_VD.astype(h_BCD.dtype),
+  def one_chunk(w_VD, tw_VD, h_BCD, rest):
+    y_BC, th_BCD = rest
+    logits = _softcap(jnp.einsum("BCD,VD->BCV", h_BCD, w_VD.astype(h_BCD.dtype),
                                  preferred_element_type=jnp.float32), softcap) / temperature
     logp_BCV = jax.nn.log_softmax(logits, axis=-1)
     out = {"logp": jnp.take_along_axis(logp_BCV, y_BC[..., None], axis=-1)[..., 0]}
     out["entropy"] = entropy(logp_BCV) if with_entropy else jnp.zeros_like(out["logp"])
     if with_teacher:
-      t_logits = _softcap(jnp.einsum("BCD,VD->BCV", th_BCD,
-                                     teacher_unembed_VD.astype(th_BCD.dtype),
+      t_logits = _softcap(jnp.einsum("BCD,VD->BCV", th_BCD, tw_VD.astype(th_BCD.dtype),
                                      preferred_element_type=jnp.float32), softcap) / temperature
       t_logp = jax.lax.stop_gradient(jax.nn.log_softmax(t_logits, axis=-1))
       v = logp_BCV.shape[-1]
@@ -206,6 +209,49 @@ def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
     return out
 
   th = split(teacher_hidden_BTD) if with_teacher else jnp.zeros((n, b, chunk, 1), hidden_BTD.dtype)
-  outs = jax.lax.map(lambda xs: one_chunk(*xs), (split(hidden_BTD), split(targets_BT), th))
+  outs = _chunk_map(one_chunk, w_VD, tw_VD, split(hidden_BTD), (split(targets_BT), th))
   return {k: jnp.moveaxis(v, 0, 1).reshape(b, n * chunk)[:, :t] for k, v in outs.items()}
 
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _chunk_map(f, w, consts, h_n, rest_n):
+  """`lax.map` of f(w, consts, h, rest) over the leading (chunk) axis of `h_n` and `rest_n`.
+
+  Its backward pass recomputes each chunk (as `jax.checkpoint` would: no [B, T, V] is kept)
+  and sums w's cotangent over the chunks in a float32 carry, rounded to w's dtype once: `w` is
+  the unembedding gathered once in the compute dtype, whose per-chunk gradients would otherwise
+  add up in that dtype. Across devices the sum is one all-reduce after the loop (XLA hoists it
+  out; pinning the sum to the weight's shards here would move a reduction into every chunk).
+  `consts` and `rest_n` (targets, teacher inputs) get no gradient.
+  """
+  return jax.lax.map(lambda xs: f(w, consts, *xs), (h_n, rest_n))
+
+
+def _chunk_map_fwd(f, w, consts, h_n, rest_n):
+  return _chunk_map(f, w, consts, h_n, rest_n), (w, consts, h_n, rest_n)
+
+
+def _zero_cotangent(x):
+  if x is None:
+    return None
+  if jnp.issubdtype(x.dtype, jnp.inexact):
+    return jnp.zeros(x.shape, x.dtype)
+  return np.zeros(x.shape, jax.dtypes.float0)
+
+
+def _chunk_map_bwd(f, res, ct_n):
+  w, consts, h_n, rest_n = res
+
+  def body(dw_acc, xs):
+    h, rest, ct = xs
+    _, vjp = jax.vjp(lambda w_, h_: f(w_, consts, h_, rest), w, h)
+    dw, dh = vjp(ct)
+    return dw_acc + dw.astype(jnp.float32), dh
+
+  dw, dh_n = jax.lax.scan(body, jnp.zeros(w.shape, jnp.float32), (h_n, rest_n, ct_n))
+  return (dw.astype(w.dtype), jax.tree.map(_zero_cotangent, consts), dh_n,
+          jax.tree.map(_zero_cotangent, rest_n))
+
+
+_chunk_map.defvjp(_chunk_map_fwd, _chunk_map_bwd)

@@ -81,16 +81,19 @@ def nll_rows(config: ModelConfig, params, batch: batch_lib.TrainBatch, *, dtype,
 
 
 def make_sft_step(config: ModelConfig, optimizer, *, dtype=jnp.float32, chunk: int = 0,
-                  remat: str = "none"):
-  """step(params, opt_state, batch) → (params, opt_state, loss), jitted with donation."""
+                  remat: str = "none", mesh=None, rules: shd.Rules = shd.TRAIN_RULES):
+  """step(params, opt_state, batch) → (params, opt_state, loss), jitted with donation; with a
+  `mesh`, activations pinned to the batch axes as in the RL step (`shd.activation_sharding`)."""
   def loss_and_rows(params, batch):
     loss_B = nll_rows(config, params, batch, dtype=dtype, chunk=chunk, remat=remat)
     return loss_B.sum(), loss_B
 
   grad_fn = jax.grad(loss_and_rows, has_aux=True)
+  activations = shd.activations(mesh, rules)
 
   def step(params, opt_state, batch):
-    grads, loss_B = grad_fn(params, batch)
+    with shd.activation_sharding(activations):
+      grads, loss_B = grad_fn(params, batch)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss_B.sum()
 
@@ -109,7 +112,7 @@ def fit(config: ModelConfig, params, demos: Sequence[Trajectory], *, steps: int,
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(steps // 20, 1), max(steps, 2),
                                                 end_value=lr * 0.1)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule))
-  step_fn = make_sft_step(config, optimizer, dtype=dtype, chunk=chunk, remat=remat)
+  step_fn = make_sft_step(config, optimizer, dtype=dtype, chunk=chunk, remat=remat, mesh=mesh)
   opt_state = jax.jit(optimizer.init)(params)
   rng = np.random.default_rng(seed)
   rows = min(batch_rows, len(demos))

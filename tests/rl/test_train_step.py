@@ -45,7 +45,7 @@ def capture_grads():
 
 
 def _grads(lc, micro, batch, params, ref=None, teacher=None, mesh=None):
-  step = make_train_step(CFG, lc, capture_grads(), micro_batches=micro)
+  step = make_train_step(CFG, lc, capture_grads(), micro_batches=micro, mesh=mesh)
   params = jax.tree.map(jnp.copy, params)
   if mesh is not None:
     params = transformer.shard_params(params, CFG, mesh)
@@ -55,7 +55,7 @@ def _grads(lc, micro, batch, params, ref=None, teacher=None, mesh=None):
 
 
 def _updates(lc, micro, batch, params, ref=None, teacher=None, mesh=None):
-  step = make_train_step(CFG, lc, optax.sgd(1.0), micro_batches=micro)
+  step = make_train_step(CFG, lc, optax.sgd(1.0), micro_batches=micro, mesh=mesh)
   before = jax.tree.map(np.asarray, params)
   params = jax.tree.map(jnp.copy, params)  # the step donates its state
   if mesh is not None:
