@@ -6,8 +6,8 @@
 
 For each variant it prints the compiler's temporaries (`memory_analysis`), the bytes one call
 accesses (`cost_analysis`, the loop body counted once, so about one step) against the minimum
-of a step (the weights once plus the KV window read), and the whole-cache copies in the HLO:
-copy or transpose ops (alone or as a fusion's root) whose result has a layer buffer's size.
+of a step (the weights once, less the embedding table of which a step reads B rows, plus the
+KV window), and the whole-cache copies in the HLO (`cache_copies`).
 """
 
 from __future__ import annotations
@@ -94,34 +94,38 @@ _OP = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* (\w[\w-]*)\(")
 _CALLS = re.compile(r"calls=%([\w.-]+)")
 
 
-def cache_copies(hlo: str, buffer_elems: int) -> collections.Counter:
-  """Copies and transposes (alone, or the root of a fusion) whose result holds at least one
-  layer buffer's elements: whole-cache copies, by op."""
-  roots, comp = {}, None
+def cache_copies(hlo: str, buffer_shape) -> collections.Counter:
+  """Copies and transposes whose result is a KV buffer (any order of `buffer_shape`'s dims):
+  top-level ops of the entry and loop computations, or top-level fusions whose root is one.
+  A relayout inside a fusion (the attention's operand read) is not a copy in memory."""
+  comps, comp, roots, fused = collections.defaultdict(list), None, {}, set()
   for line in hlo.splitlines():
     head = re.match(r"^(?:ENTRY )?%([\w.-]+) ", line)
     if head and line.rstrip().endswith("{"):
       comp = head.group(1)
     m = _OP.match(line)
-    if m and line.lstrip().startswith("ROOT") and comp:
+    if not m or comp is None:
+      continue
+    comps[comp].append((m, line))
+    if line.lstrip().startswith("ROOT"):
       roots[comp] = m.group(4)
+    calls = _CALLS.search(line)
+    if m.group(4) == "fusion" and calls:
+      fused.add(calls.group(1))
+  want = sorted(buffer_shape)
   found = collections.Counter()
-  for line in hlo.splitlines():
-    m = _OP.match(line)
-    if not m:
+  for name, ops_ in comps.items():
+    if name in fused:
       continue
-    dims = [int(x) for x in m.group(3).split(",") if x]
-    n = 1
-    for x in dims:
-      n *= x
-    if n < buffer_elems:
-      continue
-    op = m.group(4)
-    if op == "fusion":
-      calls = _CALLS.search(line)
-      op = "fusion:" + roots.get(calls.group(1), "?") if calls else op
-    if op in ("copy", "transpose", "fusion:copy", "fusion:transpose"):
-      found[op] += 1
+    for m, line in ops_:
+      if sorted(int(x) for x in m.group(3).split(",") if x) != want:
+        continue
+      op = m.group(4)
+      if op == "fusion":
+        calls = _CALLS.search(line)
+        op = "fusion:" + roots.get(calls.group(1), "?") if calls else op
+      if op in ("copy", "transpose", "fusion:copy", "fusion:transpose", "copy-start"):
+        found[op] += 1
   return found
 
 
@@ -138,11 +142,13 @@ def measure(config, mesh, **kw) -> dict:
   rows = kw.get("gathered") or kw["slots"] // shd.batch_shards(mesh, shd.SAMPLING_RULES)
   per_row = layer // (kw["slots"] // shd.batch_shards(mesh, shd.SAMPLING_RULES))
   kv_read = 2 * config.num_layers * rows * per_row * window // kw["capacity"] * item
-  weights = sum(_shard_elems(x) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
+  read = {k: v for k, v in params.items() if k != "embed" or config.tie_embeddings}  # rows only
+  weights = sum(_shard_elems(x) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(read))
   cache_bytes = sum(_shard_elems(x) * jnp.dtype(x.dtype).itemsize for x in cache.k + cache.v)
   return dict(temp=mem.temp_size_in_bytes, bytes=float(cost.get("bytes accessed", 0.0)),
               minimum=weights + kv_read, cache=cache_bytes,
-              copies=cache_copies(compiled.as_text(), layer), seconds=time.perf_counter() - start)
+              copies=cache_copies(compiled.as_text(), cache.k[0].sharding.shard_shape(cache.k[0].shape)),
+              seconds=time.perf_counter() - start)
 
 
 def main():

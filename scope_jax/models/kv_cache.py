@@ -30,9 +30,12 @@ import jax.numpy as jnp
 
 from scope_jax.models import ops
 
+# Layouts: the axis order of one layer's (keys, values) buffers.
 HEADS = "heads"  # keys [B, K, H, C], values [B, K, C, H]
 SLOTS = "slots"  # keys and values [B, C, K, H]
-LAYOUTS = (HEADS, SLOTS)
+SPECS = {HEADS: ("BKHC", "BKCH"), SLOTS: ("BCKH", "BCKH")}
+LAYOUTS = tuple(SPECS)
+_AXES = dict(B="batch", C="cache", K="kv_heads", H="head_dim")
 
 
 @flax.struct.dataclass
@@ -60,67 +63,64 @@ def default_layout() -> str:
   return SLOTS if ops.target_platform() == "tpu" else HEADS
 
 
-def _check(layout: str) -> str:
-  if layout not in LAYOUTS:
+def specs(layout: str) -> tuple[str, str]:
+  """(keys, values) axis letters of `layout`: B rows, C slots, K kv heads, H head dim."""
+  if layout not in SPECS:
     raise ValueError(f"KV cache layout {layout!r} is not one of {LAYOUTS}.")
-  return layout
+  return SPECS[layout]
+
+
+def attention_specs(layout: str) -> tuple[str, str]:
+  """`specs` with the slots named S (key slots), as `ops.attend_kv` reads them."""
+  return tuple(x.replace("C", "S") for x in specs(layout))
 
 
 def buffer_shapes(config, batch_size: int, capacity: int, layout: str):
   """(keys, values) shapes of one layer's buffers."""
-  b, c, k, h = batch_size, capacity, config.num_kv_heads, config.head_dim
-  if _check(layout) == SLOTS:
-    return (b, c, k, h), (b, c, k, h)
-  return (b, k, h, c), (b, k, c, h)
+  size = dict(B=batch_size, C=capacity, K=config.num_kv_heads, H=config.head_dim)
+  return tuple(tuple(size[a] for a in spec) for spec in specs(layout))
 
 
 def buffer_axes(layout: str):
   """(keys, values) logical axis names of one layer's buffers (`sharding.py`'s rules)."""
-  if _check(layout) == SLOTS:
-    return ("batch", "cache", "kv_heads", "head_dim"), ("batch", "cache", "kv_heads", "head_dim")
-  return ("batch", "kv_heads", "head_dim", "cache"), ("batch", "kv_heads", "cache", "head_dim")
+  return tuple(tuple(_AXES[a] for a in spec) for spec in specs(layout))
 
 
 def slot_axes(layout: str) -> tuple[int, int]:
   """The slot axis of (keys, values)."""
-  return (1, 1) if _check(layout) == SLOTS else (3, 2)
+  return tuple(spec.index("C") for spec in specs(layout))
+
+
+def _pick(candidates: list[str]) -> str:
+  if len(candidates) > 1 and default_layout() in candidates:
+    return default_layout()
+  return candidates[0]
 
 
 def layout_of(k: jax.Array, num_kv_heads: int, head_dim: int) -> str:
-  """The layout of a key buffer, from its shape: [B, C, K, H] is `SLOTS`, [B, K, H, C] `HEADS`
-  (when both read alike, C = K = H, the target's `default_layout`)."""
-  slots, heads = k.shape[2:] == (num_kv_heads, head_dim), k.shape[1:3] == (num_kv_heads, head_dim)
-  if slots and heads:
-    return default_layout()
-  if not (slots or heads):
-    raise ValueError(f"A key buffer of shape {k.shape} holds neither [B, K, H, C] nor [B, C, K, H] "
-                     f"with K={num_kv_heads} kv heads of {head_dim} dims; build it with init_cache.")
-  return SLOTS if slots else HEADS
+  """The layout of a key buffer, from its shape (where two layouts read alike, e.g. C = H,
+  the target's `default_layout`)."""
+  fits = lambda spec: all(k.shape[spec.index(a)] == n
+                          for a, n in (("K", num_kv_heads), ("H", head_dim)))
+  candidates = [name for name, (spec, _) in SPECS.items() if fits(spec)]
+  if not candidates:
+    raise ValueError(f"A key buffer of shape {k.shape} is in no KV cache layout with "
+                     f"K={num_kv_heads} kv heads of {head_dim} dims; build it with init_cache.")
+  return _pick(candidates)
 
 
-def _value_layout(v: jax.Array, num_kv_heads: int, head_dim: int) -> str:
-  """`layout_of` for a value buffer ([B, C, K, H] or [B, K, C, H])."""
-  slots = v.shape[2:] == (num_kv_heads, head_dim)
-  heads = v.shape[1] == num_kv_heads and v.shape[3] == head_dim
-  if slots and heads:
-    return default_layout()
-  if not (slots or heads):
-    raise ValueError(f"A value buffer of shape {v.shape} holds neither [B, K, C, H] nor "
-                     f"[B, C, K, H] with K={num_kv_heads} kv heads of {head_dim} dims.")
-  return SLOTS if slots else HEADS
-
-
-def cache_layout(cache: KVCache) -> str:
-  """The layout of a whole cache's buffers (keys and values alike in `SLOTS`; in `HEADS` they
-  differ unless H = C, and then keys [B, K, C, C] read as `SLOTS` only when K = C too)."""
+def cache_layout(cache: "KVCache") -> str:
+  """The layout of a whole cache's buffers, from their shapes and its capacity."""
   k, v = cache.k[0], cache.v[0]
-  if k.shape != v.shape:
-    return HEADS
-  if k.shape[1] != cache.valid.shape[1]:
-    return HEADS
-  if k.shape[1] == k.shape[2] == k.shape[3]:
-    return default_layout()
-  return SLOTS
+
+  def fits(k_spec, v_spec):
+    size = dict(zip(k_spec, k.shape))
+    return size["C"] == cache.valid.shape[1] and v.shape == tuple(size[a] for a in v_spec)
+  candidates = [name for name, pair in SPECS.items() if fits(*pair)]
+  if not candidates:
+    raise ValueError(f"KV cache buffers {k.shape} / {v.shape} with {cache.valid.shape[1]} slots "
+                     "are in no layout; build the cache with init_cache.")
+  return _pick(candidates)
 
 
 def init_cache(config, batch_size: int, capacity: int, dtype=jnp.float32,
@@ -156,28 +156,31 @@ def _per_row(write):
   return jax.vmap(write)
 
 
+def _write(buffer: jax.Array, spec: str, slots_BT: jax.Array, new_BTKH: jax.Array) -> jax.Array:
+  """Scatters a block [B, T, K, H] into a buffer with axes `spec` at `slots` (per row)."""
+  new_BTKH = new_BTKH.astype(buffer.dtype)
+  row = spec[1:]
+  at = (slice(None),) * row.index("C")
+  put = lambda x, s_T, n_TKH: x.at[at + (s_T,)].set(
+      jnp.einsum(f"TKH->{row.replace('C', 'T')}", n_TKH), mode="drop")
+  return _per_row(put)(buffer, slots_BT, new_BTKH)
+
+
 def write_keys(k: jax.Array, slots_BT: jax.Array, new_BTKH: jax.Array,
                layout: str | None = None) -> jax.Array:
   """Scatters one layer's new keys into its buffer at `slots` (layout read from the shapes)."""
   layout = layout or layout_of(k, *new_BTKH.shape[2:])
-  if layout == SLOTS:
-    put = lambda k_CKH, s_T, n_TKH: k_CKH.at[s_T].set(n_TKH, mode="drop")
-  else:
-    put = lambda k_KHC, s_T, n_TKH: k_KHC.at[:, :, s_T].set(jnp.einsum("TKH->KHT", n_TKH),
-                                                             mode="drop")
-  return _per_row(put)(k, slots_BT, new_BTKH.astype(k.dtype))
+  return _write(k, specs(layout)[0], slots_BT, new_BTKH)
 
 
 def write_values(v: jax.Array, slots_BT: jax.Array, new_BTKH: jax.Array,
                  layout: str | None = None) -> jax.Array:
-  """Scatters one layer's new values into its buffer at `slots` (layout read from the shapes)."""
-  layout = layout or _value_layout(v, *new_BTKH.shape[2:])
-  if _check(layout) == SLOTS:
-    put = lambda v_CKH, s_T, n_TKH: v_CKH.at[s_T].set(n_TKH, mode="drop")
-  else:
-    put = lambda v_KCH, s_T, n_TKH: v_KCH.at[:, s_T].set(jnp.einsum("TKH->KTH", n_TKH),
-                                                          mode="drop")
-  return _per_row(put)(v, slots_BT, new_BTKH.astype(v.dtype))
+  """Scatters one layer's new values into its buffer at `slots` (layout read from the shapes:
+  only `SLOTS` stores values otherwise than [B, K, C, H])."""
+  if layout is None:
+    layout = SLOTS if v.shape[2:] == new_BTKH.shape[2:] and v.shape[1] != new_BTKH.shape[2] \
+        else HEADS
+  return _write(v, specs(layout)[1], slots_BT, new_BTKH)
 
 
 def read_window(k: jax.Array, v: jax.Array, window: int, layout: str):

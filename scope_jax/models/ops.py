@@ -57,23 +57,18 @@ def apply_rope(x_BTNH: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array) -> jax
   return x_BTNH * cos + rotated * sin
 
 
-_KEY_SPECS = {"heads": ("BKHS", "BKSH"), "slots": ("BSKH", "BSKH")}  # kv_cache's layouts
-
-
-def _kv_dims(keys, layout: str) -> tuple[int, int]:
-  """(kv heads, key slots) of a key buffer in a KV cache layout (`kv_cache.HEADS` / `SLOTS`)."""
-  if layout not in _KEY_SPECS:
-    raise ValueError(f"KV layout {layout!r} is not one of {tuple(_KEY_SPECS)}.")
-  return (keys.shape[1], keys.shape[3]) if layout == "heads" else (keys.shape[2], keys.shape[1])
+def _kv_dims(keys, k_spec: str) -> tuple[int, int]:
+  """(kv heads, key slots) of keys whose axes are `k_spec` (e.g. 'BKHS')."""
+  return keys.shape[k_spec.index("K")], keys.shape[k_spec.index("S")]
 
 
 def _attend_block(q_BTNH, keys, values, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, *,
-                  scale, cap, window, layout="heads"):
+                  scale, cap, window, kv_specs=("BKHS", "BKSH")):
   """Grouped-query attention for one query block; the causal mask comes from slot indices, the
   sliding window (when `window` > 0) from RoPE positions, so padding never shifts it."""
   b, t, n, h = q_BTNH.shape
-  kv, s = _kv_dims(keys, layout)
-  k_spec, v_spec = _KEY_SPECS[layout]
+  k_spec, v_spec = kv_specs
+  kv, s = _kv_dims(keys, k_spec)
   q_BKGTH = jnp.einsum("BTKGH->BKGTH", q_BTNH.reshape(b, t, kv, n // kv, h))
   scores_BKGTS = jnp.einsum(f"BKGTH,{k_spec}->BKGTS", q_BKGTH, keys,
                             preferred_element_type=jnp.float32) * (h ** -0.5 if scale is None
@@ -158,10 +153,11 @@ def attend_kv(q_BTNH: jax.Array, keys: jax.Array, values: jax.Array, q_slot_BT: 
               k_valid_BS: jax.Array, *, q_pos_BT: jax.Array | None = None,
               k_pos_BS: jax.Array | None = None, window: jax.Array | int | None = None,
               scale: float | None = None, cap: float = 0.0,
-              q_chunk: int | None = None, layout: str = "heads") -> jax.Array:
-  """Causal grouped-query attention over keys and values in a KV cache layout: `heads`, keys
-  [B, K, H, S] and values [B, K, S, H], or `slots`, both [B, S, K, H] (`kv_cache`); scores and
-  softmax in float32.
+              q_chunk: int | None = None,
+              kv_specs: tuple[str, str] = ("BKHS", "BKSH")) -> jax.Array:
+  """Causal grouped-query attention over keys and values whose axes are `kv_specs` (a KV cache
+  layout's: `kv_cache.attention_specs`; by default keys [B, K, H, S], values [B, K, S, H]);
+  scores and softmax in float32.
 
   Query t (at key slot q_slot[t]) attends to valid key slots s <= q_slot[t]; with a positive
   `window` (traced, per layer) also only to keys whose position is within `window` of its own.
@@ -176,7 +172,7 @@ def attend_kv(q_BTNH: jax.Array, keys: jax.Array, values: jax.Array, q_slot_BT: 
   if q_pos_BT is None:
     q_pos_BT = jnp.zeros((b, t), jnp.int32)
     k_pos_BS = jnp.zeros(k_valid_BS.shape, jnp.int32)
-  kw = dict(scale=scale, cap=cap, window=window, layout=layout)
+  kw = dict(scale=scale, cap=cap, window=window, kv_specs=kv_specs)
   if t <= q_chunk:
     return _attend_block(q_BTNH, keys, values, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, **kw)
   n_chunks = -(-t // q_chunk)
@@ -198,7 +194,8 @@ def attend_cached(q_BTNH: jax.Array, keys: jax.Array, values: jax.Array, q_slot_
                   k_valid_BS: jax.Array, *, q_pos_BT: jax.Array | None = None,
                   k_pos_BS: jax.Array | None = None, window: jax.Array | int | None = None,
                   scale: float | None = None, cap: float = 0.0, q_chunk: int = 64,
-                  k_block: int = 512, layout: str = "heads") -> jax.Array:
+                  k_block: int = 512,
+                  kv_specs: tuple[str, str] = ("BKHS", "BKSH")) -> jax.Array:
   """`attend_kv` for a block of queries over a KV cache, computed one row and `q_chunk` queries
   at a time against `k_block`-key blocks with an online softmax (float32). A chunk reads only
   the key blocks that hold a valid key at or before its last query, and a chunk with no real
@@ -210,9 +207,9 @@ def attend_cached(q_BTNH: jax.Array, keys: jax.Array, values: jax.Array, q_slot_
   serial, and the skips are `lax.cond`s.
   """
   b, t, n, h = q_BTNH.shape
-  kv, s = _kv_dims(keys, layout)
-  k_axis, v_axis = (2, 1) if layout == "heads" else (0, 0)  # slot axis of one row's buffers
-  k_spec, v_spec = ("KHS", "KSH") if layout == "heads" else ("SKH", "SKH")
+  k_spec, v_spec = (x[1:] for x in kv_specs)  # one row's
+  kv, s = _kv_dims(keys, kv_specs[0])
+  k_axis, v_axis = k_spec.index("S"), v_spec.index("S")
   g = n // kv
   if window is not None and (q_pos_BT is None or k_pos_BS is None):
     raise ValueError("A sliding window needs query and key positions.")
