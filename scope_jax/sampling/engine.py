@@ -31,7 +31,6 @@ from absl import logging
 
 from scope_jax import sharding as shd
 from scope_jax.models import kv_cache as kvc
-from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.sampling import slot_ops
 from scope_jax.sampling import stops as stops_lib
