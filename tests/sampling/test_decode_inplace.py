@@ -13,11 +13,10 @@ from scope_jax import sharding as shd
 from scope_jax.models import init_params
 from scope_jax.models import kv_cache as kvc
 from scope_jax.models import ops
+from scope_jax.models.config import ModelConfig
 from scope_jax.sampling import Engine, Sampler
 
 PROMPTS = [[3, 17, 42, 9, 100, 7, 8, 11, 250], [5], [60, 61, 62, 63], [9, 9, 9, 9, 9, 9, 9]]
-SMALL = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_heads=4,
-             num_kv_heads=2, head_dim=128)  # TPU-sized minor dims (128 lanes), 2 layers
 
 
 @pytest.fixture(autouse=True)
@@ -33,8 +32,9 @@ def _no_persistent_cache():
 def test_tpu_decode_chunk_has_no_whole_cache_copy():
   from bench import decode_hlo
   from scope_jax.plan import topology
-  decode_hlo.MODELS["small"] = SMALL
-  config = decode_hlo.model_config("small", 2)
+  # 2 layers, 4 query heads over 2 kv heads of 128 dims (a TPU lane's width, as 7B's)
+  config = ModelConfig("qwen2", 1024, 256, 512, 2, 4, 2, 128, rope_theta=1e6, qkv_bias=True,
+                       max_position_embeddings=4096)
   mesh = shd.make_mesh((1, -1, 1), topology.devices(topology.parse("v5p-8")))
   kw = dict(slots=16, capacity=2048, chunk=4)
   got = decode_hlo.measure(config, mesh, layout=kvc.SLOTS, in_place=True, **kw)
