@@ -128,8 +128,9 @@ class Attention(nnx.Module):
 
   def __call__(self, h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, positions=None,
                window=None):
-    """Returns (output [B, T, D], kv): `kv` is this layer's cache buffers (keys [B, K, H, C],
-    values [B, K, C, H]) with the block written at `slots`, or None (the block attends to itself).
+    """Returns (output [B, T, D], kv): `kv` is this layer's cache buffers (in a `kv_cache`
+    layout) with the block written at `slots`, or None (the block attends to itself); the block
+    attends to the first S slots, S = `valid_BS`'s length (the buffers may hold more).
     `positions` = (query positions [B, T], key positions [B, S]) for a sliding `window`."""
     q, k, v = self.project_qkv(h_BTD, cos_BTH, sin_BTH)
     if kv is None and splash.applies(q.shape[1], q.shape[3]):  # TPU: skip the masked blocks
@@ -137,16 +138,21 @@ class Attention(nnx.Module):
                                scale=self.scale, cap=self.cap)
       return jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(out_BTNH.dtype)), kv
     if kv is None:
-      kT_BKHS, v_BKSH = jnp.einsum("BTKH->BKHT", k), jnp.einsum("BTKH->BKTH", v)
+      specs, keys, values = None, jnp.einsum("BTKH->BKHT", k), jnp.einsum("BTKH->BKTH", v)
     else:
-      kv = (kvc.write_keys(kv[0], slots_BT, k), kvc.write_values(kv[1], slots_BT, v))
-      kT_BKHS, v_BKSH = kv[0].astype(h_BTD.dtype), kv[1].astype(h_BTD.dtype)
+      layout = kvc.layout_of(kv[0], *k.shape[2:])
+      kv = (kvc.write_keys(kv[0], slots_BT, k, layout),
+            kvc.write_values(kv[1], slots_BT, v, layout))
+      keys, values = kvc.read_window(*kv, valid_BS.shape[1], layout)
+      keys, values = keys.astype(h_BTD.dtype), values.astype(h_BTD.dtype)
+      specs = kvc.attention_specs(layout)
     q_pos, k_pos = positions if positions is not None else (None, None)
     attend = ops.attend_kv
     if kv is not None and q.shape[1] > 1 and ops.blockwise_cache_attention():
       attend = ops.attend_cached  # a prefill into the cache: skip the keys no query needs
-    out_BTNH = attend(q, kT_BKHS, v_BKSH, slots_BT, valid_BS, q_pos_BT=q_pos, k_pos_BS=k_pos,
-                      window=window, scale=self.scale, cap=self.cap)
+    out_BTNH = attend(q, keys, values, slots_BT, valid_BS, q_pos_BT=q_pos, k_pos_BS=k_pos,
+                      window=window, scale=self.scale, cap=self.cap,
+                      kv_specs=specs or ("BKHS", "BKSH"))
     return jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(out_BTNH.dtype)), kv
 
 

@@ -57,14 +57,20 @@ def apply_rope(x_BTNH: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array) -> jax
   return x_BTNH * cos + rotated * sin
 
 
-def _attend_block(q_BTNH, kT_BKHS, v_BKSH, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, *,
-                  scale, cap, window):
+def _kv_dims(keys, k_spec: str) -> tuple[int, int]:
+  """(kv heads, key slots) of keys whose axes are `k_spec` (e.g. 'BKHS')."""
+  return keys.shape[k_spec.index("K")], keys.shape[k_spec.index("S")]
+
+
+def _attend_block(q_BTNH, keys, values, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, *,
+                  scale, cap, window, kv_specs=("BKHS", "BKSH")):
   """Grouped-query attention for one query block; the causal mask comes from slot indices, the
   sliding window (when `window` > 0) from RoPE positions, so padding never shifts it."""
   b, t, n, h = q_BTNH.shape
-  kv, s = kT_BKHS.shape[1], kT_BKHS.shape[3]
+  k_spec, v_spec = kv_specs
+  kv, s = _kv_dims(keys, k_spec)
   q_BKGTH = jnp.einsum("BTKGH->BKGTH", q_BTNH.reshape(b, t, kv, n // kv, h))
-  scores_BKGTS = jnp.einsum("BKGTH,BKHS->BKGTS", q_BKGTH, kT_BKHS,
+  scores_BKGTS = jnp.einsum(f"BKGTH,{k_spec}->BKGTS", q_BKGTH, keys,
                             preferred_element_type=jnp.float32) * (h ** -0.5 if scale is None
                                                                    else scale)
   scores_BKGTS = softcap(scores_BKGTS, cap)
@@ -74,8 +80,8 @@ def _attend_block(q_BTNH, kT_BKHS, v_BKSH, q_slot_BT, k_valid_BS, q_pos_BT, k_po
     near_BTS = (q_pos_BT[:, :, None] - k_pos_BS[:, None, :]) < window
     mask_BTS &= (window <= 0) | near_BTS
   scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, K_MASK)
-  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BKSH.dtype)
-  out_BKGTH = jnp.einsum("BKGTS,BKSH->BKGTH", probs_BKGTS, v_BKSH)
+  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(values.dtype)
+  out_BKGTH = jnp.einsum(f"BKGTS,{v_spec}->BKGTH", probs_BKGTS, values)
   return jnp.einsum("BKGTH->BTKGH", out_BKGTH).reshape(b, t, n, h)
 
 
@@ -95,6 +101,11 @@ def compiling_for(platform: str, devices: int):
 
 def _target() -> tuple[str, int]:
   return _TARGET[-1] if _TARGET else (jax.default_backend(), jax.device_count())
+
+
+def target_platform() -> str:
+  """The platform programs are traced for: this host's backend, or `compiling_for`'s."""
+  return _target()[0]
 
 
 def slice_layers_outside_loops() -> bool:
@@ -138,13 +149,15 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, q_slot_BT: j
                    q_slot_BT, k_valid_BS, **kw)
 
 
-def attend_kv(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_slot_BT: jax.Array,
+def attend_kv(q_BTNH: jax.Array, keys: jax.Array, values: jax.Array, q_slot_BT: jax.Array,
               k_valid_BS: jax.Array, *, q_pos_BT: jax.Array | None = None,
               k_pos_BS: jax.Array | None = None, window: jax.Array | int | None = None,
               scale: float | None = None, cap: float = 0.0,
-              q_chunk: int | None = None) -> jax.Array:
-  """Causal grouped-query attention over keys [B, K, H, S] and values [B, K, S, H] (the KV
-  cache's layout); scores and softmax in float32.
+              q_chunk: int | None = None,
+              kv_specs: tuple[str, str] = ("BKHS", "BKSH")) -> jax.Array:
+  """Causal grouped-query attention over keys and values whose axes are `kv_specs` (a KV cache
+  layout's: `kv_cache.attention_specs`; by default keys [B, K, H, S], values [B, K, S, H]);
+  scores and softmax in float32.
 
   Query t (at key slot q_slot[t]) attends to valid key slots s <= q_slot[t]; with a positive
   `window` (traced, per layer) also only to keys whose position is within `window` of its own.
@@ -159,9 +172,9 @@ def attend_kv(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_slot_B
   if q_pos_BT is None:
     q_pos_BT = jnp.zeros((b, t), jnp.int32)
     k_pos_BS = jnp.zeros(k_valid_BS.shape, jnp.int32)
-  kw = dict(scale=scale, cap=cap, window=window)
+  kw = dict(scale=scale, cap=cap, window=window, kv_specs=kv_specs)
   if t <= q_chunk:
-    return _attend_block(q_BTNH, kT_BKHS, v_BKSH, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, **kw)
+    return _attend_block(q_BTNH, keys, values, q_slot_BT, k_valid_BS, q_pos_BT, k_pos_BS, **kw)
   n_chunks = -(-t // q_chunk)
   size = -(-t // n_chunks)  # equal chunks: at most n_chunks - 1 padded queries
   pad = n_chunks * size - t
@@ -171,17 +184,18 @@ def attend_kv(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_slot_B
   q_cBcNH = jnp.moveaxis(q.reshape(b, n_chunks, size, n, h), 1, 0)
   slots_cBc = jnp.moveaxis(slots.reshape(b, n_chunks, size), 1, 0)
   pos_cBc = jnp.moveaxis(q_pos.reshape(b, n_chunks, size), 1, 0)
-  block = jax.checkpoint(lambda xs: _attend_block(xs[0], kT_BKHS, v_BKSH, xs[1], k_valid_BS,
+  block = jax.checkpoint(lambda xs: _attend_block(xs[0], keys, values, xs[1], k_valid_BS,
                                                   xs[2], k_pos_BS, **kw))
   out = jax.lax.map(block, (q_cBcNH, slots_cBc, pos_cBc))
   return jnp.moveaxis(out, 0, 1).reshape(b, t + pad, n, h)[:, :t]
 
 
-def attend_cached(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_slot_BT: jax.Array,
+def attend_cached(q_BTNH: jax.Array, keys: jax.Array, values: jax.Array, q_slot_BT: jax.Array,
                   k_valid_BS: jax.Array, *, q_pos_BT: jax.Array | None = None,
                   k_pos_BS: jax.Array | None = None, window: jax.Array | int | None = None,
                   scale: float | None = None, cap: float = 0.0, q_chunk: int = 64,
-                  k_block: int = 512) -> jax.Array:
+                  k_block: int = 512,
+                  kv_specs: tuple[str, str] = ("BKHS", "BKSH")) -> jax.Array:
   """`attend_kv` for a block of queries over a KV cache, computed one row and `q_chunk` queries
   at a time against `k_block`-key blocks with an online softmax (float32). A chunk reads only
   the key blocks that hold a valid key at or before its last query, and a chunk with no real
@@ -193,7 +207,9 @@ def attend_cached(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_sl
   serial, and the skips are `lax.cond`s.
   """
   b, t, n, h = q_BTNH.shape
-  kv, s = kT_BKHS.shape[1], kT_BKHS.shape[3]
+  k_spec, v_spec = (x[1:] for x in kv_specs)  # one row's
+  kv, s = _kv_dims(keys, kv_specs[0])
+  k_axis, v_axis = k_spec.index("S"), v_spec.index("S")
   g = n // kv
   if window is not None and (q_pos_BT is None or k_pos_BS is None):
     raise ValueError("A sliding window needs query and key positions.")
@@ -222,11 +238,11 @@ def attend_cached(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_sl
       def update(carry):
         m_KGq, l_KGq, acc_KGqH = carry
         start = jnp.minimum(j * k_block, s - k_block)  # the last block may overlap the one before
-        k_KHS = jax.lax.dynamic_slice_in_dim(kT_BKHS[r], start, k_block, axis=2)
-        v_KSH = jax.lax.dynamic_slice_in_dim(v_BKSH[r], start, k_block, axis=1)
+        k_blk = jax.lax.dynamic_slice_in_dim(keys[r], start, k_block, axis=k_axis)
+        v_blk = jax.lax.dynamic_slice_in_dim(values[r], start, k_block, axis=v_axis)
         valid_S = jax.lax.dynamic_slice_in_dim(k_valid_BS[r], start, k_block)
         slot_S = start + jnp.arange(k_block, dtype=jnp.int32)
-        scores = jnp.einsum("KGqH,KHS->KGqS", q_KGqH, k_KHS.astype(q_KGqH.dtype),
+        scores = jnp.einsum(f"KGqH,{k_spec}->KGqS", q_KGqH, k_blk.astype(q_KGqH.dtype),
                             preferred_element_type=jnp.float32)
         scores = softcap(scores, cap)
         mask_qS = ((slot_S[None, :] <= slot_q[:, None]) & valid_S[None, :]
@@ -238,7 +254,7 @@ def attend_cached(q_BTNH: jax.Array, kT_BKHS: jax.Array, v_BKSH: jax.Array, q_sl
         m_new = jnp.maximum(m_KGq, scores.max(-1))
         p_KGqS = jnp.exp(scores - m_new[..., None])
         rescale = jnp.exp(m_KGq - m_new)
-        pv_KGqH = jnp.einsum("KGqS,KSH->KGqH", p_KGqS.astype(v_KSH.dtype), v_KSH,
+        pv_KGqH = jnp.einsum(f"KGqS,{v_spec}->KGqH", p_KGqS.astype(v_blk.dtype), v_blk,
                              preferred_element_type=jnp.float32)
         return m_new, l_KGq * rescale + p_KGqS.sum(-1), acc_KGqH * rescale[..., None] + pv_KGqH
       return jax.lax.cond(need_k[j], update, lambda carry: carry, carry)

@@ -27,17 +27,32 @@ from typing import Any, Callable, Hashable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from scope_jax import sharding as shd
 from scope_jax.models import kv_cache as kvc
-from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.sampling import slot_ops
 from scope_jax.sampling import stops as stops_lib
-from scope_jax.sampling.sampler import SampleResult, SamplingSpec, length_bucket, prepare
+from scope_jax.sampling.sampler import (SampleResult, SamplingSpec, length_bucket, place_params,
+                                        prepare, release_copies)
 
 _ENGINES = weakref.WeakSet()  # every engine, so `free_caches` can reach them
 compile_counts = slot_ops.compile_counts  # how often each engine program was traced
+
+
+def max_live_caches() -> int:
+  """How many engine KV caches can be allocated at once in this process (for memory planning):
+  one. An engine frees every other idle engine's cache before it allocates its own, parked slots
+  included (a parked key's next turn then prefills its whole context again), and the rollouts
+  drive one engine at a time; an engine still generating is never freed (`_allocate` logs it).
+  Its logits ([slots, vocab] float32) come and go with it."""
+  return 1
+
+
+def live_caches() -> int:
+  """How many engines hold a KV cache now."""
+  return sum(engine.cache is not None for engine in list(_ENGINES))
 
 
 def free_caches() -> None:
@@ -103,16 +118,19 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
   return int(diff[0]) if diff.size else n
 
 
-def cache_shardings(config: ModelConfig, mesh, rules: shd.Rules, capacity: int):
-  """(KV cache, [slots, 1] rows) shardings of an engine's cache on `mesh`: slots split over the
-  batch axes, KV heads over the mesh axis the rules give them where it divides them."""
+def cache_shardings(config: ModelConfig, mesh, rules: shd.Rules, capacity: int,
+                    layout: str | None = None):
+  """(KV cache, [slots, 1] rows) shardings of an engine's cache on `mesh` (buffers in `layout`,
+  default `kvc.default_layout()`): slots split over the batch axes, KV heads over the mesh axis
+  the rules give them where it divides them."""
+  layout = layout or kvc.default_layout()
   m = shd.batch_shards(mesh, rules)  # slots are always a multiple of m
   spec = lambda axes, shape: jax.sharding.NamedSharding(
       mesh, shd.logical_to_spec(axes, shape, mesh, rules))
   # KV heads that a mesh axis can't divide stay whole
-  bk = ("batch", "kv_heads"), (m, config.num_kv_heads)
-  k = spec(bk[0] + ("head_dim", "cache"), bk[1] + (config.head_dim, capacity))
-  v = spec(bk[0] + ("cache", "head_dim"), bk[1] + (capacity, config.head_dim))
+  k_shape, v_shape = kvc.buffer_shapes(config, m, capacity, layout)
+  k_axes, v_axes = kvc.buffer_axes(layout)
+  k, v = spec(k_axes, k_shape), spec(v_axes, v_shape)
   row, row_col = spec(("batch",), (m,)), spec(("batch", None), (m, 1))
   layers = range(config.num_layers)
   cache = kvc.KVCache(k=tuple(k for _ in layers), v=tuple(v for _ in layers), valid=row_col,
@@ -142,11 +160,14 @@ class Engine:
     self.eos_ids = tuple(config.eos_ids if eos_ids is None else eos_ids)
     m = self._batch_multiple()
     self.max_slots = -(-num_slots // m) * m
+    self.layout = kvc.default_layout()  # of the cache's buffers (`kv_cache`), for this backend
+    self.in_place = slot_ops.in_place_decode()
     self.max_prefill_rows = prefill_rows
     self.num_slots = self.prefill_rows = 0  # set when the cache is allocated
     self._shardings = self._make_shardings()
     self.cache_dtype = cache_dtype or dtype
     self.cache = self.logits = None  # allocated on first use, freed by `free`
+    self._copies: list = []  # params leaves this engine made (sampling layout), not shared
     self.slots: list[_Slot] = []
     self.waiting: collections.deque[Request] = collections.deque()
     self.stats = collections.Counter()
@@ -159,25 +180,29 @@ class Engine:
     the old weights and must not be reused as a prefix); an allocated cache is kept."""
     if self.busy():
       raise RuntimeError("The engine's weights cannot change while requests are generating.")
-    if self.mesh is not None:
-      params = transformer.sampling_params(params, self.config, self.mesh, self.rules,
-                                           self.dtype)
-    self.params = params
+    self.params, self._copies = None, release_copies(self._copies, params)
+    self.params, self._copies = place_params(params, self.config, self.mesh, self.rules,
+                                             self.dtype)
     for s in self.slots:
       s.tokens, s.owner = np.zeros((0,), np.int32), None
 
   def _allocate(self) -> None:
     """The cache: always `num_slots` slots, so every call shares the same programs (a small call
     does not pay for the empty slots: decode gathers the live ones). Other idle engines give
-    theirs back first: one cache at a time, whatever the number of roles' weights."""
+    theirs back first, parked slots included (a parked key's next turn then starts from an empty
+    slot: its request holds the whole context): one cache at a time (`max_live_caches`),
+    whatever the number of roles' weights."""
     for other in list(_ENGINES):
-      parked = any(s.owner is not None for s in other.slots)
-      if other is not self and other.cache is not None and not other.busy() and not parked:
+      if other is not self and other.cache is not None and not other.busy():
         other.free()
+    if live_caches() >= max_live_caches():
+      logging.warning("Allocating a KV cache while %d other engine(s) generate with theirs: "
+                      "more caches than the memory plan counts.", live_caches())
     self.num_slots = self.max_slots
     self.prefill_rows = max(1, min(self.max_prefill_rows, self.num_slots // self._batch_multiple()))
     self.cache, self.logits = slot_ops.empty(self.config, self.num_slots, self.capacity,
-                                             self.cache_dtype, shardings=self._shardings)
+                                             self.cache_dtype, shardings=self._shardings,
+                                             layout=self.layout)
     self.slots = [_Slot(np.zeros((0,), np.int32)) for _ in range(self.num_slots)]
 
   def free(self) -> None:
@@ -203,7 +228,7 @@ class Engine:
   def _make_shardings(self):
     if self.mesh is None:
       return None
-    return cache_shardings(self.config, self.mesh, self.rules, self.capacity)
+    return cache_shardings(self.config, self.mesh, self.rules, self.capacity, self.layout)
 
   def _put(self, x):
     x = np.asarray(x)
@@ -273,7 +298,8 @@ class Engine:
         self.config, spec.compiled(), self.params, self.cache, self.logits,
         None if rows_DP is None else self._put(rows_DP), self._put(live_B), self._put(budget_B),
         self._put(seed_B), self._put(turn_B), self._put(count_B), jnp.float32(spec.temperature),
-        chunk=chunk, window=window, dtype=self.dtype, shardings=self._shardings)
+        chunk=chunk, window=window, dtype=self.dtype, shardings=self._shardings,
+        in_place=self.in_place)
     tok, lp, n, eos = (shd.to_host(x) for x in (tok, lp, n, eos))
     self.stats["decode_calls"] += 1
     self.stats["slot_steps"] += self.num_slots * int(n.max())

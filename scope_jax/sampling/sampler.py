@@ -137,21 +137,22 @@ _TRACES = {"prefill": 0, "decode": 0}
 
 
 @functools.partial(jax.jit, static_argnames=("config", "capacity", "dtype", "cache_dtype",
-                                             "activations"))
+                                             "layout", "activations"))
 def _prefill(config: ModelConfig, params, tokens_BT, mask_BT, *, capacity: int, dtype,
-             cache_dtype, activations: shd.Activations | None = None):
-  """Prefills left-padded prompts; returns (last-position logits [B, V], cache). `activations`
-  (the sampler's mesh and rules) pins the rows to the batch axes."""
+             cache_dtype, layout: str | None = None, activations: shd.Activations | None = None):
+  """Prefills left-padded prompts; returns (last-position logits [B, V], cache in `layout`,
+  default `kvc.default_layout()`). `activations` (the sampler's mesh and rules) pins the rows to
+  the batch axes."""
   with shd.activation_sharding(activations):
     return _prefill_body(config, params, tokens_BT, mask_BT, capacity=capacity, dtype=dtype,
-                         cache_dtype=cache_dtype)
+                         cache_dtype=cache_dtype, layout=layout)
 
 
 def _prefill_body(config: ModelConfig, params, tokens_BT, mask_BT, *, capacity: int, dtype,
-                  cache_dtype):
+                  cache_dtype, layout):
   _TRACES["prefill"] += 1
   logging.info("Compiling prefill for batch %d × length %d (cache %d).", *tokens_BT.shape, capacity)
-  cache = kvc.init_cache(config, tokens_BT.shape[0], capacity, cache_dtype)
+  cache = kvc.init_cache(config, tokens_BT.shape[0], capacity, cache_dtype, layout)
   hidden_BTD, cache = transformer.forward(config, params, tokens_BT, attention_mask=mask_BT,
                                           cache=cache, return_hidden=True, dtype=dtype)
   last_B1D = hidden_BTD[:, -1:]
@@ -211,6 +212,31 @@ def compile_counts() -> dict[str, int]:
   return dict(_TRACES)
 
 
+# ------------------------------------------------------------------------------ weights
+
+def place_params(params, config: ModelConfig, mesh, rules: shd.Rules, dtype) -> tuple[object, list]:
+  """(the params a player samples with, the leaves it made for that): on a mesh, the sampling
+  layout (`transformer.sampling_params`: a leaf it moves is a copy, the others are `params`'
+  own arrays); without one, `params` themselves and no copies."""
+  if mesh is None:
+    return params, []
+  placed = transformer.sampling_params(params, config, mesh, rules, dtype)
+  copies = [new for new, old in zip(jax.tree.leaves(placed), jax.tree.leaves(params))
+            if new is not old]
+  return placed, copies
+
+
+def release_copies(copies: list, keep=None) -> list:
+  """Deletes the leaves a player made (`place_params`) before it lays out new weights, so the
+  old and the new sampling copies never coexist (a whole bf16 model per chip at spell:paper's
+  size); a leaf that `keep` (the incoming params) holds itself is kept. Returns []."""
+  kept = {id(x) for x in jax.tree.leaves(keep)}
+  for x in copies:
+    if id(x) not in kept and isinstance(x, jax.Array) and not x.is_deleted():
+      x.delete()
+  return []
+
+
 # ----------------------------------------------------------------------------- host driver
 
 def length_bucket(n: int, minimum: int = 16) -> int:
@@ -240,14 +266,16 @@ class Sampler:
     self.eos_ids = tuple(config.eos_ids if eos_ids is None else eos_ids)
     self.stats = {"prefill_calls": 0, "prefill_rows": 0, "prefill_tokens": 0,
                   "prefill_padded_tokens": 0, "decode_calls": 0, "generated_tokens": 0}
+    self.layout = kvc.default_layout()  # of the KV cache's buffers, for this backend
+    self._copies: list = []  # params leaves this sampler made (sampling layout), not shared
     self.update_params(params)
 
   def update_params(self, params) -> None:
-    """Points the sampler at new weights (resharded for sampling when a mesh is set)."""
-    if self.mesh is not None:
-      params = transformer.sampling_params(params, self.config, self.mesh, self.rules,
-                                           self.dtype)
-    self.params = params
+    """Points the sampler at new weights (resharded for sampling when a mesh is set). The old
+    sampling copies are deleted first, so two never coexist."""
+    self.params, self._copies = None, release_copies(self._copies, params)
+    self.params, self._copies = place_params(params, self.config, self.mesh, self.rules,
+                                             self.dtype)
 
   def _batch_multiple(self) -> int:
     if self.mesh is None:
@@ -284,7 +312,7 @@ class Sampler:
 
     logits, cache = _prefill(self.config, self.params, self._put(tokens), self._put(mask),
                              capacity=width + new_bucket, dtype=self.dtype,
-                             cache_dtype=self.cache_dtype,
+                             cache_dtype=self.cache_dtype, layout=self.layout,
                              activations=shd.activations(self.mesh, self.rules))
     self.stats["prefill_calls"] += 1
     self.stats["prefill_rows"] += n

@@ -5,8 +5,11 @@ slot involved), so attention follows the actual lengths rather than the capacity
   * `prefill` truncates P chosen slots to the prefix they keep, appends a right-padded block of
     tokens and keeps each slot's last logits;
   * `copy_slots` copies whole slots (cache and next-token logits);
-  * `decode` runs up to `chunk` steps over every slot, or over the live ones gathered per shard,
-    and writes back only the positions the chunk wrote.
+  * `decode` runs up to `chunk` steps over every slot, or over the live ones gathered per shard.
+    Over every slot it decodes in place on TPU: the loop carries the whole donated cache,
+    reads the window by slicing inside the body and writes at each row's `end`. Gathered rows
+    (and every slot on CPU and GPU) are a copy of their window, and only the positions the chunk wrote
+    go back. Why the gather stays a copy: see `decode`.
 Rows are indexed per slot shard ([D, p] local indices, `take_rows` / `put_rows`), so nothing
 crosses devices. The host side that schedules them is `engine.Engine`.
 """
@@ -30,8 +33,10 @@ _TRACES = collections.Counter()
 
 
 def _window(cache: kvc.KVCache, w: int) -> kvc.KVCache:
-  """The first `w` positions of every slot (keys [B, K, H, C], values [B, K, C, H] per layer)."""
-  return kvc.KVCache(k=tuple(k[..., :w] for k in cache.k), v=tuple(v[:, :, :w] for v in cache.v),
+  """The first `w` positions of every slot: a copy where it is not read inside one fusion."""
+  ka, va = kvc.slot_axes(kvc.cache_layout(cache))
+  cut = lambda x, axis: jax.lax.slice_in_dim(x, 0, w, axis=axis)
+  return kvc.KVCache(k=tuple(cut(k, ka) for k in cache.k), v=tuple(cut(v, va) for v in cache.v),
                      valid=cache.valid[:, :w], end=cache.end, next_pos=cache.next_pos,
                      pos=cache.pos[:, :w])
 
@@ -90,9 +95,10 @@ def _put_rows_state(cache: kvc.KVCache, idx_DP, rows: kvc.KVCache) -> dict:
 
 def _put_cache(cache: kvc.KVCache, idx_DP, rows: kvc.KVCache, shardings) -> kvc.KVCache:
   w = rows.valid.shape[1]
+  ka, va = kvc.slot_axes(kvc.cache_layout(cache))
   put = lambda x, r, axis: put_rows(x, idx_DP, r, 0, w, window_axis=axis)
-  new = kvc.KVCache(k=tuple(put(x, r, 3) for x, r in zip(cache.k, rows.k)),
-                    v=tuple(put(x, r, 2) for x, r in zip(cache.v, rows.v)),
+  new = kvc.KVCache(k=tuple(put(x, r, ka) for x, r in zip(cache.k, rows.k)),
+                    v=tuple(put(x, r, va) for x, r in zip(cache.v, rows.v)),
                     **_put_rows_state(cache, idx_DP, rows))
   return jax.tree.map(_constrain, new, shardings) if shardings is not None else new
 
@@ -110,12 +116,13 @@ def _store_spans(cache: kvc.KVCache, idx_DP, view: kvc.KVCache, start_B, n: int,
   `idx_DP`. Writing the whole window back instead copied every decoded row's cache once more
   per call (300 MB at 12 rows × 3,072 positions of the ~100M model)."""
   w = view.valid.shape[1]
+  ka, va = kvc.slot_axes(kvc.cache_layout(cache))
   if idx_DP is None:
     def put(x, y, axis):
       upd = lambda c, r, s: jax.lax.dynamic_update_slice_in_dim(c, r, s, axis - 1)
       return jax.vmap(upd)(x, _span(y, start_B, n, axis), start_B)
-    new = kvc.KVCache(k=tuple(put(x, y, 3) for x, y in zip(cache.k, view.k)),
-                      v=tuple(put(x, y, 2) for x, y in zip(cache.v, view.v)),
+    new = kvc.KVCache(k=tuple(put(x, y, ka) for x, y in zip(cache.k, view.k)),
+                      v=tuple(put(x, y, va) for x, y in zip(cache.v, view.v)),
                       valid=cache.valid.at[:, :w].set(view.valid), end=view.end,
                       next_pos=view.next_pos, pos=cache.pos.at[:, :w].set(view.pos))
   else:
@@ -130,8 +137,8 @@ def _store_spans(cache: kvc.KVCache, idx_DP, view: kvc.KVCache, start_B, n: int,
           _split(x, 0, d), idx_DP, _split(_span(y, start_B, n, axis), 0, d),
           _split(start_B, 0, d))
       return _merge(out, 0)
-    new = kvc.KVCache(k=tuple(put(x, y, 3) for x, y in zip(cache.k, view.k)),
-                      v=tuple(put(x, y, 2) for x, y in zip(cache.v, view.v)),
+    new = kvc.KVCache(k=tuple(put(x, y, ka) for x, y in zip(cache.k, view.k)),
+                      v=tuple(put(x, y, va) for x, y in zip(cache.v, view.v)),
                       **_put_rows_state(cache, idx_DP, view))
   return jax.tree.map(_constrain, new, shardings) if shardings is not None else new
 
@@ -175,10 +182,13 @@ def copy_slots(cache: kvc.KVCache, logits_BV, src_DP, dst_DP, *, window: int, sh
   return cache, _constrain(logits_BV, shardings and shardings[1])
 
 
-@functools.partial(jax.jit, static_argnames=("config", "slots", "capacity", "dtype", "shardings"))
-def empty(config: ModelConfig, slots: int, capacity: int, dtype, *, shardings):
-  """An empty cache and logits, created in place on the mesh (every host's shards at once)."""
-  cache = kvc.init_cache(config, slots, capacity, dtype)
+@functools.partial(jax.jit, static_argnames=("config", "slots", "capacity", "dtype", "shardings",
+                                             "layout"))
+def empty(config: ModelConfig, slots: int, capacity: int, dtype, *, shardings,
+          layout: str | None = None):
+  """An empty cache (in `layout`, default `kvc.default_layout()`) and logits, created in place
+  on the mesh (every host's shards at once)."""
+  cache = kvc.init_cache(config, slots, capacity, dtype, layout)
   logits_SV = jnp.zeros((slots, config.vocab_size), jnp.float32)
   if shardings is None:
     return cache, logits_SV
@@ -207,29 +217,56 @@ def row_keys(seed_B, turn_B, index_B):
   return jax.vmap(key)(seed_B, turn_B, index_B)
 
 
+def in_place_decode() -> bool:
+  """Whether `decode` runs its loop on the donated cache itself, reading the window by slicing
+  inside the body and writing at each row's `end`: on TPU, where a loop over a copy of the
+  window keeps the donated cache and the copy alive together (one more cache in temporaries)
+  and the slice fuses into the attention read. XLA:CPU copies a slice inside a loop on every
+  step and layer (attention over 3,072 of 4,096 slots read by a slice took 1.7x the time of
+  all 4,096), so there, and on GPU (not measured), the window is copied once per call and the
+  positions the chunk wrote go back."""
+  return ops.target_platform() == "tpu"
+
+
 @functools.partial(jax.jit, static_argnames=("config", "spec", "chunk", "window", "dtype",
-                                             "shardings"),
+                                             "shardings", "in_place"),
                    donate_argnames=("cache", "logits_SV"))
 def decode(config: ModelConfig, spec: SamplingSpec, params, cache: kvc.KVCache, logits_SV,
-            rows_DP, live_B, budget_B, seed_B, turn_B, count_B, temperature, *, chunk: int,
-            window: int, dtype, shardings):
+           rows_DP, live_B, budget_B, seed_B, turn_B, count_B, temperature, *, chunk: int,
+           window: int, dtype, shardings, in_place: bool | None = None):
   """Up to `chunk` decode steps over B rows: every slot (`rows_DP` None), or the slots `rows_DP`
   (local to each shard; B = D·p), gathered into a dense batch so that idle slots cost nothing.
   Returns the cache, logits, the emitted tokens and log-probs [B, chunk], how many each row
-  emitted and whether it ended on EOS."""
+  emitted and whether it ended on EOS.
+
+  Over every slot, with `in_place` (default `in_place_decode()`), the loop carries the whole
+  donated cache: each step writes at the rows' `end` and attends to the first `window` slots
+  (a slice read inside the body), so no copy of the cache exists. Gathered rows are copied
+  (their window, p rows of each shard's slots, once per call) and their chunk's positions
+  written back: the engine gathers only when at most 3/4 of a shard's slots are live, and
+  reading rows by index inside the body needs a paged attention kernel (Pallas, TPU only; an
+  XLA gather inside the body would materialise the rows on every step). Its cost, v5p-8,
+  Qwen2.5-7B shapes, 2 layers, 12 of 16 rows per shard at 4,096 slots: 296 MiB of temporaries
+  for a 256 MiB cache and 2.44x a step's minimum bytes, against 35 MiB and 1.19x over every
+  slot in place (`python -m bench.decode_hlo --model 7b`)."""
   _TRACES["decode"] += 1
   logging.info("Compiling engine decode: %d rows, chunk %d, window %d.", live_B.shape[0], chunk,
                window)
+  in_place = in_place_decode() if in_place is None else in_place
   eos = jnp.asarray(spec.eos_ids or (-1,), jnp.int32)
   b = live_B.shape[0]
   # CPU: sliced once, not on every step; elsewhere read in place inside the loop
   layers = transformer.layer_params(config, params) if ops.slice_layers_outside_loops() else None
-  if rows_DP is None:
+  whole = rows_DP is None and in_place  # the loop runs on the cache itself
+  if whole:  # buffers whole; validity and positions of the window (what attention reads)
+    view = cache.replace(valid=cache.valid[:, :window], pos=cache.pos[:, :window])
+    logits_BV = logits_SV
+  elif rows_DP is None:
     view, logits_BV = _window(cache, window), logits_SV
   else:
     view, logits_BV = _take_cache(cache, rows_DP, window), take_rows(logits_SV, rows_DP, 0)
-  # The positions this call can write: from each row's end, `chunk` of them (moved back to fit
-  # the window; positions before the end are rewritten with what they hold).
+  # The positions a copy's loop can write: from each row's end, `chunk` of them (moved back to
+  # fit the window; positions before the end are rewritten with what they hold).
   n = min(chunk, window)
   start_B = jnp.clip(view.end, 0, window - n)
 
@@ -258,7 +295,13 @@ def decode(config: ModelConfig, spec: SamplingSpec, params, cache: kvc.KVCache, 
           jnp.zeros((b, chunk), jnp.float32), ~live_B | (budget_B <= 0),
           jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool))
   _, view, logits_BV, tokens_BN, logp_BN, _, n_B, eos_B = jax.lax.while_loop(cond, body, init)
-  cache = _store_spans(cache, rows_DP, view, start_B, n, shardings and shardings[0])
+  if whole:
+    cache = view.replace(valid=cache.valid.at[:, :window].set(view.valid),
+                         pos=cache.pos.at[:, :window].set(view.pos))
+    if shardings is not None:
+      cache = jax.tree.map(_constrain, cache, shardings[0])
+  else:
+    cache = _store_spans(cache, rows_DP, view, start_B, n, shardings and shardings[0])
   if rows_DP is None:
     logits_SV = logits_BV
   else:
