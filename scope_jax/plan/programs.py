@@ -23,6 +23,7 @@ from scope_jax import sharding as shd
 from scope_jax.core import runtime as rt_lib
 from scope_jax.core.method import Players
 from scope_jax.models import gguf_io, hf_io, transformer
+from scope_jax.models import kv_cache as kvc
 from scope_jax.models import load as load_lib
 from scope_jax.models.config import ModelConfig
 from scope_jax.retrieval import encoder as enc_lib
@@ -225,6 +226,12 @@ def train_programs(shapes: RunShapes) -> tuple[list[Program], dict[str, Any]]:
   return programs, states
 
 
+def target_layout(mesh) -> str:
+  """The KV cache layout the programs use on `mesh`'s devices (slot-major on TPU): chosen here,
+  as the cache's abstract arrays are built before the programs are traced for the target."""
+  return kvc.SLOTS if mesh.devices.flat[0].platform == "tpu" else kvc.HEADS
+
+
 def engine_programs(shapes: RunShapes) -> tuple[list[Program], int]:
   """The rollout engine's prefill (one block of `prefill_chunk` tokens) and decode (one chunk of
   `chunk` steps over every slot) at the whole cache window; and its KV cache's bytes per chip."""
@@ -234,9 +241,11 @@ def engine_programs(shapes: RunShapes) -> tuple[list[Program], int]:
   shards = shd.batch_shards(mesh, rules)
   slots = -(-r.slots // shards) * shards
   capacity = length_bucket(r.max_context)
-  cache_sh, row_col = engine_lib.cache_shardings(model, mesh, rules, capacity)
+  layout = target_layout(mesh)
+  cache_sh, row_col = engine_lib.cache_shardings(model, mesh, rules, capacity, layout)
   empty = jax.eval_shape(lambda: slot_ops.empty(model, slots, capacity, shapes.dtype,
-                                                shardings=None))
+                                                shardings=None, layout=layout))
+  pinned = shd.activations(mesh, rules)
   cache = jax.tree.map(lambda a, s: struct(a.shape, a.dtype, s), empty[0], cache_sh)
   logits = struct((slots, model.vocab_size), jnp.float32, row_col)
   params = shapes.sampling_params()
@@ -251,12 +260,12 @@ def engine_programs(shapes: RunShapes) -> tuple[list[Program], int]:
     return slot_ops.decode.trace(
         model, spec, params, cache, logits, None, row(jnp.bool_), row(jnp.int32), row(jnp.int32),
         row(jnp.int32), row(jnp.int32), scalar, chunk=chunk, window=capacity,
-        dtype=shapes.dtype, shardings=(cache_sh, row_col))
+        dtype=shapes.dtype, shardings=(cache_sh, row_col), activations=pinned)
 
   prefill = lambda: slot_ops.prefill.trace(
       model, params, cache, logits, put((shards, per), jnp.int32), put((p_rows,), jnp.int32),
       put((p_rows, block), jnp.int32), put((p_rows, block), jnp.int32), window=capacity,
-      dtype=shapes.dtype, shardings=(cache_sh, row_col))
+      dtype=shapes.dtype, shardings=(cache_sh, row_col), activations=pinned)
   held = bytes_per_chip((params, cache, logits))
   programs = [
       Program("engine/prefill", "prefill", prefill, tokens=p_rows * block, resident_inputs=held,
@@ -308,7 +317,9 @@ def sampler_programs(shapes: RunShapes) -> tuple[list[Program], int]:
   put = lambda shape, dtype: struct(shape, dtype, shd.batch_sharding(mesh, shape, rules))
   rep = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shd.replicated(mesh))
   prefill_args = (model, params, put((rows, width), jnp.int32), put((rows, width), jnp.int32))
-  prefill_kw = dict(capacity=width + new, dtype=shapes.dtype, cache_dtype=shapes.dtype)
+  pinned = shd.activations(mesh, rules)
+  prefill_kw = dict(capacity=width + new, dtype=shapes.dtype, cache_dtype=shapes.dtype,
+                    layout=target_layout(mesh), activations=pinned)
   logits, cache = _outputs(lambda p, t, m: sampler_lib._prefill(model, p, t, m, **prefill_kw),
                            *prefill_args[1:])
   state = sampler_lib.DecodeState(
@@ -326,7 +337,8 @@ def sampler_programs(shapes: RunShapes) -> tuple[list[Program], int]:
               note=f"{rows} prompts × {width} tokens"),
       Program("sampler/decode_step", "decode",
               lambda: sampler_lib._decode.trace(model, spec, params, state, scalar(jnp.int32),
-                                                scalar(jnp.float32), dtype=shapes.dtype),
+                                                scalar(jnp.float32), dtype=shapes.dtype,
+                                                activations=pinned),
               tokens=rows, resident_inputs=bytes_per_chip((params, state)), rows=rows,
               columns=width + new,
               note=f"decode steps of {rows} rows, a {width + new}-token cache")]

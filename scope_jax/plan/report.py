@@ -148,7 +148,8 @@ def resident_memory(shapes: prog.RunShapes, states: dict[str, Any], cache: int) 
   embedder, size = embedder_bytes(shapes)
   if size:
     items[f"embedder: {embedder}"] = size
-  engines = len(players.policies) + len(players.frozen)
+  # one engine per policy and frozen role, of which at most `max_live_caches()` hold a cache
+  engines = min(len(players.policies) + len(players.frozen), engine_lib.max_live_caches())
   return prog.Resident(items, kv_cache=cache, engines=max(engines, 1),
                        refresh=0 if refresh_frees_first() else copy)
 

@@ -299,7 +299,7 @@ class Engine:
         None if rows_DP is None else self._put(rows_DP), self._put(live_B), self._put(budget_B),
         self._put(seed_B), self._put(turn_B), self._put(count_B), jnp.float32(spec.temperature),
         chunk=chunk, window=window, dtype=self.dtype, shardings=self._shardings,
-        in_place=self.in_place)
+        in_place=self.in_place, activations=shd.activations(self.mesh, self.rules))
     tok, lp, n, eos = (shd.to_host(x) for x in (tok, lp, n, eos))
     self.stats["decode_calls"] += 1
     self.stats["slot_steps"] += self.num_slots * int(n.max())
@@ -541,7 +541,7 @@ class Engine:
       self.cache, self.logits = slot_ops.prefill(
           self.config, self.params, self.cache, self.logits, self._put(idx),
           self._put(start), self._put(tokens), self._put(mask), window=window, dtype=self.dtype,
-          shardings=self._shardings)
+          shardings=self._shardings, activations=shd.activations(self.mesh, self.rules))
       self.stats["prefill_calls"] += 1
       self.stats["prefill_tokens"] += int(mask.sum())
       self.stats["prefill_padded_tokens"] += d * p * t

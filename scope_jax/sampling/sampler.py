@@ -226,6 +226,9 @@ def place_params(params, config: ModelConfig, mesh, rules: shd.Rules, dtype) -> 
   return placed, copies
 
 
+REFRESH_FREES_OLD_COPY = True  # `release_copies` runs before a refresh lays out new weights
+
+
 def release_copies(copies: list, keep=None) -> list:
   """Deletes the leaves a player made (`place_params`) before it lays out new weights, so the
   old and the new sampling copies never coexist (a whole bf16 model per chip at spell:paper's

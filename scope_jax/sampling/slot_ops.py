@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from scope_jax import sharding as shd
 from scope_jax.models import kv_cache as kvc
 from scope_jax.models import ops
 from scope_jax.models import transformer
@@ -143,13 +144,23 @@ def _store_spans(cache: kvc.KVCache, idx_DP, view: kvc.KVCache, start_B, n: int,
   return jax.tree.map(_constrain, new, shardings) if shardings is not None else new
 
 
-@functools.partial(jax.jit, static_argnames=("config", "window", "dtype", "shardings"),
+@functools.partial(jax.jit, static_argnames=("config", "window", "dtype", "shardings",
+                                             "activations"),
                    donate_argnames=("cache", "logits_BV"))
 def prefill(config: ModelConfig, params, cache: kvc.KVCache, logits_BV, slots_DP, start_P,
-             tokens_PT, mask_PT, *, window: int, dtype, shardings):
+            tokens_PT, mask_PT, *, window: int, dtype, shardings,
+            activations: shd.Activations | None = None):
   """Truncates slots `slots_DP` (local to each slot shard; P = D·p rows, shard-major) to
   `start_P` tokens, appends the right-padded block and stores the logits after each row's last
-  real token (rows with no real token keep theirs)."""
+  real token (rows with no real token keep theirs). `activations` (the engine's mesh and rules)
+  pins the rows to the batch axes."""
+  with shd.activation_sharding(activations):
+    return _prefill(config, params, cache, logits_BV, slots_DP, start_P, tokens_PT, mask_PT,
+                    window=window, dtype=dtype, shardings=shardings)
+
+
+def _prefill(config, params, cache, logits_BV, slots_DP, start_P, tokens_PT, mask_PT, *,
+             window, dtype, shardings):
   _TRACES["prefill"] += 1
   logging.info("Compiling engine prefill: %d rows × %d tokens, window %d.", *tokens_PT.shape,
                window)
@@ -229,11 +240,22 @@ def in_place_decode() -> bool:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "chunk", "window", "dtype",
-                                             "shardings", "in_place"),
+                                             "shardings", "in_place", "activations"),
                    donate_argnames=("cache", "logits_SV"))
 def decode(config: ModelConfig, spec: SamplingSpec, params, cache: kvc.KVCache, logits_SV,
            rows_DP, live_B, budget_B, seed_B, turn_B, count_B, temperature, *, chunk: int,
-           window: int, dtype, shardings, in_place: bool | None = None):
+           window: int, dtype, shardings, in_place: bool | None = None,
+           activations: shd.Activations | None = None):
+  """`_decode` with the rows pinned to the batch axes by `activations` (the engine's mesh and
+  rules)."""
+  with shd.activation_sharding(activations):
+    return _decode(config, spec, params, cache, logits_SV, rows_DP, live_B, budget_B, seed_B,
+                   turn_B, count_B, temperature, chunk=chunk, window=window, dtype=dtype,
+                   shardings=shardings, in_place=in_place)
+
+
+def _decode(config, spec, params, cache, logits_SV, rows_DP, live_B, budget_B, seed_B, turn_B,
+            count_B, temperature, *, chunk, window, dtype, shardings, in_place):
   """Up to `chunk` decode steps over B rows: every slot (`rows_DP` None), or the slots `rows_DP`
   (local to each shard; B = D·p), gathered into a dense batch so that idle slots cost nothing.
   Returns the cache, logits, the emitted tokens and log-probs [B, chunk], how many each row

@@ -199,13 +199,22 @@ def _resident(spec, topology_name, mesh_shape):
   return shapes, report.resident_memory(shapes, states, cache=1000)
 
 
-def test_every_engine_cache_the_refresh_copy_and_opensirs_embedder_are_counted():
-  """SCOPE plays two policies and a frozen judge: three engines, three caches at once; after each
-  update one more sampler copy lives for a moment; OpenSIR's paper embedder (Linq-Embed-Mistral,
-  float32, sharded as training shards) is resident."""
+def test_live_engine_caches_the_refresh_copy_and_opensirs_embedder_are_counted(monkeypatch):
+  """SCOPE plays two policies and a frozen judge: three engines, of which as many caches live at
+  once as the engine allows (`max_live_caches`); a refresh that built the new sampler copy beside
+  the old one would hold one more copy for a moment, and samplers that free first hold none;
+  OpenSIR's paper embedder (Linq-Embed-Mistral, float32, sharded as training shards) is
+  resident."""
   from scope_jax import sharding as shd
   from scope_jax.plan import report
+  from scope_jax.sampling import engine as engine_lib
+  from scope_jax.sampling import sampler as sampler_lib
   from tests.plan.test_plan import analytic_param_bytes
+  shapes, r = _resident("scope:paper", "v5p-16", (1, 2, 4))
+  assert engine_lib.max_live_caches() == 1 and sampler_lib.REFRESH_FREES_OLD_COPY
+  assert (r.engines, r.kv_caches, r.refresh) == (1, 1000, 0)
+  monkeypatch.setattr(engine_lib, "max_live_caches", lambda: 8)
+  monkeypatch.setattr(sampler_lib, "REFRESH_FREES_OLD_COPY", False)
   shapes, r = _resident("scope:paper", "v5p-16", (1, 2, 4))
   assert (r.engines, r.kv_caches) == (3, 3000)
   assert r.refresh == shapes.sampler_copy_bytes() > 0
