@@ -21,7 +21,7 @@ import pytest
 from scope_jax import sharding as shd
 from scope_jax.models import config as model_config
 from scope_jax.models import transformer
-from scope_jax.plan import analysis, programs, topology
+from scope_jax.plan import analysis, estimates, programs, topology
 from scope_jax.rl import learner as learner_lib
 from scope_jax.rl import train_step
 
@@ -99,6 +99,21 @@ def test_all_gathers_are_the_weights_about_twice(toy):
   layers = weight_bytes(model, 2) - 2 * 2 * v * d  # bf16 layer weights (embed, lm_head apart)
   bound = MICRO * (2.2 * layers + 1.1 * 2 * v * d)
   assert colls["all-gather"].bytes <= bound, (colls["all-gather"].bytes / MIB, bound / MIB)
+
+
+def test_interconnect_per_micro_batch_is_within_fsdps_minimum(toy):
+  """The step's interconnect bytes per chip (every collective with its traffic factor: the
+  plan's `collective_traffic`) are at most 1.3x FSDP's minimum for the same shapes (weights
+  gathered for the forward and again for the backward, gradients reduce-scattered:
+  `estimates.train_minimum`). Tensor parallelism over `embed` (rows replicated, activations
+  all-reduced) moves several times that."""
+  model = toy_model()
+  shapes = estimates.Shapes(model, {"data": 1, "fsdp": 4, "tensor": 1}, "bfloat16", "float32",
+                            "full", sampling_weights=0, kv_cache=0, slots=0)
+  _, _, minimum = estimates.train_minimum(shapes, ROWS, TEST_COLS, MICRO, chips=4)
+  traffic = analysis.collective_traffic(toy.as_text())
+  assert traffic["total"] <= 1.3 * minimum, (
+      {k: v / MIB for k, v in traffic.items()}, minimum / MIB)
 
 
 if __name__ == "__main__":
