@@ -93,6 +93,7 @@ def test_every_numeric_field_is_checked(method, preset):
     ("warmup.worked_ways", 5, "warmup.worked_ways=5: use 1 to 4 openings"),
     ("warmup.worked_ways", 0, "warmup.worked_ways=0 must be at least 1"),
     ("eval.num_samples", 0, "eval.num_samples=0 must be at least 1"),
+    ("model.param_dtype", "float17", "model.param_dtype='float17' is not valid"),
     ("eval.temperature", -0.5, "eval.temperature=-0.5 must be at least 0"),
 ])
 def test_the_values_a_careless_user_types(path, value, match):

@@ -165,6 +165,30 @@ def test_bad_eval_or_control_settings_name_the_fix(overrides, message):
     runner.validate(config(**overrides))
 
 
+@pytest.mark.parametrize("method, role, frozen", [
+    ("scope", "grader", True), ("scope", "gate", True), ("scope", "solver", False),
+    ("piplay", "teacher", True), ("piplay", "student", False), ("spell", "verifier", False),
+    ("asl", "grm", False)])
+def test_a_frozen_eval_role_fails_before_anything_loads(method, role, frozen):
+  """A role that frozen params play never changes in training: refused in validation, in one
+  line naming the trained roles, not after the model loads."""
+  from configs import asl, piplay, scope, spell  # pylint: disable=import-outside-toplevel
+  c = {"asl": asl, "piplay": piplay, "scope": scope, "spell": spell}[method].get_config("demo")
+  c.eval.every, c.eval.benchmarks, c.eval.role = 1, "world:doc", role
+  if not frozen:
+    runner.validate(c, data=False)
+    return
+  with pytest.raises(ValueError, match=re.escape(f"eval.role={role!r} is played by frozen params")):
+    runner.validate(c, data=False)
+
+
+def test_the_frozen_grm_ablation_freezes_its_role():
+  from configs import asl  # pylint: disable=import-outside-toplevel
+  c = asl.get_config("demo")
+  c.asl.grm_mode = "frozen"
+  assert evals.frozen_roles(runner.load_method(c).METHOD, c) == {"grm"}
+
+
 def test_world_questions_search_their_own_worlds_documents():
   """A world gold set is searched over its world's documents alone: the run's tool only when it
   is exactly that corpus (not a prebuilt index, not one with other worlds' pages)."""
