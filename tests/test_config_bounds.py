@@ -5,6 +5,7 @@ greedy, a group of one trained on zero advantages)."""
 import importlib.util
 import math
 import os
+import re
 
 import ml_collections
 import pytest
@@ -119,6 +120,18 @@ def test_a_smoke_run_is_checked_after_it_shrinks():
   config.smoke = True
   config.asl.roles.pg.temperature = -1.0
   with pytest.raises(ValueError, match="asl.roles.pg.temperature=-1.0"):
+    runner.validate(config)
+
+
+@pytest.mark.parametrize("method, preset", [("spell", "demo"), ("spell", "learn"), ("asl", "learn")])
+def test_smoke_refuses_the_presets_that_already_run_on_one_machine(method, preset):
+  """Smoke on `demo`/`learn` would zero the warm-up that makes their model and train a random
+  tiny one: refused in one line naming a paper preset."""
+  config = _module(method).get_config(preset)
+  config.smoke = True
+  with pytest.raises(ValueError, match=re.escape(
+      f"the '{preset}' preset already runs on one machine") + ".*" + re.escape(
+          f"configs/{method}.py:paper")):
     runner.validate(config)
 
 

@@ -66,6 +66,7 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   weights, tokenizer or corpus) skips the checks that those paths are set."""
   module = load_method(config)
   if config.get("smoke", False):
+    smoke.check_preset(config)
     smoke.shrink(config, module.METHOD.smoke)
   bounds.check(config, tuple(module.METHOD.bounds))  # every number in range: sizes ≥ 1, …
   if data and not config.model.tokenizer:

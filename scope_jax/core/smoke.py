@@ -41,6 +41,20 @@ def _set(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
   section[last] = value
 
 
+SMALL_PRESETS = ("demo", "learn")  # already one machine's run, on the bundled demo model
+
+
+def check_preset(config: ml_collections.ConfigDict) -> None:
+  """Smoke tests a paper preset on the real 0.5B model. A `demo` or `learn` preset already runs on
+  one machine, and smoke would zero the warm-up that makes its model (the tiny model would train
+  from random init): a one-line error, not a run that passes while testing nothing."""
+  if config.get("preset") in SMALL_PRESETS:
+    raise ValueError(f"--config.smoke=True shrinks a paper preset to one machine and the real 0.5B "
+                     f"model; the {config.preset!r} preset already runs on one machine (smoke would "
+                     f"train a random tiny model): run it without smoke, or smoke a paper preset "
+                     f"(e.g. --config=configs/{config.method}.py:paper).")
+
+
 def shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> None:
   """Shrinks `config` in place for a smoke run; `sizes` (dotted paths from the config's root,
   e.g. 'spell.group_size') are the method's own."""
