@@ -9,6 +9,7 @@ and the timers to each step's metrics.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import time
 
@@ -102,6 +103,8 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   check_policies(module.METHOD, config)
   check_choice("control", config.get("control", ""), CONTROLS)
   check_world(config)
+  if data:
+    check_pool_file(config)
   evals_lib.validate(config, module.METHOD)
   return module
 
@@ -136,6 +139,33 @@ def check_policies(method, config: ml_collections.ConfigDict) -> None:
       loss_config(config, plan.loss)
     except (ValueError, TypeError) as e:
       raise ValueError(f"policy {name!r}: {e}") from None
+
+
+def check_pool_file(config: ml_collections.ConfigDict) -> None:
+  """OpenSIR's `initial_pool.file` (problems it trains on) holds none of world `world.seed`'s
+  held-out gold questions: training on them would score the run on what it trained on."""
+  path = config.get("opensir", {}).get("initial_pool", {}).get("file", "")
+  if config.method != "opensir" or not path or path == "world" or not epath.Path(path).exists():
+    return  # 'world' is the world's training problems; a missing file is the method's error
+  from scope_jax.world import World  # pylint: disable=import-outside-toplevel
+  words = lambda text: " ".join(str(text).split())
+  gold = {words(q["question"]): name
+          for name, qs in World(config.world.seed).gold.items() for q in qs}
+  hits = []
+  with epath.Path(path).open() as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+        text = words(row.get("problem", row.get("question", "")))
+      except (ValueError, AttributeError):
+        continue  # a malformed line is the method's own one-line error when it loads the file
+      if text in gold:
+        hits.append(gold[text])
+  if hits:
+    raise ValueError(f"opensir.initial_pool.file={path!r} holds {len(hits)} held-out gold "
+                     f"questions of world {config.world.seed} (world:{hits[0]}): OpenSIR would "
+                     "train on what it is evaluated on; use other problems, or 'world' (the "
+                     "world's training problems).")
 
 
 def check_mesh(config: ml_collections.ConfigDict, devices=None) -> None:
