@@ -19,6 +19,7 @@ from absl import logging
 from etils import epath
 from tqdm import tqdm
 
+from scope_jax import assets
 from scope_jax import checkpoint as ckpt_lib
 from scope_jax import distributed
 from scope_jax import metrics as metrics_lib
@@ -98,6 +99,8 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
                        f"a response within the role's context of {context} tokens "
                        "(rollout.max_context, or the role's own max_context).")
   load_lib.check_source(config.model.source, config.model.tie_embeddings)
+  for name in ("source", "tokenizer"):
+    check_gguf(f"model.{name}", config.model[name])
   warmup_lib.validate(config, module.METHOD)
   module.METHOD.validate(config, data=data)
   check_policies(module.METHOD, config)
@@ -139,6 +142,18 @@ def check_policies(method, config: ml_collections.ConfigDict) -> None:
       loss_config(config, plan.loss)
     except (ValueError, TypeError) as e:
       raise ValueError(f"policy {name!r}: {e}") from None
+
+
+def check_gguf(name: str, spec: str) -> None:
+  """A `gguf:` spec names a local file or a bundled asset: a path that is neither is a missing
+  file, said so in one line (not 'unknown asset')."""
+  if not str(spec).startswith("gguf:"):
+    return
+  target = spec[len("gguf:"):]
+  if target in assets.REGISTRY or "://" in target or epath.Path(target).exists():
+    return
+  raise ValueError(f"{name}={spec!r}: no file at {target}, and no bundled asset of that name "
+                   f"(assets: {', '.join(sorted(assets.REGISTRY))}).")
 
 
 def check_pool_file(config: ml_collections.ConfigDict) -> None:
