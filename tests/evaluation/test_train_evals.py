@@ -146,7 +146,7 @@ def test_the_summary_says_how_alike_the_final_answers_are(tmp_path):
     ({"eval.every": 1, "eval.benchmarks": "world:doc", "eval.role": "judge"},
      "eval.role='judge' is not a role of copy_qa"),
     ({"eval.every": 1, "eval.benchmarks": "world:doc"}, "eval.role='' is not a role"),
-    ({"control": "shuffle"}, "control='shuffle' is not valid"),
+    ({"control": "shuffle"}, "control='shuffle' is not valid; choose one of: '', shuffled_rewards."),
     ({"eval.every": 1, "eval.benchmarks": "world:doc", "eval.prompt": "mine"},
      "eval.prompt='mine': choose 'benchmark'"),
     ({"warmup.steps": 5, "warmup.world_seed": 3}, "copy_qa's warm-up has no demonstrations "
