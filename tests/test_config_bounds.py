@@ -10,7 +10,7 @@ import re
 import ml_collections
 import pytest
 
-from scope_jax.core import bounds, runner
+from scope_jax.core import bounds, runner, smoke
 from scope_jax.core import method as method_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -121,6 +121,21 @@ def test_a_smoke_run_is_checked_after_it_shrinks():
   config.asl.roles.pg.temperature = -1.0
   with pytest.raises(ValueError, match="asl.roles.pg.temperature=-1.0"):
     runner.validate(config)
+
+
+def test_smoke_says_what_it_changed_and_refuses_a_bad_value_it_would_replace():
+  config = _module("spell").get_config("paper")
+  config.smoke, config.model.tokenizer = True, "demo"
+  config.total_steps, config.rollout.max_prompt_tokens = 5, 9000
+  module = runner.load_method(config)
+  changed = smoke.shrink(config, module.METHOD.smoke)
+  assert changed[0] == "total_steps 5 → 1", changed
+  assert "rollout.max_prompt_tokens 9000 → 3072" in changed
+  assert smoke.shrink(config, module.METHOD.smoke) == []  # shrinking twice changes nothing
+  config = _module("spell").get_config("paper")
+  config.smoke, config.model.tokenizer, config.warmup.steps = True, "demo", -3
+  with pytest.raises(ValueError, match="warmup.steps=-3"):
+    runner.validate(config, data=False)
 
 
 @pytest.mark.parametrize("method, preset", [("spell", "demo"), ("spell", "learn"), ("asl", "learn")])

@@ -55,9 +55,29 @@ def check_preset(config: ml_collections.ConfigDict) -> None:
                      f"(e.g. --config=configs/{config.method}.py:paper).")
 
 
-def shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> None:
+def shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> list[str]:
   """Shrinks `config` in place for a smoke run; `sizes` (dotted paths from the config's root,
-  e.g. 'spell.group_size') are the method's own."""
+  e.g. 'spell.group_size') are the method's own. Returns what changed ('total_steps 5 → 1'),
+  so that a setting given on the command line is not replaced silently."""
+  before = _flat(config)
+  _shrink(config, sizes)
+  after = _flat(config)
+  keys = sorted((k for k, v in after.items() if before.get(k) != v),
+                key=lambda k: (k.count("."), k))  # total_steps before the nested sizes
+  return [f"{k} {before.get(k)!r} → {after[k]!r}" for k in keys]
+
+
+def _flat(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in config.items():
+    if isinstance(v, ml_collections.ConfigDict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
+  return out
+
+
+def _shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> None:
   for dotted, value in sizes.items():
     _set(config, dotted, value)
   _model(config)
