@@ -112,6 +112,7 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   check_world(config)
   if data:
     check_pool_file(config)
+    warn_trained_on_this_world(config)
   evals_lib.validate(config, module.METHOD)
   return module
 
@@ -146,6 +147,26 @@ def check_policies(method, config: ml_collections.ConfigDict) -> None:
       loss_config(config, plan.loss)
     except (ValueError, TypeError) as e:
       raise ValueError(f"policy {name!r}: {e}") from None
+
+
+def warn_trained_on_this_world(config: ml_collections.ConfigDict) -> None:
+  """A warning when `model.source` is an export (scope_jax_export.json) of a run that trained on
+  this run's world: its `world:` evaluations are then not held out."""
+  source = str(config.model.source)
+  if not source.startswith("hf:") or not str(config.get("eval", {}).get("benchmarks", "")):
+    return
+  info = epath.Path(source[len("hf:"):]) / "scope_jax_export.json"
+  try:
+    seen = json.loads(info.read_text()).get("worlds") or {}
+  except (OSError, ValueError, AttributeError):
+    return  # not an export of a run (or not readable here): nothing is known
+  seed = config.world.seed
+  if evals_lib.WORLD_PREFIX in str(config.eval.benchmarks) and (
+      seed == seen.get("seed") or seed in seen.get("corpus_seeds", ())
+      or seed in seen.get("warmup_seeds", ())):
+    logging.warning("model.source=%s was exported from a run that trained on world %d (%s): "
+                    "this run's world:<set> evaluations of world %d are not held out.",
+                    source, seed, info, seed)
 
 
 def check_gguf(name: str, spec: str) -> None:

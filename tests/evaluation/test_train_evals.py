@@ -260,3 +260,33 @@ def test_the_same_run_twice_gives_the_same_curve(tmp_path, monkeypatch, players)
     assert all(0.0 < r["answerer/reward"] < 1.0 for r in a if "answerer/reward" in r)
     assert all(r["train/grad_norm"] > 0.0 for r in a if "train/loss" in r)
   assert a == b
+
+
+def test_provenance_of_worlds_and_questions(tmp_path, monkeypatch):
+  """An export records the worlds its params saw; a run loading it warns that its world:<set>
+  evaluations of such a world are not held out; a benchmark whose questions changed between
+  sessions of a run is named."""
+  from configs import spell  # pylint: disable=import-outside-toplevel
+  from scope_jax import run_record  # pylint: disable=import-outside-toplevel
+  learn = spell.get_config("learn")
+  assert run_record.worlds(learn) == {
+      "seed": 0, "corpus_seeds": [], "warmup_seeds": list(range(1000, 1000 + learn.warmup.worlds))}
+  assert run_record.worlds(spell.get_config("demo"))["seed"] is None  # Wikipedia leads, no world
+  warned = []
+  monkeypatch.setattr(runner.logging, "warning", lambda msg, *a: warned.append(msg % a))
+  monkeypatch.setattr(evals.logging, "warning", lambda msg, *a: warned.append(msg % a))
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "scope_jax_export.json").write_text(json.dumps({"worlds": run_record.worlds(learn)}))
+  learn.model.source = f"hf:{tmp_path / 'hf'}"
+  runner.warn_trained_on_this_world(learn)
+  assert len(warned) == 1 and "trained on world 0" in warned[0], warned
+  learn.world.seed = 7  # another world: held out from it
+  runner.warn_trained_on_this_world(learn)
+  assert len(warned) == 1
+  base = tmp_path / "eval" / "doc" / "base"
+  base.mkdir(parents=True)
+  (base / "results.json").write_text(json.dumps({"examples_sha256": "a" * 64, "metrics": {}}))
+  evals.check_same_questions(tmp_path / "eval" / "doc", "a" * 64)
+  assert len(warned) == 1
+  evals.check_same_questions(tmp_path / "eval" / "doc", "b" * 64)
+  assert len(warned) == 2 and "mixes two question sets" in warned[1], warned
