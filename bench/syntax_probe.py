@@ -62,7 +62,8 @@ def main() -> None:
     mesh = shd.make_mesh((1, -1, 1))
     model = load_spec(args.model, mesh, shd.SAMPLING_RULES, jnp.float32)
   except (OSError, ValueError, KeyError) as e:
-    p.error(f"--model={args.model}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
+    text = str(e.args[0] if e.args else e).strip()  # a KeyError's str() adds quotes
+    p.error(f"--model={args.model}: {text.splitlines()[0] if text else type(e).__name__}")
   questions = [e.question for e in benchmarks.builtin("fanoutqa_search", limit=args.limit).examples]
   print(f"{args.model}, {len(questions)} FanOutQA questions, the evaluator's qa_search prompt")
   print(f"{'syntax':16} {'tag':18} {'tag tokens':>10} {'mean log p(tag)':>16} "
