@@ -3,6 +3,7 @@ each in one line that names the field (a size of 0 once hung the engine, a NaN t
 greedy, a group of one trained on zero advantages)."""
 
 import importlib.util
+import json
 import math
 import os
 import re
@@ -157,3 +158,24 @@ def test_a_smoke_run_saves_one_checkpoint_at_the_end(method, tmp_path):
   config.retrieval.encoder = "minilm"
   runner.validate(config, data=False)
   assert config.checkpoint_every == config.total_steps == 2
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("num_attention_heads", 0, "num_attention_heads=0 must be a positive integer"),
+    ("hidden_size", None, "hidden_size=None must be a positive integer"),
+    ("hidden_size", -896, "hidden_size=-896 must be"),
+    ("hidden_size", 896.7, "hidden_size=896.7 must be"),
+    ("num_key_value_heads", 0, "num_key_value_heads=0 must be"),
+    ("hidden_size", 900, "hidden_size=900 is not a multiple of num_attention_heads=14"),
+])
+def test_a_damaged_hf_config_is_one_line_before_loading(tmp_path, key, value, match):
+  hf = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896,
+        "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+        "num_key_value_heads": 2, "tie_word_embeddings": True}
+  (tmp_path / "config.json").write_text(json.dumps({**hf, key: value}))
+  config = _module("spell").get_config("demo")
+  config.model.source = f"hf:{tmp_path}"
+  with pytest.raises(ValueError, match=re.escape(match)):
+    runner.validate(config, data=False)
+  (tmp_path / "config.json").write_text(json.dumps(hf))
+  bounds.check_hf_config(config.model.source)  # the intact file passes

@@ -103,6 +103,7 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
                        f"a response within the role's context of {context} tokens "
                        "(rollout.max_context, or the role's own max_context).")
   load_lib.check_source(config.model.source, config.model.tie_embeddings)
+  bounds.check_hf_config(config.model.source)
   for name in ("source", "tokenizer"):
     check_gguf(f"model.{name}", config.model[name])
   warmup_lib.validate(config, module.METHOD)
