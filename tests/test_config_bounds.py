@@ -179,3 +179,12 @@ def test_a_damaged_hf_config_is_one_line_before_loading(tmp_path, key, value, ma
     runner.validate(config, data=False)
   (tmp_path / "config.json").write_text(json.dumps(hf))
   bounds.check_hf_config(config.model.source)  # the intact file passes
+
+
+def test_the_evaluator_checks_a_damaged_hf_config_too(tmp_path):
+  from scope_jax.evaluation import models  # pylint: disable=import-outside-toplevel
+  (tmp_path / "config.json").write_text(json.dumps(
+      {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+       "num_hidden_layers": 1, "num_attention_heads": 0}))
+  with pytest.raises(ValueError, match="num_attention_heads=0 must be a positive integer"):
+    models.check_spec(f"hf:{tmp_path}")
