@@ -1,4 +1,4 @@
-"""`--config.smoke=True`: any preset, on one machine, on a real model — what to run before booking
+"""`--config.smoke=True`: a paper preset, on one machine, on a real model — what to run before booking
 a pod.
 
 It keeps everything that defines the preset (prompts, search syntax, parsers, rewards, phases,
