@@ -365,7 +365,8 @@ def main() -> None:
   held = World(args.world)
   roles = set(args.roles.split(",")) if args.roles else None
   if skills == ["play"] and args.format == "scope":
-    train = [d for s in range(TRAIN_SEED, TRAIN_SEED + args.worlds) for role, demos in scope_examples(
+    seeds = range(TRAIN_SEED, TRAIN_SEED + args.worlds)
+    train = [d for s in seeds for role, demos in scope_examples(
         tokenizer, World(s), World(s).questions(args.per_world, np.random.default_rng(s), "attr"),
         args.right_share, seed=s, grades=args.grades, near_copies=args.near_copies,
         reasoning=args.grader_reasoning).items() if roles is None or role in roles for d in demos]

@@ -30,8 +30,8 @@ _BENCHMARKS = flags.DEFINE_string("benchmarks", None, "Comma-separated: gsm8k, f
                                   "fanoutqa_search, file:<path>:<qa|qa_search|math|mc|judge>, "
                                   "world:<set> (with --run: the run's world's gold set).")
 _OUT = flags.DEFINE_string("out", None, "Results root (local or gs://); default <run>/eval, or "
-                           "eval/<model name> for --model alone. A run's own evaluations during training "
-                           "are kept: evaluate with other settings into another --out.")
+                           "eval/<model name> for --model alone. A run's own evaluations during "
+                           "training are kept: evaluate with other settings into another --out.")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "Tokenizer of --model when its directory "
                                  "has none: a HF dir, 'demo' or 'byte'.")
 _JUDGE = flags.DEFINE_string("judge", None, "Judge model for `judge` benchmarks (same forms as "

@@ -139,7 +139,8 @@ def test_smoke_says_what_it_changed_and_refuses_a_bad_value_it_would_replace():
     runner.validate(config, data=False)
 
 
-@pytest.mark.parametrize("method, preset", [("spell", "demo"), ("spell", "learn"), ("asl", "learn")])
+@pytest.mark.parametrize("method, preset",
+                         [("spell", "demo"), ("spell", "learn"), ("asl", "learn")])
 def test_smoke_refuses_the_presets_that_already_run_on_one_machine(method, preset):
   """Smoke on `demo`/`learn` would zero the warm-up that makes their model and train a random
   tiny one: refused in one line naming a paper preset."""

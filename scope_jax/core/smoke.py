@@ -1,5 +1,5 @@
-"""`--config.smoke=True`: a paper preset, on one machine, on a real model — what to run before booking
-a pod.
+"""`--config.smoke=True`: a paper preset, on one machine, on a real model — what to run before
+booking a pod.
 
 It keeps everything that defines the preset (prompts, search syntax, parsers, rewards, phases,
 stores, losses, the shape of the schedule) and shrinks only sizes: the method's group and batch
@@ -49,10 +49,10 @@ def check_preset(config: ml_collections.ConfigDict) -> None:
   one machine, and smoke would zero the warm-up that makes its model (the tiny model would train
   from random init): a one-line error, not a run that passes while testing nothing."""
   if config.get("preset") in SMALL_PRESETS:
-    raise ValueError(f"--config.smoke=True shrinks a paper preset to one machine and the real 0.5B "
-                     f"model; the {config.preset!r} preset already runs on one machine (smoke would "
-                     f"train a random tiny model): run it without smoke, or smoke a paper preset "
-                     f"(e.g. --config=configs/{config.method}.py:paper).")
+    raise ValueError(f"--config.smoke=True shrinks a paper preset to one machine and the real "
+                     f"0.5B model; the {config.preset!r} preset already runs on one machine "
+                     f"(smoke would train a random tiny model): run it without smoke, or smoke a "
+                     f"paper preset (e.g. --config=configs/{config.method}.py:paper).")
 
 
 def shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> list[str]:

@@ -178,7 +178,7 @@ def test_the_runs_own_evaluation_during_training_is_never_replaced(tmp_path, ove
   done = tmp_path / "out" / "set" / "step_1"
   done.mkdir(parents=True)
   (done / "results.json").write_text(json.dumps({"benchmark": "set", "updates": 2, "metrics": {}}))
-  with pytest.raises(ValueError, match="is the run's own evaluation during training .* --out=<dir>"):
+  with pytest.raises(ValueError, match="the run's own evaluation during training .* --out=<dir>"):
     session.done("step_1")
   assert not session.done("step_0")
 

@@ -146,7 +146,8 @@ def test_the_summary_says_how_alike_the_final_answers_are(tmp_path):
     ({"eval.every": 1, "eval.benchmarks": "world:doc", "eval.role": "judge"},
      "eval.role='judge' is not a role of copy_qa"),
     ({"eval.every": 1, "eval.benchmarks": "world:doc"}, "eval.role='' is not a role"),
-    ({"control": "shuffle"}, "control='shuffle' is not valid; choose one of: '', shuffled_rewards."),
+    ({"control": "shuffle"},
+     "control='shuffle' is not valid; choose one of: '', shuffled_rewards."),
     ({"eval.every": 1, "eval.benchmarks": "world:doc", "eval.prompt": "mine"},
      "eval.prompt='mine': choose 'benchmark'"),
     ({"warmup.steps": 5, "warmup.world_seed": 3}, "copy_qa's warm-up has no demonstrations "
@@ -276,7 +277,8 @@ def test_provenance_of_worlds_and_questions(tmp_path, monkeypatch):
   monkeypatch.setattr(runner.logging, "warning", lambda msg, *a: warned.append(msg % a))
   monkeypatch.setattr(evals.logging, "warning", lambda msg, *a: warned.append(msg % a))
   (tmp_path / "hf").mkdir()
-  (tmp_path / "hf" / "scope_jax_export.json").write_text(json.dumps({"worlds": run_record.worlds(learn)}))
+  (tmp_path / "hf" / "scope_jax_export.json").write_text(
+      json.dumps({"worlds": run_record.worlds(learn)}))
   learn.model.source = f"hf:{tmp_path / 'hf'}"
   runner.warn_trained_on_this_world(learn)
   assert len(warned) == 1 and "trained on world 0" in warned[0], warned
