@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from scope_jax import sharding as shd  # noqa: E402
 from scope_jax.evaluation import benchmarks  # noqa: E402
 from scope_jax.evaluation.evaluator import Evaluator, Settings  # noqa: E402
-from scope_jax.evaluation.models import load_spec  # noqa: E402
+from scope_jax.evaluation.models import check_spec, load_spec  # noqa: E402
 from scope_jax.models import transformer  # noqa: E402
 from scope_jax.rollout.agent import encode  # noqa: E402
 from scope_jax.rollout.parsers import SYNTAXES  # noqa: E402
@@ -53,8 +53,17 @@ def main() -> None:
   p.add_argument("--limit", type=int, default=16, help="FanOutQA questions")
   p.add_argument("--syntaxes", default=",".join(SYNTAXES))
   args = p.parse_args()
-  mesh = shd.make_mesh((1, -1, 1))
-  model = load_spec(args.model, mesh, shd.SAMPLING_RULES, jnp.float32)
+  if unknown := set(args.syntaxes.split(",")) - set(OPENING_TAGS):
+    p.error(f"--syntaxes: unknown {sorted(unknown)}; use one or more of {', '.join(OPENING_TAGS)}")
+  if args.limit < 1:
+    p.error(f"--limit={args.limit}: use a positive number of questions")
+  try:  # a model spec that cannot load is the user's to fix: one line, not a traceback
+    check_spec(args.model)
+    mesh = shd.make_mesh((1, -1, 1))
+    model = load_spec(args.model, mesh, shd.SAMPLING_RULES, jnp.float32)
+  except (OSError, ValueError, KeyError) as e:
+    text = str(e.args[0] if e.args else e).strip()  # a KeyError's str() adds quotes
+    p.error(f"--model={args.model}: {text.splitlines()[0] if text else type(e).__name__}")
   questions = [e.question for e in benchmarks.builtin("fanoutqa_search", limit=args.limit).examples]
   print(f"{args.model}, {len(questions)} FanOutQA questions, the evaluator's qa_search prompt")
   print(f"{'syntax':16} {'tag':18} {'tag tokens':>10} {'mean log p(tag)':>16} "

@@ -90,6 +90,7 @@ ATTR = (("person", "What is the profession of {n}?", ("profession",)),
         ("country", "What language do people in {n} speak?", ("language",)))
 
 
+TRAIN_SEED = 1000  # the training worlds are seeds TRAIN_SEED, TRAIN_SEED + 1, …
 SKILLS = ("doc", "attr", "search", "ask", "arith", "play")
 PLAY_ROLES = ("examiner", "student", "teacher")
 
@@ -347,19 +348,32 @@ def main() -> None:
     p.error(f"--vote={args.vote}: the vote needs --format=opensir and at least 2 samples")
   if not 0.0 < args.vote_temperature <= 2.0:
     p.error(f"--vote_temperature={args.vote_temperature}: use a temperature in (0, 2]")
+  for name in ("every", "limit", "worlds", "per_world", "batch_rows"):
+    if getattr(args, name) < 1:
+      p.error(f"--{name}={getattr(args, name)}: use a positive number")
+  if args.steps < 0 or args.steps % args.every:
+    p.error(f"--steps={args.steps}: use 0 (measure only) or a multiple of --every={args.every} "
+            "(the model is fitted and measured every --every steps)")
+  if TRAIN_SEED <= args.world < TRAIN_SEED + args.worlds:
+    p.error(f"--world={args.world} is one of the training worlds (seeds {TRAIN_SEED} to "
+            f"{TRAIN_SEED + args.worlds - 1}): its held-out questions would be trained on; use a "
+            f"seed below {TRAIN_SEED} or from {TRAIN_SEED + args.worlds}")
+  if args.world < 0:
+    p.error(f"--world={args.world}: use a non-negative seed")
   tokenizer = load_tokenizer("demo")
   config, params = model(args.size, 0)
   held = World(args.world)
   roles = set(args.roles.split(",")) if args.roles else None
   if skills == ["play"] and args.format == "scope":
-    train = [d for s in range(1000, 1000 + args.worlds) for role, demos in scope_examples(
+    seeds = range(TRAIN_SEED, TRAIN_SEED + args.worlds)
+    train = [d for s in seeds for role, demos in scope_examples(
         tokenizer, World(s), World(s).questions(args.per_world, np.random.default_rng(s), "attr"),
         args.right_share, seed=s, grades=args.grades, near_copies=args.near_copies,
         reasoning=args.grader_reasoning).items() if roles is None or role in roles for d in demos]
     held_out = scope_examples(tokenizer, held, held.gold["attr_search"][:args.limit],
                               reasoning=args.grader_reasoning)
   elif skills == ["play"] and args.format == "asl":
-    train = [d for s in range(1000, 1000 + args.worlds) for role, demos in asl_examples(
+    train = [d for s in range(TRAIN_SEED, TRAIN_SEED + args.worlds) for role, demos in asl_examples(
         tokenizer, World(s), World(s).questions(args.per_world, np.random.default_rng(s), "attr"),
         args.right_share, seed=s, grades=args.grades, reasoning=args.grm_reasoning).items()
         if roles is None or role in roles for d in demos]
@@ -368,7 +382,7 @@ def main() -> None:
     held_out.update({f"{role}:last": [last_turn(d) for d in held_out[role]]
                      for role in ("pm", "grm")})  # the answer or verdict alone
   elif skills == ["play"]:
-    train = [d for s in range(1000, 1000 + args.worlds) for demos in play_examples(
+    train = [d for s in range(TRAIN_SEED, TRAIN_SEED + args.worlds) for demos in play_examples(
         tokenizer, World(s), World(s).questions(args.per_world, np.random.default_rng(s), "attr"),
         args.right_share, seed=s).values() for d in demos]
     gold = held.gold["attr_search"][:args.limit]
@@ -376,7 +390,7 @@ def main() -> None:
                 **{f"{k}:copy": examples(tokenizer, held, gold, k, "piplay")
                    for k in ("search", "ask")}}
   else:
-    train = [d for skill in skills for s in range(1000, 1000 + args.worlds)
+    train = [d for skill in skills for s in range(TRAIN_SEED, TRAIN_SEED + args.worlds)
              for d in examples(tokenizer, World(s), questions(World(s), skill, args.per_world, s),
                                skill, args.format)]
     held_out = {skill: examples(tokenizer, held, questions(held, skill, args.limit,

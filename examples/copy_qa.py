@@ -10,7 +10,7 @@ reference, the sampler or engine — comes from the core.
 
 import numpy as np
 
-from scope_jax.core.method import Method
+from scope_jax.core.method import Method, PolicyPlan, Players
 from scope_jax.retrieval import demo_corpus
 from scope_jax.rewards import match
 from scope_jax.rl import advantages as adv_lib
@@ -30,6 +30,11 @@ class CopyQA(Method):
   name = "copy_qa"  # the config section it reads
   roles = ("answerer",)
   at_least_one = ("batch", "group_size")
+
+  @classmethod
+  def players(cls, c) -> Players:
+    """What `__init__` adds, for `scope_jax.plan`: one policy, updated on batch × G rows."""
+    return Players({"policy": PolicyPlan(c.copy_qa.batch * c.copy_qa.group_size)})
 
   def __init__(self, rt):
     super().__init__(rt)

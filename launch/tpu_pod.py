@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+# This checkout's package (accelerators.py needs only the standard library), installed or not.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from scope_jax import accelerators
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,6 +184,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  help="print the gcloud commands, run nothing")
   a = p.parse_args(argv)
   a.main_args = main_args
+  if a.max_restarts < 0:
+    p.error(f"--max_restarts={a.max_restarts}: use 0 (no restart) or more.")
   try:
     s = accelerators.get(a.accelerator)
     if a.action in ("up", "run"):

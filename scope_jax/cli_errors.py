@@ -15,6 +15,7 @@ from scope_jax.core import console
 _DID_YOU_MEAN = re.compile(r"""Did you mean \\?["'](\w+)\\?["'] instead of \\?["'](\w+)\\?["']""")
 _NO_FILE = re.compile(r"No such file or directory: '([^']+)'")
 _PRESET = re.compile(r"Unknown preset '[^\n]*")
+_NO_FIELD = re.compile(r"""^\W*'(\w+)'\W*$""")  # ml_collections' KeyError for a missing field
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -38,6 +39,13 @@ def one_line(exc: BaseException, argv: Sequence[str] = ()) -> str:
     flag = next((a.split("=")[0] for a in argv if f".{bad}=" in a or a.endswith(f".{bad}")),
                 f"--config...{bad}")
     return f"Unknown config field in {flag}: did you mean '{good}' instead of '{bad}'?"
+  m = _NO_FIELD.match(str(exc)) if isinstance(exc, (AttributeError, KeyError)) else None
+  if m:
+    bad = m.group(1)
+    flag = next((a.split("=")[0] for a in argv if f".{bad}=" in a or a.endswith(f".{bad}")), None)
+    if flag:
+      return (f"Unknown config field in {flag}: the config has no field {bad!r} there (check the "
+              "spelling and the section; the config file lists every field).")
   m = _NO_FILE.search(text)
   if m:
     return (f"Config file {m.group(1)} does not exist: give the path of a file in configs/ "

@@ -27,7 +27,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.async_checkpoint = True  # save in the background while the next step runs
   c.progress = True  # progress bars for steps and rollouts (only when stderr is a terminal)
   c.overwrite = False  # start over in a workdir that holds metrics but no checkpoint
-  c.smoke = False  # this preset at the smallest sizes on one machine and a real model (core/smoke.py)
+  c.smoke = False  # a paper preset, smallest sizes, one machine, a real model (core/smoke.py)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (1, -1, 1)  # ('data', 'fsdp', 'tensor'); -1 takes the remaining devices

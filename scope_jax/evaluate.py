@@ -27,9 +27,11 @@ _MODEL = flags.DEFINE_string("model", None, "A base model: hf:<dir> | gguf:<file
                              "| preset:<name> | initial (the run's own start). With --run: the "
                              "baseline row of the table.")
 _BENCHMARKS = flags.DEFINE_string("benchmarks", None, "Comma-separated: gsm8k, fanoutqa, "
-                                  "fanoutqa_search, file:<path>:<qa|qa_search|math|mc|judge>.")
+                                  "fanoutqa_search, file:<path>:<qa|qa_search|math|mc|judge>, "
+                                  "world:<set> (with --run: the run's world's gold set).")
 _OUT = flags.DEFINE_string("out", None, "Results root (local or gs://); default <run>/eval, or "
-                           "eval/<model name> for --model alone.")
+                           "eval/<model name> for --model alone. A run's own evaluations during "
+                           "training are kept: evaluate with other settings into another --out.")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "Tokenizer of --model when its directory "
                                  "has none: a HF dir, 'demo' or 'byte'.")
 _JUDGE = flags.DEFINE_string("judge", None, "Judge model for `judge` benchmarks (same forms as "

@@ -50,7 +50,7 @@ def load():
   dtype = jnp.dtype(record.config.model.param_dtype)
   model = models.load_step(record, step[0], policy, mesh, shd.SAMPLING_RULES, dtype)
   return model, {"run": record.path, "method": record.method, "step": step[0], "role": _ROLE.value,
-                 "policy": policy}
+                 "policy": policy, "worlds": run_record.worlds(record.config)}
 
 
 def main(argv):

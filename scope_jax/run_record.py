@@ -245,3 +245,25 @@ def restore_params(record: RunRecord, step: int, policy: str, mesh, rules: shd.R
   finally:
     manager.close()
   return out["state"][policy]["params"]
+
+
+def worlds(config) -> dict:
+  """The synthetic worlds a run's params saw: its own (`world.seed`, whose gold sets are held
+  out only from a model that never trained on it), the other worlds its corpus adds, and those
+  its warm-up demonstrated on: a model loaded from the export knows their facts."""
+  w, warm = config.get("world", {}), config.get("warmup", {})
+  first, count = warm.get("world_seed", -1), warm.get("worlds", 0)
+  reads = [k for k, v in _flat(config) if v == "world" and k.endswith(("corpus", "topics", "file"))]
+  return {"seed": w.get("seed", 0) if reads else None,  # None: it never read its world
+          "corpus_seeds": list(w.get("corpus_seeds", ())),
+          "warmup_seeds": list(range(first, first + count))
+          if warm.get("steps", 0) and first is not None and first >= 0 else []}
+
+
+def _flat(config, prefix=""):
+  for k, v in config.items():
+    if hasattr(v, "items"):
+      yield from _flat(v, f"{prefix}{k}.")
+    else:
+      yield f"{prefix}{k}", v
+

@@ -18,6 +18,10 @@ def _main(*args, workdir="/tmp/scope_jax_cli_test"):
 @pytest.mark.parametrize("args,message", [
     (("--config=configs/spell.py", "--config.spell.group_sise=3"),
      "Unknown config field in --config.spell.group_sise: did you mean 'group_size'"),
+    (("--config=configs/spell.py", "--config.spell.nonexist=3"),
+     "Unknown config field in --config.spell.nonexist: the config has no field 'nonexist' there"),
+    (("--config=configs/spell.py", "--config.model.source=gguf:/nonexistent.gguf"),
+     "model.source='gguf:/nonexistent.gguf': no file at /nonexistent.gguf, and no bundled asset"),
     (("--config=configs/nope.py",), "Config file configs/nope.py does not exist"),
     (("--config=configs/spell.py:huge",), "Unknown preset 'huge'; valid presets: demo, learn, paper, small, paper_qwen3_moe."),
     (("--config=configs/spell.py", "--config.keep_checkpoints=0"),

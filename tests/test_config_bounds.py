@@ -3,13 +3,15 @@ each in one line that names the field (a size of 0 once hung the engine, a NaN t
 greedy, a group of one trained on zero advantages)."""
 
 import importlib.util
+import json
 import math
 import os
+import re
 
 import ml_collections
 import pytest
 
-from scope_jax.core import bounds, runner
+from scope_jax.core import bounds, runner, smoke
 from scope_jax.core import method as method_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,6 +95,7 @@ def test_every_numeric_field_is_checked(method, preset):
     ("warmup.worked_ways", 5, "warmup.worked_ways=5: use 1 to 4 openings"),
     ("warmup.worked_ways", 0, "warmup.worked_ways=0 must be at least 1"),
     ("eval.num_samples", 0, "eval.num_samples=0 must be at least 1"),
+    ("model.param_dtype", "float17", "model.param_dtype='float17' is not valid"),
     ("eval.temperature", -0.5, "eval.temperature=-0.5 must be at least 0"),
 ])
 def test_the_values_a_careless_user_types(path, value, match):
@@ -121,6 +124,34 @@ def test_a_smoke_run_is_checked_after_it_shrinks():
     runner.validate(config)
 
 
+def test_smoke_says_what_it_changed_and_refuses_a_bad_value_it_would_replace():
+  config = _module("spell").get_config("paper")
+  config.smoke, config.model.tokenizer = True, "demo"
+  config.total_steps, config.rollout.max_prompt_tokens = 5, 9000
+  module = runner.load_method(config)
+  changed = smoke.shrink(config, module.METHOD.smoke)
+  assert changed[0] == "total_steps 5 → 1", changed
+  assert "rollout.max_prompt_tokens 9000 → 3072" in changed
+  assert smoke.shrink(config, module.METHOD.smoke) == []  # shrinking twice changes nothing
+  config = _module("spell").get_config("paper")
+  config.smoke, config.model.tokenizer, config.warmup.steps = True, "demo", -3
+  with pytest.raises(ValueError, match="warmup.steps=-3"):
+    runner.validate(config, data=False)
+
+
+@pytest.mark.parametrize("method, preset",
+                         [("spell", "demo"), ("spell", "learn"), ("asl", "learn")])
+def test_smoke_refuses_the_presets_that_already_run_on_one_machine(method, preset):
+  """Smoke on `demo`/`learn` would zero the warm-up that makes their model and train a random
+  tiny one: refused in one line naming a paper preset."""
+  config = _module(method).get_config(preset)
+  config.smoke = True
+  with pytest.raises(ValueError, match=re.escape(
+      f"the '{preset}' preset already runs on one machine") + ".*" + re.escape(
+          f"configs/{method}.py:paper")):
+    runner.validate(config)
+
+
 @pytest.mark.parametrize("method", ["piplay", "scope"])
 def test_a_smoke_run_saves_one_checkpoint_at_the_end(method, tmp_path):
   config = _module(method).get_config("paper")
@@ -128,3 +159,33 @@ def test_a_smoke_run_saves_one_checkpoint_at_the_end(method, tmp_path):
   config.retrieval.encoder = "minilm"
   runner.validate(config, data=False)
   assert config.checkpoint_every == config.total_steps == 2
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("num_attention_heads", 0, "num_attention_heads=0 must be a positive integer"),
+    ("hidden_size", None, "hidden_size=None must be a positive integer"),
+    ("hidden_size", -896, "hidden_size=-896 must be"),
+    ("hidden_size", 896.7, "hidden_size=896.7 must be"),
+    ("num_key_value_heads", 0, "num_key_value_heads=0 must be"),
+    ("hidden_size", 900, "hidden_size=900 is not a multiple of num_attention_heads=14"),
+])
+def test_a_damaged_hf_config_is_one_line_before_loading(tmp_path, key, value, match):
+  hf = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896,
+        "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+        "num_key_value_heads": 2, "tie_word_embeddings": True}
+  (tmp_path / "config.json").write_text(json.dumps({**hf, key: value}))
+  config = _module("spell").get_config("demo")
+  config.model.source = f"hf:{tmp_path}"
+  with pytest.raises(ValueError, match=re.escape(match)):
+    runner.validate(config, data=False)
+  (tmp_path / "config.json").write_text(json.dumps(hf))
+  bounds.check_hf_config(config.model.source)  # the intact file passes
+
+
+def test_the_evaluator_checks_a_damaged_hf_config_too(tmp_path):
+  from scope_jax.evaluation import models  # pylint: disable=import-outside-toplevel
+  (tmp_path / "config.json").write_text(json.dumps(
+      {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+       "num_hidden_layers": 1, "num_attention_heads": 0}))
+  with pytest.raises(ValueError, match="num_attention_heads=0 must be a positive integer"):
+    models.check_spec(f"hf:{tmp_path}")

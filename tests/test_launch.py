@@ -343,3 +343,32 @@ def test_slurm_outside_an_allocation_says_how_to_submit():
   out = subprocess.run(["bash", os.path.join(LAUNCH, "slurm.sbatch"), "--dry-run", *MAIN_ARGS],
                        capture_output=True, text=True, env=env, timeout=60)
   assert out.returncode == 2 and "submit this script with sbatch" in out.stderr
+
+
+@pytest.mark.parametrize("script, args", [
+    ("tpu_pod.py", ("up", "--name=n", "--zone=z", "--accelerator=v5p-8", "--dry-run", "--",
+                    "--config=configs/spell.py", "--workdir=/tmp/w")),
+    (os.path.join("gke", "render.py"), ("--name=n", "--accelerator=v5p-8", "--image=r/x:1",
+                                        "--dry-run", "--", "--config=configs/spell.py",
+                                        "--workdir=/tmp/w"))])
+def test_launchers_run_from_a_checkout_without_the_package_installed(script, args):
+  """A Python without the project installed (-S: no site-packages) runs the launchers from the
+  checkout: they import only the standard library and this checkout's accelerators."""
+  out = subprocess.run([sys.executable, "-S", os.path.join(LAUNCH, script), *args],
+                       capture_output=True, text=True, cwd="/", timeout=60,
+                       env={"PATH": os.environ.get("PATH", "")})
+  assert out.returncode == 0, out.stderr
+  assert "ModuleNotFoundError" not in out.stderr
+
+
+@pytest.mark.parametrize("script, flag, message", [
+    (os.path.join("gke", "render.py"), "--port=-5", "--port=-5: use a TCP port from 1 to 65535"),
+    (os.path.join("gke", "render.py"), "--port=99999", "--port=99999: use a TCP port"),
+    (os.path.join("gke", "render.py"), "--max_restarts=-1", "--max_restarts=-1: use 0"),
+    ("tpu_pod.py", "--max_restarts=-1", "--max_restarts=-1: use 0")])
+def test_launchers_refuse_bad_ports_and_restart_counts(script, flag, message):
+  lead = (("--name=n", "--accelerator=v5p-8", "--image=r/x:1") if "render" in script else
+          ("up", "--name=n", "--zone=z", "--accelerator=v5p-8"))
+  out = _script(script, *lead, flag, "--dry-run", "--", "--config=configs/spell.py",
+                "--workdir=/tmp/w")
+  assert out.returncode == 2 and message in out.stderr, out.stderr

@@ -21,6 +21,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# This checkout's package (accelerators.py needs only the standard library), installed or not.
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from scope_jax import accelerators
 
 TEMPLATE = os.path.join(HERE, "jobset.yaml")
@@ -72,6 +74,10 @@ def main(argv: list[str]) -> int:
   a = p.parse_args(argv)
   try:
     check_fields(a.name, a.image, a.workdir_in_image)
+    if not 1 <= a.port <= 65535:
+      raise ValueError(f"--port={a.port}: use a TCP port from 1 to 65535.")
+    if a.max_restarts < 0:
+      raise ValueError(f"--max_restarts={a.max_restarts}: use 0 (no restart) or more.")
     s = accelerators.get(a.accelerator)
     if not main_args:
       raise ValueError("no scope_jax.main flags after '--' (at least --config and --workdir).")

@@ -21,6 +21,7 @@ from etils import epath
 from scope_jax import distributed
 from scope_jax.core import console
 from scope_jax.evaluation import benchmarks as bench_lib
+from scope_jax.evaluation import driver
 from scope_jax.evaluation import evaluator as eval_lib
 from scope_jax.retrieval import search
 from scope_jax.world import GOLD_SETS, World
@@ -103,6 +104,37 @@ def validate(config: ml_collections.ConfigDict, method_cls) -> None:
   if role not in method_cls.roles:
     raise ValueError(f"eval.role={role!r} is not a role of {method_cls.name}; choose one of "
                      f"{', '.join(method_cls.roles)}.")
+  frozen = frozen_roles(method_cls, config)
+  if role in frozen:
+    trained = [r for r in method_cls.roles if r not in frozen]
+    raise ValueError(f"eval.role={role!r} is played by frozen params, which training never "
+                     f"changes: evaluate a trained role ({', '.join(trained)}).")
+
+
+def frozen_roles(method_cls, config: ml_collections.ConfigDict) -> set[str]:
+  """The roles of `method_cls` that frozen params play, from its declared players: a role named
+  like frozen params, or, where the method trains several policies, a role no policy is named
+  after (the one-policy methods play every other role with that policy). A method that declares
+  no players has none here; its runtime still refuses a frozen role when it builds."""
+  try:
+    players = method_cls.players(config)
+  except NotImplementedError:
+    return set()
+  frozen = set(players.frozen) | set(players.tracked)
+  several = len(players.policies) > 1
+  return {r for r in method_cls.roles
+          if r in frozen or (several and r not in players.policies)}
+
+
+def check_same_questions(root, sha256: str) -> None:
+  """A warning when earlier evaluations of this run under `root` scored other questions (a
+  `file:` benchmark changed between sessions): one curve would mix two question sets."""
+  for path in sorted(epath.Path(root).glob("*/results.json")):
+    have = driver.read_results(path) or {}
+    if have.get("examples_sha256") not in (None, sha256):
+      logging.warning("%s scored other questions than this session's %s: the benchmark changed, "
+                      "so its learning curve mixes two question sets.", path, epath.Path(root).name)
+      return
 
 
 class Evaluations:
@@ -120,6 +152,9 @@ class Evaluations:
                        "never changes: evaluate a trained role.")
     spec = world_specs(e.benchmarks, config.world.seed, f"{rt.workdir}/world")
     self.benches = [bench_lib.load(s, limit=e.limit or None) for s in bench_lib.parse_specs(spec)]
+    self.digests = {b.name: driver.digest(b) for b in self.benches}
+    for b in self.benches:
+      check_same_questions(f"{rt.workdir}/eval/{b.name}", self.digests[b.name])
     items = [i.strip() for i in str(e.benchmarks).split(",")]
     world_names = {i[len(WORLD_PREFIX):] for i in items if i.startswith(WORLD_PREFIX)}
     own = self.role.tool or getattr(method, "tool", None)
@@ -176,7 +211,8 @@ class Evaluations:
       if distributed.is_primary():  # every host ran the rollouts; one writes
         eval_lib.write_results(f"{self.rt.workdir}/eval/{bench.name}/{label}", bench, metrics,
                                records, step=None if updates == 0 else updates - 1, label=label,
-                               extra={"role": self.role.name, "updates": updates})
+                               extra={"role": self.role.name, "updates": updates,
+                                      "examples_sha256": self.digests[bench.name]})
       out.update({f"eval/{bench.name}/{k}": v for k, v in metrics.items()})
       logging.info("%s", console.eval_line(updates, bench.name, metrics, len(bench.examples)))
     return out

@@ -15,8 +15,10 @@ from scope_jax.rollout.types import Trajectory
 
 
 def check_choice(name: str, value, choices) -> None:
+  """`value` is one of `choices`, or a one-line error listing them (an empty string as '')."""
   if value not in choices:
-    raise ValueError(f"{name}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}.")
+    shown = ", ".join(repr(c) if c == "" else str(c) for c in choices)
+    raise ValueError(f"{name}={value!r} is not valid; choose one of: {shown}.")
 
 
 def field(section: ml_collections.ConfigDict, dotted: str) -> Any:

@@ -9,6 +9,7 @@ and the timers to each step's metrics.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import time
 
@@ -18,6 +19,7 @@ from absl import logging
 from etils import epath
 from tqdm import tqdm
 
+from scope_jax import assets
 from scope_jax import checkpoint as ckpt_lib
 from scope_jax import distributed
 from scope_jax import metrics as metrics_lib
@@ -66,7 +68,12 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   weights, tokenizer or corpus) skips the checks that those paths are set."""
   module = load_method(config)
   if config.get("smoke", False):
-    smoke.shrink(config, module.METHOD.smoke)
+    smoke.check_preset(config)
+    bounds.check(config, tuple(module.METHOD.bounds))  # a bad value given is refused, not hidden
+    changed = smoke.shrink(config, module.METHOD.smoke)
+    if changed:  # validating again shrinks nothing more and says nothing
+      logging.info("Smoke run: %d settings shrunk (run.json holds the run's config): %s",
+                   len(changed), "; ".join(changed))
   bounds.check(config, tuple(module.METHOD.bounds))  # every number in range: sizes ≥ 1, …
   if data and not config.model.tokenizer:
     raise ValueError("model.tokenizer is empty: set --config.model.tokenizer to the checkpoint's "
@@ -76,6 +83,8 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   check_choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
   check_choice("model.remat", config.model.remat, tuple(transformer.REMAT_POLICIES))
   check_choice("model.dtype", config.model.dtype, ("float32", "bfloat16"))
+  check_choice("model.param_dtype", config.model.get("param_dtype", "float32"),
+               ("float32", "bfloat16"))
   if len(tuple(config.mesh.shape)) not in (3, 4):
     raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} needs 3 entries (data, fsdp, tensor) "
                      "or 4 (and expert).")
@@ -94,11 +103,17 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
                        f"a response within the role's context of {context} tokens "
                        "(rollout.max_context, or the role's own max_context).")
   load_lib.check_source(config.model.source, config.model.tie_embeddings)
+  bounds.check_hf_config(config.model.source)
+  for name in ("source", "tokenizer"):
+    check_gguf(f"model.{name}", config.model[name])
   warmup_lib.validate(config, module.METHOD)
   module.METHOD.validate(config, data=data)
   check_policies(module.METHOD, config)
   check_choice("control", config.get("control", ""), CONTROLS)
   check_world(config)
+  if data:
+    check_pool_file(config)
+    warn_trained_on_this_world(config)
   evals_lib.validate(config, module.METHOD)
   return module
 
@@ -133,6 +148,65 @@ def check_policies(method, config: ml_collections.ConfigDict) -> None:
       loss_config(config, plan.loss)
     except (ValueError, TypeError) as e:
       raise ValueError(f"policy {name!r}: {e}") from None
+
+
+def warn_trained_on_this_world(config: ml_collections.ConfigDict) -> None:
+  """A warning when `model.source` is an export (scope_jax_export.json) of a run that trained on
+  this run's world: its `world:` evaluations are then not held out."""
+  source = str(config.model.source)
+  if not source.startswith("hf:") or not str(config.get("eval", {}).get("benchmarks", "")):
+    return
+  info = epath.Path(source[len("hf:"):]) / "scope_jax_export.json"
+  try:
+    seen = json.loads(info.read_text()).get("worlds") or {}
+  except (OSError, ValueError, AttributeError):
+    return  # not an export of a run (or not readable here): nothing is known
+  seed = config.world.seed
+  if evals_lib.WORLD_PREFIX in str(config.eval.benchmarks) and (
+      seed == seen.get("seed") or seed in seen.get("corpus_seeds", ())
+      or seed in seen.get("warmup_seeds", ())):
+    logging.warning("model.source=%s was exported from a run that trained on world %d (%s): "
+                    "this run's world:<set> evaluations of world %d are not held out.",
+                    source, seed, info, seed)
+
+
+def check_gguf(name: str, spec: str) -> None:
+  """A `gguf:` spec names a local file or a bundled asset: a path that is neither is a missing
+  file, said so in one line (not 'unknown asset')."""
+  if not str(spec).startswith("gguf:"):
+    return
+  target = spec[len("gguf:"):]
+  if target in assets.REGISTRY or "://" in target or epath.Path(target).exists():
+    return
+  raise ValueError(f"{name}={spec!r}: no file at {target}, and no bundled asset of that name "
+                   f"(assets: {', '.join(sorted(assets.REGISTRY))}).")
+
+
+def check_pool_file(config: ml_collections.ConfigDict) -> None:
+  """OpenSIR's `initial_pool.file` (problems it trains on) holds none of world `world.seed`'s
+  held-out gold questions: training on them would score the run on what it trained on."""
+  path = config.get("opensir", {}).get("initial_pool", {}).get("file", "")
+  if config.method != "opensir" or not path or path == "world" or not epath.Path(path).exists():
+    return  # 'world' is the world's training problems; a missing file is the method's error
+  from scope_jax.world import World  # pylint: disable=import-outside-toplevel
+  words = lambda text: " ".join(str(text).split())
+  gold = {words(q["question"]): name
+          for name, qs in World(config.world.seed).gold.items() for q in qs}
+  hits = []
+  with epath.Path(path).open() as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+        text = words(row.get("problem", row.get("question", "")))
+      except (ValueError, AttributeError):
+        continue  # a malformed line is the method's own one-line error when it loads the file
+      if text in gold:
+        hits.append(gold[text])
+  if hits:
+    raise ValueError(f"opensir.initial_pool.file={path!r} holds {len(hits)} held-out gold "
+                     f"questions of world {config.world.seed} (world:{hits[0]}): OpenSIR would "
+                     "train on what it is evaluated on; use other problems, or 'world' (the "
+                     "world's training problems).")
 
 
 def check_mesh(config: ml_collections.ConfigDict, devices=None) -> None:

@@ -1,5 +1,5 @@
-"""`--config.smoke=True`: any preset, on one machine, on a real model — what to run before booking
-a pod.
+"""`--config.smoke=True`: a paper preset, on one machine, on a real model — what to run before
+booking a pod.
 
 It keeps everything that defines the preset (prompts, search syntax, parsers, rewards, phases,
 stores, losses, the shape of the schedule) and shrinks only sizes: the method's group and batch
@@ -41,9 +41,43 @@ def _set(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
   section[last] = value
 
 
-def shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> None:
+SMALL_PRESETS = ("demo", "learn")  # already one machine's run, on the bundled demo model
+
+
+def check_preset(config: ml_collections.ConfigDict) -> None:
+  """Smoke tests a paper preset on the real 0.5B model. A `demo` or `learn` preset already runs on
+  one machine, and smoke would zero the warm-up that makes its model (the tiny model would train
+  from random init): a one-line error, not a run that passes while testing nothing."""
+  if config.get("preset") in SMALL_PRESETS:
+    raise ValueError(f"--config.smoke=True shrinks a paper preset to one machine and the real "
+                     f"0.5B model; the {config.preset!r} preset already runs on one machine "
+                     f"(smoke would train a random tiny model): run it without smoke, or smoke a "
+                     f"paper preset (e.g. --config=configs/{config.method}.py:paper).")
+
+
+def shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> list[str]:
   """Shrinks `config` in place for a smoke run; `sizes` (dotted paths from the config's root,
-  e.g. 'spell.group_size') are the method's own."""
+  e.g. 'spell.group_size') are the method's own. Returns what changed ('total_steps 5 → 1'),
+  so that a setting given on the command line is not replaced silently."""
+  before = _flat(config)
+  _shrink(config, sizes)
+  after = _flat(config)
+  keys = sorted((k for k, v in after.items() if before.get(k) != v),
+                key=lambda k: (k.count("."), k))  # total_steps before the nested sizes
+  return [f"{k} {before.get(k)!r} → {after[k]!r}" for k in keys]
+
+
+def _flat(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in config.items():
+    if isinstance(v, ml_collections.ConfigDict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
+  return out
+
+
+def _shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> None:
   for dotted, value in sizes.items():
     _set(config, dotted, value)
   _model(config)

@@ -315,7 +315,7 @@ def parse_specs(spec: str) -> list[tuple[str, str, str | None]]:
       out.append((item, BUILTIN_TYPES[item], None))
     else:
       raise ValueError(f"Unknown benchmark {item!r}; built-in benchmarks: {', '.join(BUILTINS)}, "
-                       "or file:<path>:<type>.")
+                       "file:<path>:<type>, or world:<set> (a run's world, with --run).")
   names = [n for n, _, _ in out]
   if not out or len(set(names)) != len(names):
     raise ValueError(f"--benchmarks={spec!r} must name at least one benchmark, each once (a file "

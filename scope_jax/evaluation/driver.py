@@ -71,7 +71,7 @@ class Session:
     self.opts = opts
     self.record = self._read_record() if opts.run else None
     self.policy = run_record.policy_for(self.record, opts.role) if self.record else None
-    self.specs = bench_lib.parse_specs(opts.benchmarks)
+    self.specs = bench_lib.parse_specs(self._world_files(opts.benchmarks))
     self.benches = [bench_lib.load(s, limit=opts.limit) for s in self.specs]
     if opts.model:
       models.check_spec(opts.model, record=self.record, tokenizer=opts.tokenizer)
@@ -106,6 +106,18 @@ class Session:
     self._run_tokenizer = None
     self._finished: set[str] = set()  # labels evaluated (or found done) in this session
     self.skipped: set[int] = set()  # unreadable steps --watch passed over, as training does
+
+  def _world_files(self, spec: str) -> str:
+    """`world:<set>` items as the run's own world's gold files (written under `<run>/world` if
+    missing, as training does); without --run there is no world to name."""
+    if not any(i.strip().startswith("world:") for i in str(spec).split(",")):
+      return spec
+    if self.record is None:
+      raise ValueError(f"--benchmarks={spec!r}: world:<set> names a run's world; pass --run, or "
+                       "file:<dir>/gold/<set>.jsonl:<type> of a written world.")
+    from scope_jax.core import evals  # pylint: disable=import-outside-toplevel (it imports this)
+    seed = self.record.config.get("world", {}).get("seed", 0)
+    return evals.world_specs(spec, seed, f"{self.record.path}/world")
 
   def _readable(self, step: int) -> bool:
     """Checks `step`'s metadata before any model loads (a corrupt step or another model: one
@@ -187,6 +199,11 @@ class Session:
     error (--overwrite replaces them)."""
     if label in self._finished:
       return True
+    for bench in self.benches:  # even --overwrite keeps what training wrote (and reported)
+      path = self.result_dir(bench, label) / "results.json"
+      if "updates" in (read_results(path) or {}):
+        raise ValueError(f"{path} is the run's own evaluation during training (its numbers are "
+                         "in metrics.jsonl); evaluate into another folder with --out=<dir>.")
     if self.opts.overwrite:
       return False
     complete = True

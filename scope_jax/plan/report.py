@@ -244,11 +244,19 @@ def verdict(plan: Plan) -> str:
           else f"**does not fit**, {_gib(plan.peak - plan.hbm)} GiB over")
 
 
+def count(n: int) -> str:
+  """A parameter count as people write it: '7.62B', '494M', '838K'."""
+  for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+    if n >= scale:
+      return f"{n / scale:.3g}{unit}"
+  return str(n)
+
+
 def render(plan: Plan, config: ml_collections.ConfigDict) -> str:
   s, lines = plan.slice, []
   lines.append(f"## {config.method} on {s.name} ({s.total_chips} × {s.chip.generation}, "
                f"{_gib(s.chip.hbm_bytes)} GiB HBM per chip), mesh {plan.mesh}")
-  lines.append(f"Model {plan.model.model_type}: {plan.model.num_params() / 1e9:.3g}B parameters; "
+  lines.append(f"Model {plan.model.model_type}: {count(plan.model.num_params())} parameters; "
                f"params {config.model.param_dtype}, compute {config.model.dtype}, "
                f"remat {config.model.remat}.\n")
   lines.append("| program | what | compile (s) | arguments | outputs | temporaries | "

@@ -166,3 +166,28 @@ def test_overwrite_leaves_one_set_of_tensorboard_scalars_per_step(tmp_path):
   acc = tb.EventAccumulator(str(tmp_path / "out" / "tb"))
   acc.Reload()
   assert [e.step for e in acc.Scalars("eval/set/mean@n/em")] == [0, 1]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_the_runs_own_evaluation_during_training_is_never_replaced(tmp_path, overwrite):
+  """In-training evaluation writes where the CLI would (`<run>/eval/<bench>/step_N`); the CLI
+  asks for --out instead of offering --overwrite, which would leave metrics.jsonl's numbers
+  without their predictions."""
+  _run(tmp_path / "run")
+  session = driver.Session(_opts(tmp_path, overwrite=overwrite))
+  done = tmp_path / "out" / "set" / "step_1"
+  done.mkdir(parents=True)
+  (done / "results.json").write_text(json.dumps({"benchmark": "set", "updates": 2, "metrics": {}}))
+  with pytest.raises(ValueError, match="the run's own evaluation during training .* --out=<dir>"):
+    session.done("step_1")
+  assert not session.done("step_0")
+
+
+def test_world_benchmarks_name_the_runs_own_world(tmp_path):
+  from scope_jax.world import World
+  _run(tmp_path / "run")
+  session = driver.Session(_opts(tmp_path, benchmarks="world:doc"))
+  assert [b.name for b in session.benches] == ["doc"]
+  assert session.benches[0].examples[0].question == World(0).gold["doc"][0]["question"]
+  with pytest.raises(ValueError, match="world:<set> names a run's world; pass --run"):
+    driver.Session(_opts(tmp_path, benchmarks="world:doc", run="", role="", model="demo"))

@@ -146,7 +146,8 @@ def test_the_summary_says_how_alike_the_final_answers_are(tmp_path):
     ({"eval.every": 1, "eval.benchmarks": "world:doc", "eval.role": "judge"},
      "eval.role='judge' is not a role of copy_qa"),
     ({"eval.every": 1, "eval.benchmarks": "world:doc"}, "eval.role='' is not a role"),
-    ({"control": "shuffle"}, "control='shuffle' is not valid"),
+    ({"control": "shuffle"},
+     "control='shuffle' is not valid; choose one of: '', shuffled_rewards."),
     ({"eval.every": 1, "eval.benchmarks": "world:doc", "eval.prompt": "mine"},
      "eval.prompt='mine': choose 'benchmark'"),
     ({"warmup.steps": 5, "warmup.world_seed": 3}, "copy_qa's warm-up has no demonstrations "
@@ -163,6 +164,30 @@ def test_the_summary_says_how_alike_the_final_answers_are(tmp_path):
 def test_bad_eval_or_control_settings_name_the_fix(overrides, message):
   with pytest.raises(ValueError, match=re.escape(message)):
     runner.validate(config(**overrides))
+
+
+@pytest.mark.parametrize("method, role, frozen", [
+    ("scope", "grader", True), ("scope", "gate", True), ("scope", "solver", False),
+    ("piplay", "teacher", True), ("piplay", "student", False), ("spell", "verifier", False),
+    ("asl", "grm", False)])
+def test_a_frozen_eval_role_fails_before_anything_loads(method, role, frozen):
+  """A role that frozen params play never changes in training: refused in validation, in one
+  line naming the trained roles, not after the model loads."""
+  from configs import asl, piplay, scope, spell  # pylint: disable=import-outside-toplevel
+  c = {"asl": asl, "piplay": piplay, "scope": scope, "spell": spell}[method].get_config("demo")
+  c.eval.every, c.eval.benchmarks, c.eval.role = 1, "world:doc", role
+  if not frozen:
+    runner.validate(c, data=False)
+    return
+  with pytest.raises(ValueError, match=re.escape(f"eval.role={role!r} is played by frozen params")):
+    runner.validate(c, data=False)
+
+
+def test_the_frozen_grm_ablation_freezes_its_role():
+  from configs import asl  # pylint: disable=import-outside-toplevel
+  c = asl.get_config("demo")
+  c.asl.grm_mode = "frozen"
+  assert evals.frozen_roles(runner.load_method(c).METHOD, c) == {"grm"}
 
 
 def test_world_questions_search_their_own_worlds_documents():
@@ -236,3 +261,34 @@ def test_the_same_run_twice_gives_the_same_curve(tmp_path, monkeypatch, players)
     assert all(0.0 < r["answerer/reward"] < 1.0 for r in a if "answerer/reward" in r)
     assert all(r["train/grad_norm"] > 0.0 for r in a if "train/loss" in r)
   assert a == b
+
+
+def test_provenance_of_worlds_and_questions(tmp_path, monkeypatch):
+  """An export records the worlds its params saw; a run loading it warns that its world:<set>
+  evaluations of such a world are not held out; a benchmark whose questions changed between
+  sessions of a run is named."""
+  from configs import spell  # pylint: disable=import-outside-toplevel
+  from scope_jax import run_record  # pylint: disable=import-outside-toplevel
+  learn = spell.get_config("learn")
+  assert run_record.worlds(learn) == {
+      "seed": 0, "corpus_seeds": [], "warmup_seeds": list(range(1000, 1000 + learn.warmup.worlds))}
+  assert run_record.worlds(spell.get_config("demo"))["seed"] is None  # Wikipedia leads, no world
+  warned = []
+  monkeypatch.setattr(runner.logging, "warning", lambda msg, *a: warned.append(msg % a))
+  monkeypatch.setattr(evals.logging, "warning", lambda msg, *a: warned.append(msg % a))
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "scope_jax_export.json").write_text(
+      json.dumps({"worlds": run_record.worlds(learn)}))
+  learn.model.source = f"hf:{tmp_path / 'hf'}"
+  runner.warn_trained_on_this_world(learn)
+  assert len(warned) == 1 and "trained on world 0" in warned[0], warned
+  learn.world.seed = 7  # another world: held out from it
+  runner.warn_trained_on_this_world(learn)
+  assert len(warned) == 1
+  base = tmp_path / "eval" / "doc" / "base"
+  base.mkdir(parents=True)
+  (base / "results.json").write_text(json.dumps({"examples_sha256": "a" * 64, "metrics": {}}))
+  evals.check_same_questions(tmp_path / "eval" / "doc", "a" * 64)
+  assert len(warned) == 1
+  evals.check_same_questions(tmp_path / "eval" / "doc", "b" * 64)
+  assert len(warned) == 2 and "mixes two question sets" in warned[1], warned

@@ -58,6 +58,12 @@ def test_the_example_trains_on_the_core(tmp_path, monkeypatch):
     assert 0.0 < r["answerer/reward"] < 1.0
     assert r["train/applied"] == 1.0 and r["answerer/rollout/rows"] == 16
   assert rows[0]["train/kl"] == 0.0 < rows[1]["train/kl"]  # the core's KL reference, M0
+  # What it declares for `scope_jax.plan` is what it holds, and each update's rows.
+  players = module.METHOD.players(config())
+  rt = made["m"].rt
+  assert (sorted(players.policies), players.frozen, players.tracked) == (
+      sorted(rt.policies), tuple(set(rt.frozen) - {"reference"}), tuple(rt.tracked))
+  assert players.policies["policy"].rows == rows[0]["answerer/rollout/rows"] == 16
 
 
 def test_the_example_runs_its_own_model(tmp_path):

@@ -262,6 +262,20 @@ def test_starting_pool_from_a_file_and_its_errors(tmp_path):
     runner.validate(c)
 
 
+def test_a_starting_pool_of_the_worlds_gold_questions_is_refused(tmp_path):
+  """The world's own gold file (written by a run's evaluation, or a copy of it) as the problems
+  OpenSIR trains on would score the run on what it trained on: refused in validation."""
+  from scope_jax.world import World
+  World(3).write(str(tmp_path / "world"))
+  gold = tmp_path / "world" / "gold" / "arith.jsonl"
+  c = small_config(**{"opensir.initial_pool.file": str(gold), "world.seed": 3})
+  with pytest.raises(ValueError, match=r"holds 400 held-out gold questions of world 3 "
+                                       r"\(world:arith\)"):
+    runner.validate(c)
+  c.world.seed = 4  # another world's gold problems are only problems to this one
+  runner.validate(c)
+
+
 def test_starting_pool_is_generated_rated_and_replaces_the_seed(tmp_path):
   """The released bootstrap: the policy writes problems from the pool so far, its students rate
   them, and those within the solve-rate band make the pool training starts from."""

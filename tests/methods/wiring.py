@@ -22,12 +22,13 @@ def wired_config(method, preset, overrides=None, smoke=True, **extra):
   from scope_jax import configs_base
   from scope_jax.core import runner
   c = configs_base.load_file(ROOT / "configs" / f"{method}.py", preset)
-  c.smoke = smoke
   c.warmup.steps = 0
   c.update_from_flattened_dict(dict(overrides or {}))
-  runner.validate(c)  # a smoke config shrinks to the run it will be
+  if smoke:  # shrunk to the run it would be (smoke itself refuses the demo and learn presets)
+    from scope_jax.core import smoke as smoke_lib
+    smoke_lib.shrink(c, runner.load_method(c).METHOD.smoke)
+  runner.validate(c)
   if smoke:
-    c.smoke = False  # shrunk once: the run's own validation must not shrink it again
     c.update_from_flattened_dict(DEMO_TOKEN_ROOM.get(f"{method}:{preset}", {}))
   c.model.source, c.model.tokenizer = "tiny", "demo"
   c.model.dtype = c.model.param_dtype = "float32"

@@ -286,3 +286,28 @@ def test_plan_presets_prints_no_stale_row_and_fails_when_a_plan_fails(tmp_path, 
   assert exit_.value.code == 1
   assert "asl:paper: plan failed" in out and "| asl:paper |" not in out
   assert not (tmp_path / "asl_paper.json").exists()
+
+
+def test_parameter_counts_read_as_people_write_them():
+  assert [report.count(n) for n in (838_000, 494_032_768, 7_615_616_512, 999)] == [
+      "838K", "494M", "7.62B", "999"]
+
+
+def test_a_smoke_plan_reads_the_gguf_assets_architecture_without_downloading_it(monkeypatch):
+  """Planning names no weights: an unfetched GGUF asset's architecture is its recorded preset,
+  and where the asset is fetched its header gives the same architecture."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from scope_jax import assets  # pylint: disable=import-outside-toplevel
+  from scope_jax.models import gguf_io  # pylint: disable=import-outside-toplevel
+  from scope_jax.models.config import get_preset  # pylint: disable=import-outside-toplevel
+  name = "qwen2.5-0.5b-gguf"
+  fetched = assets.is_fetched(name)
+  if fetched:
+    header, _ = gguf_io.open_gguf(assets.fetch(name))
+    assert header.replace(tie_embeddings=True) == get_preset(programs.ASSET_PRESETS[name]).replace(
+        tie_embeddings=True)
+  monkeypatch.setattr(assets, "is_fetched", lambda _: False)
+  monkeypatch.setattr(assets, "fetch", lambda _: pytest.fail("downloaded the weights to plan"))
+  model = ml_collections.ConfigDict(dict(source=f"gguf:{name}", tie_embeddings="yes"))
+  config = programs.model_config(model)
+  assert (config.hidden_size, config.num_layers, config.vocab_size) == (896, 24, 151936)
