@@ -19,9 +19,11 @@ fsdp f, tensor t; c and p the compute and parameter dtypes' bytes):
   the output projection (log-probs are needed on the response columns only) and the second term
   causal attention over T columns (scores and values, 2·2·T²/2 per head and layer forward,
   times 3 with the backward);
-- train interconnect, FSDP: per micro-batch an all-gather of the weights for the forward and
-  again for the backward (the gathered copy is not kept between them) and a reduce-scatter of the
-  gradients, all in the compute dtype over fsdp: 3·(f−1)/f·P·c/t; with t > 1 also 2(t−1)/t · the
+- train interconnect, FSDP: per micro-batch an all-gather of the matmul weights for the forward
+  and again for the backward (the gathered copy is not kept between them) and a reduce-scatter
+  of their gradients, all in the compute dtype over fsdp: 3·(f−1)/f·N·c/t (an untied input
+  embedding is never gathered: a lookup reads its rows where they live, and its gradient is the
+  looked-up rows' only, sent to their owners); with t > 1 also 2(t−1)/t · the
   micro-batch's activations per chip (rows/(d·f) × T × D × c) for 4 all-reduces per layer (2
   forward, 2 backward; 6 when remat recomputes the forward); per update, with d > 1, an all-reduce
   of the gradient shard, 2(d−1)/d·P·p/(f·t);
@@ -134,11 +136,12 @@ def train_minimum(s: Shapes, rows: int, cols: int, micro: int, chips: int,
   out = 6.0 * output_weights(m)
   flops = rows * (cols * (train_flops_per_token(m, cols) - out) + (cols - prompt) * out) / chips
   gathered = params * c / t  # one chip's weights in the compute dtype, whole along fsdp
+  moved = matmul_weights(m) * c / t  # of those, what FSDP gathers (not an untied lookup table)
   shard = params * p / (f * t)
   tokens = max(rows // max(micro, 1), 1) / (d * f) * cols  # a micro-batch's tokens on one chip
   activations = tokens * m.hidden_size * c
   reduces = 4 + (2 if s.remat != "none" else 0)
-  ici_micro = 3 * _share(f) * gathered + 2 * _share(t) * reduces * m.num_layers * activations
+  ici_micro = 3 * _share(f) * moved + 2 * _share(t) * reduces * m.num_layers * activations
   ici = micro * ici_micro + 2 * _share(d) * shard
   hbm = micro * (3 * gathered + 2 * shard + 2 * m.num_layers * activations) + 7 * shard
   return flops, hbm, ici

@@ -134,7 +134,8 @@ TINY = ModelConfig.from_hf_config({
 
 
 def test_train_minimum_by_hand():
-  """fsdp 4, tensor 1: per micro-batch 3 · 3/4 · P · 2 B over the interconnect; FLOPs per chip
+  """fsdp 4, tensor 1: per micro-batch 3 · 3/4 · N · 2 B over the interconnect (the untied
+  input embedding is looked up where it lives, never gathered); FLOPs per chip
   tokens·(6N + 6·L·heads·H·T)/chips; HBM as the module docstring counts it."""
   s = est.Shapes(TINY, {"data": 1, "fsdp": 4, "tensor": 1, "expert": 1}, "bfloat16", "float32",
                  "full", sampling_weights=0, kv_cache=0, slots=0)
@@ -143,7 +144,7 @@ def test_train_minimum_by_hand():
   rows, cols, micro, chips = 16, 128, 2, 4
   flops, hbm, ici = est.train_minimum(s, rows, cols, micro, chips)
   assert flops == rows * cols * (6 * N + 6 * 2 * 4 * 16 * cols) / chips
-  assert ici == micro * 3 * 0.75 * P * 2
+  assert ici == micro * 3 * 0.75 * N * 2
   tokens = rows // micro / 4 * cols
   assert hbm == micro * (3 * P * 2 + 2 * P * 4 / 4 + 2 * 2 * tokens * 64 * 2) + 7 * P * 4 / 4
   # log-probs on the last 128 − 96 columns only: the output projection (256 × 64) there alone

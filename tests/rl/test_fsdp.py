@@ -76,7 +76,12 @@ def weight_bytes(model, itemsize: int) -> int:
 @pytest.fixture(scope="module")
 def toy():
   pytest.importorskip("libtpu")
-  compiled, _ = compile_toy(cols=TEST_COLS)
+  before = jax.config.jax_enable_compilation_cache  # compile-only programs cannot be cached
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    compiled, _ = compile_toy(cols=TEST_COLS)
+  finally:
+    jax.config.update("jax_enable_compilation_cache", before)
   return compiled
 
 
