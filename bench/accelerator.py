@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.sampler import read_bandwidth
 from scope_jax.models import config as model_config
 from scope_jax.models import transformer
 from scope_jax.rl.batch import TrainBatch
@@ -63,19 +64,6 @@ def device_peak(kind: str) -> Peak | None:
     if name.lower() in kind.lower():
       return peak
   return None
-
-
-def read_bandwidth(nbytes: int) -> float:
-  """Bytes/s of streaming a device array through a reduction: the in-process roofline baseline."""
-  x = jnp.ones((nbytes // 4,), jnp.float32)
-  total = jax.jit(jnp.sum)
-  total(x).block_until_ready()
-  reps = 5
-  start = time.perf_counter()
-  for _ in range(reps):
-    y = total(x)
-  y.block_until_ready()
-  return nbytes * reps / (time.perf_counter() - start)
 
 
 def model_for(size: str) -> model_config.ModelConfig:

@@ -18,6 +18,7 @@ Every worker runs with `SCOPE_JAX_DISTRIBUTED=auto`, so JAX finds the other work
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import subprocess
@@ -25,9 +26,12 @@ import sys
 import tempfile
 import time
 
-# This checkout's package (accelerators.py needs only the standard library), installed or not.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from scope_jax import accelerators
+# This checkout's accelerators.py (standard library only), loaded by its path: the launcher runs
+# with or without the package installed and never imports the package itself.
+_SPEC = importlib.util.spec_from_file_location(
+    "accelerators", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scope_jax", "accelerators.py"))
+accelerators = sys.modules[_SPEC.name] = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(accelerators)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REMOTE_DIR = "~/scope_jax"

@@ -11,6 +11,7 @@ import re
 import ml_collections
 import pytest
 
+from scope_jax.models import hf_io
 from scope_jax.core import bounds, runner, smoke
 from scope_jax.core import method as method_lib
 
@@ -179,7 +180,7 @@ def test_a_damaged_hf_config_is_one_line_before_loading(tmp_path, key, value, ma
   with pytest.raises(ValueError, match=re.escape(match)):
     runner.validate(config, data=False)
   (tmp_path / "config.json").write_text(json.dumps(hf))
-  bounds.check_hf_config(config.model.source)  # the intact file passes
+  hf_io.check_hf_config(config.model.source)  # the intact file passes
 
 
 def test_the_evaluator_checks_a_damaged_hf_config_too(tmp_path):

@@ -6,6 +6,7 @@ import json
 
 import chex
 
+from scope_jax import world as world_lib
 from scope_jax.core import evals
 from scope_jax.world import MANIFEST, World
 
@@ -22,10 +23,10 @@ def _gold(spec: str):
 
 def test_another_seed_writes_its_own_gold(tmp_path):
   root = tmp_path / "world"
-  zero = _gold(evals.world_specs("world:hop1", 0, root))
+  zero = _gold(world_lib.world_specs("world:hop1", 0, root))
   chex.assert_equal(_sha(zero), hashlib.sha256(World(0).files()["gold/hop1.jsonl"].encode())
                     .hexdigest())
-  one = _gold(evals.world_specs("world:hop1", 1, root))
+  one = _gold(world_lib.world_specs("world:hop1", 1, root))
   expected = World(1).files()
   chex.assert_equal(one.read_text(), expected["gold/hop1.jsonl"])
   chex.assert_equal((root / "corpus.jsonl").read_text(), expected["corpus.jsonl"])
@@ -42,7 +43,7 @@ def test_files_a_kill_cut_short_are_written_again(tmp_path):
   (root / MANIFEST).unlink()
   (root / "gold" / "doc.jsonl").write_text("\n".join(whole.splitlines()[:250]) + "\n")
   assert not World(2).written(root)
-  evals.world_specs("world:doc", 2, root)
+  world_lib.world_specs("world:doc", 2, root)
   chex.assert_equal((root / "gold" / "doc.jsonl").read_text(), whole)
   assert World(2).written(root)
   assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")]  # temporaries renamed
@@ -52,7 +53,7 @@ def test_files_a_kill_cut_short_are_written_again(tmp_path):
 
 def test_the_same_world_is_not_written_again(tmp_path):
   root = tmp_path / "world"
-  evals.world_specs("world:arith", 4, root)
+  world_lib.world_specs("world:arith", 4, root)
   before = (root / "gold" / "arith.jsonl").stat().st_mtime_ns
-  evals.world_specs("world:arith,world:doc", 4, root)
+  world_lib.world_specs("world:arith,world:doc", 4, root)
   chex.assert_equal((root / "gold" / "arith.jsonl").stat().st_mtime_ns, before)

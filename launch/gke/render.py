@@ -13,6 +13,7 @@ workdir. `--dry-run` prints the manifest and the kubectl command instead of appl
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -21,9 +22,12 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# This checkout's package (accelerators.py needs only the standard library), installed or not.
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from scope_jax import accelerators
+# This checkout's accelerators.py (standard library only), loaded by its path: the launcher runs
+# with or without the package installed and never imports the package itself.
+_SPEC = importlib.util.spec_from_file_location(
+    "accelerators", os.path.join(os.path.dirname(os.path.dirname(HERE)), "scope_jax", "accelerators.py"))
+accelerators = sys.modules[_SPEC.name] = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(accelerators)
 
 TEMPLATE = os.path.join(HERE, "jobset.yaml")
 SPOT = "              cloud.google.com/gke-spot: \"true\"\n"

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import json
 import math
 from typing import Any, Iterator
 
 import ml_collections
-from etils import epath
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,32 +166,3 @@ def check(config: ml_collections.ConfigDict, extra: tuple[tuple[str, Bound], ...
         raise ValueError(f"{path}={value!r} {problem} ({bound.why}).")
 
 
-HF_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-            "num_attention_heads")  # what every supported config.json gives
-HF_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim")  # absent or null: derived from the above
-
-
-def check_hf_config(source: str) -> None:
-  """The sizes in a local `hf:` checkpoint's config.json are positive integers (a head count of
-  0, a null or negative width, a fractional one would otherwise fail deep in model building, or be
-  truncated); a missing or unreadable file is left to the loader's own one-line error."""
-  if not str(source).startswith("hf:") or "://" in source:
-    return
-  path = epath.Path(source[len("hf:"):]) / "config.json"
-  try:
-    hf = json.loads(path.read_text())
-  except (OSError, ValueError, RecursionError):
-    return
-  if not isinstance(hf, dict):
-    return
-  for key in HF_SIZES + HF_OPTIONAL_SIZES:
-    if key not in hf or (key in HF_OPTIONAL_SIZES and hf[key] is None):
-      continue
-    value = hf[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"{path}: {key}={value!r} must be a positive integer; the checkpoint's "
-                       "config.json is damaged, or not a supported model's.")
-  heads = hf.get("num_attention_heads")
-  if hf.get("head_dim") is None and isinstance(heads, int) and hf["hidden_size"] % heads:
-    raise ValueError(f"{path}: hidden_size={hf['hidden_size']} is not a multiple of "
-                     f"num_attention_heads={heads}, and no head_dim is given.")

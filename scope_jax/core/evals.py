@@ -24,23 +24,8 @@ from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import driver
 from scope_jax.evaluation import evaluator as eval_lib
 from scope_jax.retrieval import search
-from scope_jax.world import GOLD_SETS, World
+from scope_jax.world import GOLD_SETS, WORLD_PREFIX, world_specs
 
-WORLD_PREFIX = "world:"
-
-
-def world_specs(spec: str, seed: int, root) -> str:
-  """`world:<set>` items of a benchmark list as `file:` items of world `seed`'s gold sets,
-  written under `root` unless its manifest says they are this world's, whole (another seed's,
-  or files a kill cut short, are written again); other items unchanged."""
-  items = [s.strip() for s in str(spec).split(",") if s.strip()]
-  if not any(i.startswith(WORLD_PREFIX) for i in items):
-    return spec
-  world, out = World(seed), epath.Path(root)
-  if not world.written(out):  # every process that sees no manifest writes the same bytes
-    world.write(out)
-  return ",".join(world.benchmark(out, i[len(WORLD_PREFIX):]) if i.startswith(WORLD_PREFIX) else i
-                  for i in items)
 
 
 def due(updates: int, config: ml_collections.ConfigDict) -> bool:

@@ -35,10 +35,12 @@ from scope_jax.core import smoke
 from scope_jax.core import warmup as warmup_lib
 from scope_jax.core.method import check_choice
 from scope_jax.core.runtime import CONTROLS, Runtime, loss_config, role_context
+from scope_jax.models import hf_io
 from scope_jax.models import load as load_lib
 from scope_jax.models import transformer
 from scope_jax.rl import optim
 from scope_jax.sampling import engine as engine_lib
+from scope_jax.world import World
 
 METHODS = ("spell", "scope", "opensir", "asl", "piplay")
 
@@ -103,7 +105,7 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
                        f"a response within the role's context of {context} tokens "
                        "(rollout.max_context, or the role's own max_context).")
   load_lib.check_source(config.model.source, config.model.tie_embeddings)
-  bounds.check_hf_config(config.model.source)
+  hf_io.check_hf_config(config.model.source)
   for name in ("source", "tokenizer"):
     check_gguf(f"model.{name}", config.model[name])
   warmup_lib.validate(config, module.METHOD)
@@ -188,7 +190,6 @@ def check_pool_file(config: ml_collections.ConfigDict) -> None:
   path = config.get("opensir", {}).get("initial_pool", {}).get("file", "")
   if config.method != "opensir" or not path or path == "world" or not epath.Path(path).exists():
     return  # 'world' is the world's training problems; a missing file is the method's error
-  from scope_jax.world import World  # pylint: disable=import-outside-toplevel
   words = lambda text: " ".join(str(text).split())
   gold = {words(q["question"]): name
           for name, qs in World(config.world.seed).gold.items() for q in qs}

@@ -25,6 +25,7 @@ from jax.experimental import multihost_utils
 from scope_jax import checkpoint as ckpt_lib
 from scope_jax import events, run_record
 from scope_jax import sharding as shd
+from scope_jax import world as world_lib
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import evaluator as eval_lib
 from scope_jax.evaluation import models, scoring
@@ -115,9 +116,8 @@ class Session:
     if self.record is None:
       raise ValueError(f"--benchmarks={spec!r}: world:<set> names a run's world; pass --run, or "
                        "file:<dir>/gold/<set>.jsonl:<type> of a written world.")
-    from scope_jax.core import evals  # pylint: disable=import-outside-toplevel (it imports this)
     seed = self.record.config.get("world", {}).get("seed", 0)
-    return evals.world_specs(spec, seed, f"{self.record.path}/world")
+    return world_lib.world_specs(spec, seed, f"{self.record.path}/world")
 
   def _readable(self, step: int) -> bool:
     """Checks `step`'s metadata before any model loads (a corrupt step or another model: one

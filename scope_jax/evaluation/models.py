@@ -25,7 +25,6 @@ from scope_jax import run_record
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
 from scope_jax import data
-from scope_jax.core import bounds
 from scope_jax.models.load import load_model
 from scope_jax.models import ModelConfig, hf_io
 
@@ -85,7 +84,7 @@ def check_spec(spec: str, *, record=None, tokenizer: str | None = None) -> None:
   if spec.startswith("preset:") and not tokenizer:
     raise ValueError(f"--model={spec} has random weights and no tokenizer; pass --tokenizer.")
   if spec.startswith("hf:"):
-    bounds.check_hf_config(spec)  # a damaged size: one line, not a traceback from the builder
+    hf_io.check_hf_config(spec)  # a damaged size: one line, not a traceback from the builder
     hf_io.read_hf_config(spec[len("hf:"):])  # names the directory when it has no config.json
   elif spec not in ("initial", "demo") and not spec.startswith(("gguf:", "preset:")):
     raise ValueError(f"Unknown model spec {spec!r}; use {SPEC_HELP}.")

@@ -359,3 +359,34 @@ def save_hf(config: ModelConfig, params: transformer.Params, path, *, dtype=None
   total = sum(a.nbytes for a in tensors.values())
   (path / "model.safetensors.index.json").write_text(
       json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+HF_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads")  # what every supported config.json gives
+HF_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim")  # absent or null: derived from the above
+
+
+def check_hf_config(source: str) -> None:
+  """The sizes in a local `hf:` checkpoint's config.json are positive integers (a head count of
+  0, a null or negative width, a fractional one would otherwise fail deep in model building, or be
+  truncated); a missing or unreadable file is left to the loader's own one-line error."""
+  if not str(source).startswith("hf:") or "://" in source:
+    return
+  path = epath.Path(source[len("hf:"):]) / "config.json"
+  try:
+    hf = json.loads(path.read_text())
+  except (OSError, ValueError, RecursionError):
+    return
+  if not isinstance(hf, dict):
+    return
+  for key in HF_SIZES + HF_OPTIONAL_SIZES:
+    if key not in hf or (key in HF_OPTIONAL_SIZES and hf[key] is None):
+      continue
+    value = hf[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"{path}: {key}={value!r} must be a positive integer; the checkpoint's "
+                       "config.json is damaged, or not a supported model's.")
+  heads = hf.get("num_attention_heads")
+  if hf.get("head_dim") is None and isinstance(heads, int) and hf["hidden_size"] % heads:
+    raise ValueError(f"{path}: hidden_size={hf['hidden_size']} is not a multiple of "
+                     f"num_attention_heads={heads}, and no head_dim is given.")

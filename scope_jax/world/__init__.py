@@ -155,3 +155,20 @@ def corpus(seed: int, corpus_seeds=()) -> list[Passage]:
     for d in World(s).documents:
       by_id.setdefault(d.id, d)
   return list(by_id.values())
+
+
+WORLD_PREFIX = "world:"  # a benchmark list names a world's gold set as world:<set>
+
+
+def world_specs(spec: str, seed: int, root) -> str:
+  """`world:<set>` items of a benchmark list as `file:` items of world `seed`'s gold sets,
+  written under `root` unless its manifest says they are this world's, whole (another seed's,
+  or files a kill cut short, are written again); other items unchanged."""
+  items = [s.strip() for s in str(spec).split(",") if s.strip()]
+  if not any(i.startswith(WORLD_PREFIX) for i in items):
+    return spec
+  world, out = World(seed), epath.Path(root)
+  if not world.written(out):  # every process that sees no manifest writes the same bytes
+    world.write(out)
+  return ",".join(world.benchmark(out, i[len(WORLD_PREFIX):]) if i.startswith(WORLD_PREFIX) else i
+                  for i in items)

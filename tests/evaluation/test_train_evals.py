@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from scope_jax import world as world_lib
 from scope_jax import report
 from scope_jax.core import evals, runner, runtime
 from scope_jax.rl import learner as learner_lib
@@ -203,9 +204,9 @@ def test_world_questions_search_their_own_worlds_documents():
 
 
 def test_world_specs_become_files(tmp_path):
-  spec = evals.world_specs("gsm8k,world:hop1", 0, tmp_path)
+  spec = world_lib.world_specs("gsm8k,world:hop1", 0, tmp_path)
   assert spec == f"gsm8k,file:{tmp_path}/gold/hop1.jsonl:qa_search"
-  assert evals.world_specs("gsm8k", 0, tmp_path / "none") == "gsm8k"
+  assert world_lib.world_specs("gsm8k", 0, tmp_path / "none") == "gsm8k"
   assert not (tmp_path / "none").exists()
 
 
