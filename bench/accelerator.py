@@ -1,7 +1,7 @@
 """One-shot accelerator check: decode tokens/s and the train step's MFU on whatever JAX device is
 present, for random-init Qwen2.5-0.5B / 1.5B / 7B shapes, as one table.
 
-    python -m bench.accelerator                  # the three sizes (under 8 minutes on one H200)
+    python -m bench.accelerator                  # the three sizes (sized for under 8 minutes on one GPU)
     python -m bench.accelerator --sizes=qwen2.5-0.5b --decode_batches=1,64
     python -m bench.accelerator --dry            # a tiny model, seconds on a CPU (tested)
 

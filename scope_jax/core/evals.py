@@ -113,11 +113,11 @@ def frozen_roles(method_cls, config: ml_collections.ConfigDict) -> set[str]:
 
 def check_same_questions(root, sha256: str) -> None:
   """A warning when earlier evaluations of this run under `root` scored other questions (a
-  `file:` benchmark changed between sessions): one curve would mix two question sets."""
+  `file:` benchmark changed between a run's restarts): one curve would mix two question sets."""
   for path in sorted(epath.Path(root).glob("*/results.json")):
     have = driver.read_results(path) or {}
     if have.get("examples_sha256") not in (None, sha256):
-      logging.warning("%s scored other questions than this session's %s: the benchmark changed, "
+      logging.warning("%s scored other questions than this process's %s: the benchmark changed, "
                       "so its learning curve mixes two question sets.", path, epath.Path(root).name)
       return
 
