@@ -47,6 +47,11 @@ def _est(program: dict, key: str, scale: float = 1.0, fmt: str = "{:.2f}") -> st
   return "—" if value is None else fmt.format(value * scale)
 
 
+def _floor_ratio(program: dict) -> str:
+  floor = program.get("step_seconds_floor")
+  return f"{program['step_seconds_overlapped'] / floor:.2f}×" if floor else "—"
+
+
 def row(spec: str, p: dict) -> str:
   """One preset's table row: memory per chip, the verdict, and the compiler estimates of its
   largest train step (per update) and its decode chunk program (per decode step)."""
@@ -69,7 +74,8 @@ def row(spec: str, p: dict) -> str:
            if train.get("ici_bytes_per_chip_minimum") else None)
     cells.append(f"{'—' if ratio is None else f'{ratio:.2f}×'} / "
                  f"{'—' if ici is None else f'{ici:.1f}×'} / {_est(train, 'mfu', 100, '{:.0f}%')} / "
-                 f"{_est(train, 'step_seconds_overlapped', 1, '{:,.1f} s')}")
+                 f"{_est(train, 'step_seconds_overlapped', 1, '{:,.0f} s')} "
+                 f"({_floor_ratio(train)} floor)")
   else:
     cells.append("—")
   if decode:
@@ -106,7 +112,7 @@ def main() -> None:
     if spec not in failed and path.exists():
       plans[spec] = json.loads(path.read_text())
   print("\n| preset | slice, mesh | resident | KV caches | update peak | rollout peak | HBM | "
-        "verdict | train: FLOPs vs minimum / ICI vs minimum / MFU / update (est.) | "
+        "verdict | train: FLOPs vs minimum / ICI vs minimum / MFU / update, overlapped (vs floor) (est.) | "
         "decode: HBM bytes vs minimum / step (est.) |")
   print("|---|---|---|---|---|---|---|---|---|---|")
   for spec, p in plans.items():

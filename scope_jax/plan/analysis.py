@@ -44,12 +44,14 @@ class Compiled:
   loop_gathers: list[tuple[str, int]]  # all-gathers inside a while loop: (shape, bytes)
   bytes_factor: float = 1.0  # per-call over loop-bodies-once memory traffic (from the HLO)
   outside_share: float = 1.0  # of `bytes_accessed`, the share outside every loop (per call)
+  kernel_flops: float = 0.0  # per chip and call: Pallas kernels the compiler does not count
   error: str = ""  # the compiler refused: its temporaries alone exceed the chip's HBM (`temp`)
 
   @property
   def call_flops(self) -> float:
-    """Per-chip FLOPs of one call, loop trips included (an estimate from the compiler's counts)."""
-    return self.flops * self.loop_factor
+    """Per-chip FLOPs of one call, loop trips included (an estimate from the compiler's counts,
+    plus the Pallas kernels it cannot see inside, counted from their grids)."""
+    return self.flops * self.loop_factor + self.kernel_flops
 
   @property
   def call_bytes(self) -> float:
@@ -101,6 +103,8 @@ def matmul_flops(jaxpr, trips: bool = True) -> float:
   total = 0.0
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
+    if name == "pallas_call":  # a kernel's body is per grid step: see `kernel_flops`
+      continue
     if name == "dot_general":
       (contract, _), _ = eqn.params["dimension_numbers"]
       lhs = eqn.invars[0].aval.shape
@@ -115,6 +119,53 @@ def matmul_flops(jaxpr, trips: bool = True) -> float:
     if not subs:
       continue
     costs = [matmul_flops(j, trips) for j in subs]
+    if name == "cond":
+      total += max(costs)
+    elif name == "scan" and trips:
+      total += eqn.params["length"] * sum(costs)
+    else:
+      total += sum(costs)
+  return total
+
+
+def _causal_blocks(blocks: int) -> int:
+  """Blocks of a square [blocks × blocks] score grid that a causal mask leaves visible."""
+  return blocks * (blocks + 1) // 2
+
+
+def _pallas_flops(eqn) -> float:
+  """One Pallas call's FLOPs from its grid: the body's matmul FLOPs (one grid step) times the
+  steps it runs. Splash attention skips the score blocks its mask hides: its grid is (heads,
+  query blocks, key blocks) forward, (key blocks, heads, query blocks) for the key/value
+  gradients, after any vmapped rows, and its mask is counted as causal (the larger of the two a
+  layer chooses between at run time; a sliding window's band visits fewer blocks)."""
+  grid = [int(g) for g in eqn.params["grid_mapping"].grid]
+  body = matmul_flops(eqn.params["jaxpr"])
+  name = str(eqn.params.get("name", ""))
+  if name.startswith("splash_") and len(grid) >= 3:
+    q_axis, k_axis = (-1, -3) if "_dkv" in name else (-2, -1)
+    if grid[q_axis] == grid[k_axis]:
+      steps = math.prod(grid) // (grid[q_axis] * grid[k_axis]) * _causal_blocks(grid[q_axis])
+      return body * steps
+  return body * math.prod(grid)
+
+
+def kernel_flops(jaxpr, trips: bool = True) -> float:
+  """FLOPs of the Pallas kernels in a jaxpr that carry no cost estimate (the compiler counts a
+  custom call's estimate, as megablox gives one, and nothing for the others: splash attention),
+  through nested jaxprs with their trip counts as `matmul_flops` does. Inside `shard_map` the
+  shapes are a chip's, so these are per-chip FLOPs."""
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "pallas_call":
+      if eqn.params.get("cost_estimate") is None:
+        total += _pallas_flops(eqn)
+      continue
+    subs = [j for v in eqn.params.values() for j in _sub_jaxprs(v)]
+    if not subs:
+      continue
+    costs = [kernel_flops(j, trips) for j in subs]
     if name == "cond":
       total += max(costs)
     elif name == "scan" and trips:
@@ -182,7 +233,7 @@ def compile_program(program: Program, platform: str = "tpu", devices: int = 0) -
                     argument_logical=0, argument_tiled=0, flops=0.0, bytes_accessed=0.0,
                     loop_factor=loop_factor(jaxpr), model_matmul_flops=matmul_flops(jaxpr),
                     collectives={k: Collective() for k in KINDS}, loop_gathers=[],
-                    error=str(e).strip().splitlines()[-1])
+                    kernel_flops=kernel_flops(jaxpr), error=str(e).strip().splitlines()[-1])
   seconds = time.perf_counter() - start
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -200,4 +251,5 @@ def compile_program(program: Program, platform: str = "tpu", devices: int = 0) -
                   loop_factor=loop_factor(jaxpr), model_matmul_flops=matmul_flops(jaxpr),
                   argument_logical=logical, argument_tiled=tiled,
                   collectives=collectives, loop_gathers=gathers,
-                  bytes_factor=traffic.call_factor, outside_share=traffic.outside_share)
+                  bytes_factor=traffic.call_factor, outside_share=traffic.outside_share,
+                  kernel_flops=kernel_flops(jaxpr))

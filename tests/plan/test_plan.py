@@ -171,6 +171,34 @@ def test_matmul_flops_by_hand():
   assert analysis.matmul_flops(ragged.jaxpr) == 2 * 6 * 3 * 4
 
 
+def test_splash_kernel_flops_are_counted_from_the_blocks_it_visits():
+  """The compiler counts nothing inside a Pallas call without a cost estimate (splash
+  attention), so the plan counts it: T = 1,024 in 512-blocks is a 2 × 2 grid of which a causal
+  mask visits 3 blocks; per block and head the forward runs 2 [512 × 512 × H] matmuls and the
+  fused backward 5. Three layers in a scan, rematerialised: the forward runs twice."""
+  from scope_jax.models import ops, splash
+  b, t, n, k, h = 2, 1024, 4, 2, 128
+  q, kv = jnp.zeros((b, t, n, h), jnp.bfloat16), jnp.zeros((b, t, k, h), jnp.bfloat16)
+  valid = jnp.ones((b, t), bool)
+
+  def layer(q_, _):
+    out = splash.attend(q_, kv, kv, valid)
+    return out, None
+
+  def loss(q_):
+    step = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+    return jax.lax.scan(step, q_, None, length=3)[0].astype(jnp.float32).sum()
+
+  with ops.compiling_for("tpu", 1):
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(q).jaxpr
+  block = 2 * 512 * 512 * h  # one [512 × 512] · [512 × H] matmul
+  per_layer = b * n * 3 * (2 * 2 + 5) * block
+  assert analysis.kernel_flops(jaxpr) == 3 * per_layer
+  assert analysis.kernel_flops(jaxpr, trips=False) == per_layer
+  # The kernels' bodies are not XLA's matmuls; XLA's one is the backward's row sums of o·do.
+  assert analysis.matmul_flops(jaxpr) == 3 * 2 * b * n * t * h
+
+
 def test_decode_collectives_of_the_training_layout_and_the_sampling_layout():
   """Sampling with the training layout (weights split along fsdp, rows pinned to the batch axes)
   makes every decode step gather weights, as FSDP does, once per layer and more; the sampling
