@@ -28,6 +28,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.progress = True  # progress bars for steps and rollouts (only when stderr is a terminal)
   c.overwrite = False  # start over in a workdir that holds metrics but no checkpoint
   c.smoke = False  # a paper preset, smallest sizes, one machine, a real model (core/smoke.py)
+  c.smoke_warmup = 0  # with smoke: steps of a format warm-up of the real model (0 = off)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (1, -1, 1)  # ('data', 'fsdp', 'tensor'); -1 takes the remaining devices

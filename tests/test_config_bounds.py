@@ -140,6 +140,28 @@ def test_smoke_says_what_it_changed_and_refuses_a_bad_value_it_would_replace():
     runner.validate(config, data=False)
 
 
+@pytest.mark.parametrize("method", ["asl", "piplay", "scope"])
+def test_smoke_warmup_is_opt_in_and_sized_for_a_real_model(method):
+  """Smoke turns the warm-up off, unless `smoke_warmup` asks for a format warm-up: then that
+  many steps at a real model's rate on a few documents, and shrinking twice changes nothing."""
+  config = _module(method).get_config("paper")
+  config.smoke, config.model.tokenizer = True, "demo"
+  config.warmup.steps = 7
+  module = runner.load_method(config)
+  smoke.shrink(config, module.METHOD.smoke)
+  assert config.warmup.steps == 0
+  config = _module(method).get_config("paper")
+  config.smoke, config.model.tokenizer, config.smoke_warmup = True, "demo", 24
+  changed = smoke.shrink(config, module.METHOD.smoke)
+  w = config.warmup
+  assert (w.steps, w.lr, w.batch_rows, w.documents) == (24, smoke.WARMUP_LR, 2, 16), w
+  assert "warmup.steps 0 → 24" in changed
+  assert smoke.shrink(config, module.METHOD.smoke) == []
+  config.smoke_warmup = -2
+  with pytest.raises(ValueError, match="smoke_warmup=-2"):
+    smoke.shrink(config, module.METHOD.smoke)
+
+
 @pytest.mark.parametrize("method, preset",
                          [("spell", "demo"), ("spell", "learn"), ("asl", "learn")])
 def test_smoke_refuses_the_presets_that_already_run_on_one_machine(method, preset):

@@ -59,7 +59,7 @@ ANY = Bound(why="any finite number")
 RULES: tuple[tuple[str, Bound | None], ...] = (
     # The run and its schedule.
     ("seed", Bound(0, integer=True, why="a non-negative seed")),
-    ("total_steps", COUNT), ("checkpoint_every", SIZE),
+    ("total_steps", COUNT), ("checkpoint_every", SIZE), ("smoke_warmup", COUNT),
     ("keep_checkpoints", Bound(1, integer=True, why="0 would keep no checkpoint, and delete the "
                                                     "ones there")),
     ("mesh.shape", Bound(-1, integer=True, why="-1 takes the remaining devices")),

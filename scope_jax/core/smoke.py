@@ -7,7 +7,12 @@ sizes to 2 and each phase or stage to one step (the method's `Method.smoke` decl
 128 new tokens per turn, documents cut to about 1,000 characters, contexts to 4K, one device's
 mesh, 4 engine slots on one 1K cache window (each compiled program costs tens of seconds on a
 CPU), one checkpoint at the end, 4 questions per held-out evaluation. The base params are
-released when nothing reads them (`Runtime.release_base`). Where the preset names no real model
+released when nothing reads them (`Runtime.release_base`). The warm-up is off, unless
+`smoke_warmup` asks for that many steps of a format warm-up: the real model fitted on the
+method's own demonstrations in the preset's own prompts and call syntax (formats only: the
+documents they are built from are the corpus's, never held-out gold), so that a preset whose
+search call the untouched model never writes (`<tool_call>`: log-prob about -23) runs its
+search, observation and parsing paths on a real model. Where the preset names no real model
 (a `preset:` random init, or no tokenizer) it runs the real Qwen2.5-Coder-0.5B-Instruct (the GGUF
 asset) in float32, its embeddings tied as in the released model (the GGUF stores the matrix
 twice; the more precise copy serves both); where it names no retrieval encoder or index, the
@@ -30,6 +35,9 @@ MICRO_BATCH_ROWS = 2
 SLOTS = 4  # a group of 2 for 2 prompts at once: few row buckets, so few programs to compile
 MIN_WINDOW = 1024  # most smoke contexts fit one cache window: one program per shape, not three
 EVAL_QUESTIONS = 4  # held-out questions per benchmark of a smoke run's evaluations
+WARMUP_LR = 3e-5  # a format warm-up of a real 0.5B model: a few dozen small Adam steps
+WARMUP_ROWS = 2
+WARMUP_DOCUMENTS = 16
 DOC_FIELDS = ("max_doc_chars",)  # method fields that cut documents (0 = whole documents)
 
 
@@ -100,12 +108,28 @@ def _shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> None
       r.encoder = "minilm"
     if not (r.index or r.url) and r.corpus != "world":  # the world is generated, never missing
       r.corpus = "demo"
-  config.warmup.steps = 0
+  _warmup(config)
   if config.eval.every:
     config.eval.limit = min(config.eval.limit or EVAL_QUESTIONS, EVAL_QUESTIONS)
   # One checkpoint, at the end: the path is exercised once, and a 0.5B model's params and
   # moments (6 GB a policy) are not written after every step of a 2-step run.
   config.checkpoint_every = max(int(config.checkpoint_every), int(config.total_steps))
+
+
+def _warmup(config: ml_collections.ConfigDict) -> None:
+  """Off, or `smoke_warmup` steps of a format warm-up sized for a real model on one CPU."""
+  w, steps = config.warmup, int(config.get("smoke_warmup", 0) or 0)
+  if steps < 0:
+    raise ValueError(f"smoke_warmup={steps}: give a number of warm-up steps (0 = off; a few "
+                     "dozen teach a real model the preset's call syntax).")
+  if not steps:
+    w.steps = 0
+    return
+  if w.steps == steps:  # shrunk already (shrinking twice changes nothing)
+    return
+  w.steps, w.lr = steps, WARMUP_LR
+  w.batch_rows = min(w.batch_rows, WARMUP_ROWS)
+  w.documents = min(w.documents, WARMUP_DOCUMENTS)
 
 
 def _model(config: ml_collections.ConfigDict) -> None:
