@@ -19,6 +19,7 @@ from scope_jax.models import init_params, tiny_config
 from scope_jax.rl import learner as learner_lib
 from scope_jax.rl import optim, train_step
 from scope_jax.sampling import sampler as sampler_lib
+from tests.helpers import compiled_steps
 from tests.rollout.fakes import random_trajectory
 
 CFG = tiny_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1,
@@ -106,6 +107,6 @@ def test_train_step_traces_once_across_updates(params, monkeypatch):
   rng = np.random.default_rng(0)
   for i in range(3):  # prompts of 3-5 and responses of 2-4 tokens: one 16 + 16 column bucket
     learner.train(policy, [_traj(rng, 3 + i, 2 + i), _traj(rng, 5, 4)], [1.0, -1.0])
-  assert int(policy.state.step) == 3 and learner.num_compiled == 1
+  assert int(policy.state.step) == 3 and compiled_steps(learner) == 1
   with pytest.raises(AssertionError, match="traced > 2 times"):
     learner.train(policy, [_traj(rng, 4, 20), _traj(rng, 5, 4)], [1.0, -1.0])

@@ -220,9 +220,9 @@ def test_methods_read_the_world():
 
 
 def test_the_copying_probes_copy_a_name_that_is_in_their_prompt():
-  """`bench/world_reading.py --skill=search|ask` measure copying alone: the entity's name they
+  """`tools/world_reading.py --skill=search|ask` measure copying alone: the entity's name they
   must write is in their prompt, and the rest of the target is fixed by the question's kind."""
-  from bench import world_reading
+  from tools import world_reading
   world = World(3)
   by_id = {d.id: d for d in world.documents}
   for q in world_reading.questions(world, "search", 30, 4):

@@ -167,21 +167,6 @@ def forward_jit(config, params, tokens, attention_mask=None, positions=None, *, 
   return out
 
 
-def router_metrics(config: ModelConfig, router) -> dict[str, jax.Array]:
-  """Expert-load statistics of a forward's router output: each expert's share of the routed
-  (token, expert) pairs over all layers, the largest share, and the share of pairs dropped
-  (0 by construction: every pair is computed)."""
-  if router is None:
-    return {}
-  load_E = router["load"].sum(0)
-  total = jnp.maximum(load_E.sum(), 1.0)
-  routed = router["tokens"].sum() * config.num_experts_per_tok
-  out = {f"router/load_expert_{e}": load_E[e] / total for e in range(config.num_experts)}
-  out["router/max_load"] = load_E.max() / total
-  out["router/dropped"] = 1.0 - jnp.minimum(load_E.sum(), routed) / jnp.maximum(routed, 1.0)
-  return out
-
-
 def router_aux_loss(config: ModelConfig, router) -> jax.Array:
   """HF's load-balancing loss over all layers' real tokens: E · Σ_e f_e · p_e, with f_e the
   share of tokens routed to e (summed over the k choices) and p_e its mean router probability."""

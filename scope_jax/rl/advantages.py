@@ -1,4 +1,4 @@
-"""Advantage estimators over host rewards (numpy): group, batch and keyed z-scores, DAPO filtering.
+"""Advantage estimators over host rewards (numpy): group, batch and keyed z-scores.
 
 All are one function, `zscore_by_key`: rewards are normalised within each key — the GRPO group
 (G rollouts of one prompt), the whole batch (REINFORCE++ baseline), a task type (SPELL's
@@ -56,9 +56,3 @@ def batch_zscore(rewards, keys=None, *, std: str = "population", eps: float = 1e
 def keyed_zscore(rewards, keys, *, delta: float = 1e-6, std: str = "population") -> np.ndarray:
   """π-Play / Dr.Zero: A = (r − mean_h) / (std_h + δ) within each key h (hop count)."""
   return zscore_by_key(rewards, keys, std=std, eps=delta)
-
-
-def nonzero_variance_groups(rewards_NG, *, atol: float = 0.0) -> np.ndarray:
-  """DAPO dynamic sampling: a bool per group, False where all G rewards are equal."""
-  r = np.asarray(rewards_NG, np.float64)
-  return (r.max(axis=1) - r.min(axis=1)) > atol

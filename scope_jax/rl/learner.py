@@ -94,10 +94,6 @@ class Learner:
                                                     rules=self.rules)
     return self._steps[key]
 
-  @property
-  def num_compiled(self) -> int:
-    return len(self._steps)
-
   def _row_multiple(self) -> int:
     if self.mesh is None:
       return self.micro_batch_rows

@@ -509,10 +509,10 @@ def test_world_topics_are_the_entities_with_a_closed_class_fact():
 
 
 def test_the_verifier_model_was_shown_the_learn_presets_own_prompts(tmp_path):
-  """The bench that fits the `learn` preset's start (`bench/world_reading.py --format=asl`)
+  """The bench that fits the `learn` preset's start (`tools/world_reading.py --format=asl`)
   shows each role exactly the prompt tokens the run builds with the preset's prompts, then the
   preset's search action, and its final tags parse as the run parses them."""
-  from bench import world_reading  # pylint: disable=import-outside-toplevel
+  from tools import world_reading  # pylint: disable=import-outside-toplevel
   from scope_jax.world import World  # pylint: disable=import-outside-toplevel
   c = asl_config.get_config("learn")
   c.progress = False

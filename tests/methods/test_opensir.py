@@ -379,10 +379,10 @@ def test_the_learn_preset_starts_from_a_shipped_model():
 
 
 def test_the_arithmetic_probe_asks_in_the_students_own_prompt(tmp_path):
-  """`bench/world_reading.py --skill=arith --format=opensir` (how the learn preset's start is
+  """`tools/world_reading.py --skill=arith --format=opensir` (how the learn preset's start is
   measured) asks a problem with the student's exact prompt tokens and targets the warm-up's
   worked solution, whose boxed answer the student's parser reads as the gold one."""
-  from bench import world_reading
+  from tools import world_reading
   from scope_jax.methods.opensir import demos as opensir_demos
   from scope_jax.world import World
   c = small_config()
@@ -402,10 +402,10 @@ def test_the_arithmetic_probe_asks_in_the_students_own_prompt(tmp_path):
 
 
 def test_the_arithmetic_probes_vote_by_hand(monkeypatch):
-  """`bench/world_reading.py --vote=K`: greedy and sampled pass@1, maj@K and the majority's
+  """`tools/world_reading.py --vote=K`: greedy and sampled pass@1, maj@K and the majority's
   accuracy by agreement, from canned solutions (two problems, gold 7 and 12, K = 4)."""
   from types import SimpleNamespace
-  from bench import world_reading
+  from tools import world_reading
   from scope_jax.tokenizer import load_tokenizer
   boxed = lambda a: SimpleNamespace(text=f"x. Therefore, the final answer is: $\\boxed{{{a}}}$")
   canned = {False: [boxed(7), boxed(3)],  # greedy: right, wrong

@@ -33,6 +33,7 @@ from scope_jax.rl import learner as learner_lib
 from scope_jax.rollout.types import Trajectory
 from scope_jax.world import World
 from scope_jax.world import entities as E
+from tests.helpers import compiled_steps
 from tests.methods import bundled
 from tests.methods import optimizers
 from tests.methods.cli import kill_once_exists
@@ -335,7 +336,7 @@ def test_lambda_change_between_iterations_changes_the_loss(tmp_path):
   d = out[0]["distill_loss"]
   assert d > 0 and out[0]["distill_loss"] == pytest.approx(out[1]["distill_loss"], rel=1e-5)
   assert out[0]["loss"] - out[1]["loss"] == pytest.approx((0.3 - 0.1) * d, rel=1e-4)
-  assert rt.learner.num_compiled == 2
+  assert compiled_steps(rt.learner) == 2
 
 
 def test_no_teacher_ablation_skips_distillation(tmp_path):
@@ -572,10 +573,10 @@ def test_cli_sigkill_and_resume_in_each_phase(tmp_path, kill_after, phase):
 
 
 def test_the_searcher_model_was_shown_the_learn_presets_own_tokens(tmp_path):
-  """The bench that fits the `learn` preset's start (`bench/world_reading.py --skill=play`)
+  """The bench that fits the `learn` preset's start (`tools/world_reading.py --skill=play`)
   shows each role exactly the tokens π-Play's own world warm-up builds with the preset's prompts,
   limits and one search result: what the start learned is what the run asks of it."""
-  from bench import world_reading  # pylint: disable=import-outside-toplevel
+  from tools import world_reading  # pylint: disable=import-outside-toplevel
   from scope_jax.retrieval import search  # pylint: disable=import-outside-toplevel
   c = piplay_config.get_config("learn")
   c.warmup.update(dict(world_seed=7, skill="attr", right_share=1.0))

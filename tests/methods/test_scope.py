@@ -553,10 +553,10 @@ def test_paper_solver_clips_higher_as_released_and_schedule_follows_overrides():
 
 
 def test_the_judge_model_was_shown_the_learn_presets_own_prompts(tmp_path):
-  """The bench that fits the `learn` preset's start (`bench/world_reading.py --format=scope`)
+  """The bench that fits the `learn` preset's start (`tools/world_reading.py --format=scope`)
   shows each role exactly the prompt tokens the run builds with the preset's prompts and limits,
   and the Judge's rubric is one the run parses to the criterion the grader was shown."""
-  from bench import world_reading  # pylint: disable=import-outside-toplevel
+  from tools import world_reading  # pylint: disable=import-outside-toplevel
   from scope_jax.world import World  # pylint: disable=import-outside-toplevel
   c = scope_config.get_config("learn")
   c.progress = False

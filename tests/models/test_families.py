@@ -180,12 +180,13 @@ def test_router_metrics_and_the_hf_load_balancing_loss(tmp_path):
   import torch
   from scope_jax.models import forward, save_hf, transformer
   from tests.hf_reference import hf_model, padded_batch
+  from tests.helpers import router_metrics
   cfg = tiny_config("qwen3_moe")
   params = init_params(cfg, jax.random.key(9))
   tokens, mask = padded_batch(cfg.vocab_size, [9, 5], 9, left=False, seed=10)
   _, _, router = forward(cfg, params, jnp.asarray(tokens), attention_mask=jnp.asarray(mask),
                          return_router=True)
-  m = transformer.router_metrics(cfg, router)
+  m = router_metrics(cfg, router)
   shares = np.array([float(m[f"router/load_expert_{e}"]) for e in range(cfg.num_experts)])
   np.testing.assert_allclose(shares.sum(), 1.0, rtol=0, atol=1e-6)
   assert float(m["router/dropped"]) == 0.0 and float(m["router/max_load"]) == shares.max()

@@ -57,11 +57,6 @@ class AdvantagesTest(chex.TestCase):
     chex.assert_trees_all_close(a, np.array([0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6), 0, 0]),
                                 rtol=1e-6, atol=0)
 
-  @chex.variants(with_device=True, without_device=True)
-  def test_dynamic_sampling_filter(self):
-    keep = self.variant(adv.nonzero_variance_groups)(np.array([[1, 1, 1], [0, 0, 0], [0, 1, 0]]))
-    chex.assert_trees_all_equal(keep, np.array([False, False, True]))
-
 
 def test_bad_inputs():
   with pytest.raises(ValueError, match="3 rewards but 2 keys"):

@@ -139,7 +139,7 @@ def world_demonstrations(tokenizer, prompts, world, questions, right_share: floa
   `right_share` of them, else another member of the fact's class); the GRM searches the name,
   says what the page states and what the answer was (`reasoning`, `verdict`), and judges
   `grades` right and as many wrong answers. How the `learn`
-  preset's start is fitted, on other worlds (`bench/world_reading.py --format=asl`)."""
+  preset's start is fitted, on other worlds (`tools/world_reading.py --format=asl`)."""
   rng = np.random.default_rng(seed)
   eos = "<|im_end|>"
   chat = lambda prompt: render_chat(tokenizer, [{"role": "user", "content": prompt.text()}])

@@ -195,7 +195,7 @@ def world_demonstrations(tokenizer, prompts: P.Prompts, world, questions: Sequen
   two names is the slowest of these to learn; `grader_reasoning`, `grade_turn`). With
   `near_copies` the source gate also fails the task with a near copy of the entity's name, which
   asks about no entity of the document. How the `learn` preset's start is fitted, on other worlds
-  (`bench/world_reading.py --format=scope`)."""
+  (`tools/world_reading.py --format=scope`)."""
   rng = np.random.default_rng(seed)
   eos = "<|im_end|>"
   chat = lambda prompt: render_chat(tokenizer, [{"role": "user", "content": prompt.text()}])

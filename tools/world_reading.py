@@ -1,5 +1,7 @@
-"""How fast does a model learn to read the bundled world's documents when it is simply shown the
-right answers? Supervised doc QA on other worlds, scored on a held-out world's `doc` questions.
+"""Fits the bundled world models (reader, solver, counter, searcher, judge, grader, verifier;
+their recipes are in `scope_jax/data/__init__.py`) and measures how fast a model learns to read
+the bundled world's documents when it is simply shown the right answers: supervised doc QA on
+other worlds, scored on a held-out world's `doc` questions.
 
 Self-play can only reward an answer the model sometimes writes: a method whose responder never
 copies the right name from its document has nothing to learn from. This probe measures that
@@ -36,18 +38,18 @@ sampled pass@1, maj@K, and how often the majority is right at each level of agre
 student is trained toward it).
 `--out` saves the fitted model.
 
-    python -m bench.world_reading                       # the bundled demo model, 2,000 steps
-    python -m bench.world_reading --size=4x256 --steps=1000 --skill=attr
-    python -m bench.world_reading --size=reader --skill=search,ask --worlds=200 --steps=3000 \
+    python -m tools.world_reading                       # the bundled demo model, 2,000 steps
+    python -m tools.world_reading --size=4x256 --steps=1000 --skill=attr
+    python -m tools.world_reading --size=reader --skill=search,ask --worlds=200 --steps=3000 \
         --every=1000 --out=<dir>
-    python -m bench.world_reading --size=<dir> --format=piplay --skill=search,ask --worlds=200 \
+    python -m tools.world_reading --size=<dir> --format=piplay --skill=search,ask --worlds=200 \
         --steps=500 --every=250
-    python -m bench.world_reading --size=<dir> --skill=play --format=piplay --worlds=200 \
+    python -m tools.world_reading --size=<dir> --skill=play --format=piplay --worlds=200 \
         --per_world=40 --steps=600 --every=300 --right_share=0.3 --out=<dir>
-    python -m bench.world_reading --skill=arith --steps=2000 --every=500
-    python -m bench.world_reading --skill=arith --format=opensir --steps=2500 --every=500 \
+    python -m tools.world_reading --skill=arith --steps=2000 --every=500
+    python -m tools.world_reading --skill=arith --format=opensir --steps=2500 --every=500 \
         --out=<dir>
-    python -m bench.world_reading --size=solver --skill=arith --format=opensir --steps=0 --vote=8
+    python -m tools.world_reading --size=solver --skill=arith --format=opensir --steps=0 --vote=8
 """
 
 from __future__ import annotations
