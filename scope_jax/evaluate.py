@@ -14,8 +14,7 @@ with several trained policies adds the policy: `<run>/eval/<policy>/<benchmark>/
 
 from absl import app, flags
 
-from scope_jax import cli_errors, run_record
-from scope_jax.core import console
+from scope_jax import cli_errors, console, run_record
 from scope_jax.evaluation import driver
 from scope_jax.evaluation import evaluator as eval_lib
 

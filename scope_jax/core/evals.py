@@ -18,8 +18,8 @@ import ml_collections
 from absl import logging
 from etils import epath
 
+from scope_jax import console
 from scope_jax import distributed
-from scope_jax.core import console
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import driver
 from scope_jax.evaluation import evaluator as eval_lib
