@@ -10,7 +10,7 @@ from typing import NoReturn, Sequence
 
 from absl import flags, logging
 
-from scope_jax.core import console
+from scope_jax import console
 
 _DID_YOU_MEAN = re.compile(r"""Did you mean \\?["'](\w+)\\?["'] instead of \\?["'](\w+)\\?["']""")
 _NO_FILE = re.compile(r"No such file or directory: '([^']+)'")

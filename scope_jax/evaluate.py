@@ -14,8 +14,7 @@ with several trained policies adds the policy: `<run>/eval/<policy>/<benchmark>/
 
 from absl import app, flags
 
-from scope_jax import cli_errors, run_record
-from scope_jax.core import console
+from scope_jax import cli_errors, console, run_record
 from scope_jax.evaluation import driver
 from scope_jax.evaluation import evaluator as eval_lib
 
@@ -36,9 +35,11 @@ _TOKENIZER = flags.DEFINE_string("tokenizer", None, "Tokenizer of --model when i
                                  "has none: a HF dir, 'demo' or 'byte'.")
 _JUDGE = flags.DEFINE_string("judge", None, "Judge model for `judge` benchmarks (same forms as "
                              "--model); default: the base model.")
-_JUDGE_STYLE = flags.DEFINE_enum("judge_style", "spell", list(eval_lib.JUDGE_STYLES),
-                                 "spell: SPELL's verifier ([[YES]]/[[NO]]); scope: SCOPE's "
-                                 "grader (<score>1</score>).")
+_JUDGE_STYLE = flags.DEFINE_enum("judge_style", "answer_match", list(eval_lib.JUDGE_STYLES),
+                                 "answer_match: do the answer and the reference agree "
+                                 "([[YES]]/[[NO]], SPELL's verifier prompt); criterion_grade: "
+                                 "the answer graded against the reference (<score>1</score>, "
+                                 "SCOPE's grader prompt).")
 _LIMIT = flags.DEFINE_integer("limit", None, "Evaluate only the first N examples of each set.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "Samples per question (n of pass@k).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature (0 = greedy).")

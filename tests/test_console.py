@@ -11,7 +11,7 @@ import sys
 import chex
 import pytest
 
-from scope_jax.core import console
+from scope_jax import console
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

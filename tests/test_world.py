@@ -138,17 +138,30 @@ def test_the_world_index_finds_the_document_a_question_names(tmp_path, monkeypat
   from scope_jax import assets
   from scope_jax.configs_base import retrieval
   from scope_jax.retrieval import search
+  from scope_jax.world import search as world_search
   monkeypatch.setattr(assets, "cache_dir", lambda: tmp_path)
   r = retrieval()
   r.corpus = "world"
   search.validate(r)
-  passages, tool = search.from_config(ml_collections.ConfigDict(r), world_seed=4)
+  passages, tool = world_search.from_config(ml_collections.ConfigDict(r), world_seed=4)
   w = World(4, gold_size=60)
   assert passages == w.documents and (tmp_path / "world_4_index" / "meta.json").exists()
   hop1 = w.gold["hop1"]
   found = tool([q["question"] for q in hop1])
   hits = [q["support"][0].split(":", 1)[1] in text for q, text in zip(hop1, found)]
   assert sum(hits) / len(hits) >= 0.8, sum(hits) / len(hits)
+
+
+def test_retrieval_alone_cannot_build_a_world_corpus():
+  """retrieval sits under world: its `from_config` builds corpus='world' only from the index
+  builder the world hands it, and says where to get one otherwise."""
+  import ml_collections
+  from scope_jax.configs_base import retrieval
+  from scope_jax.retrieval import search
+  r = retrieval()
+  r.corpus = "world"
+  with pytest.raises(ValueError, match="world.search.from_config"):
+    search.from_config(ml_collections.ConfigDict(r))
 
 
 def test_a_corpus_of_several_worlds_keeps_the_worlds_own_pages_first():
@@ -175,7 +188,7 @@ def test_a_world_index_over_several_worlds_is_cached_under_all_their_seeds(tmp_p
   import ml_collections
   from scope_jax import assets
   from scope_jax.configs_base import retrieval
-  from scope_jax.retrieval import search
+  from scope_jax.world import search
   monkeypatch.setattr(assets, "cache_dir", lambda: tmp_path)
   r = retrieval()
   r.corpus = "world"

@@ -18,13 +18,13 @@ import ml_collections
 from absl import logging
 from etils import epath
 
+from scope_jax import console
 from scope_jax import distributed
-from scope_jax.core import console
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import driver
 from scope_jax.evaluation import evaluator as eval_lib
-from scope_jax.retrieval import search
 from scope_jax.world import GOLD_SETS, WORLD_PREFIX, world_specs
+from scope_jax.world import search
 
 
 

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from scope_jax import assets
 from scope_jax import checkpoint as ckpt_lib
+from scope_jax import console
 from scope_jax import distributed
 from scope_jax import metrics as metrics_lib
 from scope_jax import report
@@ -28,7 +29,6 @@ from scope_jax import run_record
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
 from scope_jax.core import bounds
-from scope_jax.core import console
 from scope_jax.core import evals as evals_lib
 from scope_jax.core import health as health_lib
 from scope_jax.core import smoke

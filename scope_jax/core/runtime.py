@@ -24,10 +24,11 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from scope_jax import console
 from scope_jax import metrics as metrics_lib
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
-from scope_jax.core import console, health
+from scope_jax.core import health
 from scope_jax.core.roles import Role
 from scope_jax.models import transformer
 from scope_jax.models.load import load_model

@@ -30,6 +30,7 @@ from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import evaluator as eval_lib
 from scope_jax.evaluation import models, scoring
 from scope_jax.retrieval import search
+from scope_jax.world import search as world_search
 
 MAX_BROADCAST_STEPS = 4096
 
@@ -90,7 +91,7 @@ class Session:
     self.root = epath.Path(opts.out or (f"{self.record.path}/eval" if self.record else
                                         f"eval/{_spec_name(opts.model)}"))
     if self.record is not None and len(self.record.policies) > 1:
-      self.root = self.root / self.policy  # SCOPE's challenger and solver never collide
+      self.root = self.root / self.policy  # two trained policies of one run never collide
     if self.root.exists() and not self.root.is_dir():
       raise ValueError(f"--out={self.root} is a file; results need a directory there.")
     self.steps = None
@@ -158,7 +159,7 @@ class Session:
         section = run_retrieval  # the run searched this index; evaluate against the same one
       search.validate(section)
       world = self.record.config.get("world", {}).get("seed", 0) if self.record is not None else 0
-      _, self._tool = search.from_config(section, world)
+      _, self._tool = world_search.from_config(section, world)
     return self._tool
 
   def judge(self):

@@ -23,13 +23,11 @@ from scope_jax import prompts as prompts_lib
 from scope_jax import rollout
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import scoring
-from scope_jax.rewards import mathcheck
-from scope_jax.methods.scope import rewards as scope_rewards
-from scope_jax.methods.spell import rewards as spell_rewards
+from scope_jax.rewards import judges, mathcheck
 from scope_jax.rollout import RolloutConfig, render_chat, run_rollout
 from scope_jax.sampling import Sampler
 
-JUDGE_STYLES = ("spell", "scope")
+JUDGE_STYLES = judges.FORMATS  # answer_match: [[YES]]/[[NO]]; criterion_grade: <score>0|1</score>
 FINAL_TAGS = {"qa": ("answer",), "qa_search": ("answer",), "judge": ("answer",), "math": (),
               "mc": ()}
 JUDGE_ANSWER_CHARS = 2000  # a sample without an extracted answer is judged on its last chars
@@ -51,7 +49,8 @@ class Settings:
   seed: int = 0
   syntax: str = ""  # search syntax: 'xml' (<search>), 'qwen' (<tool_call>), 'function_calls'
   # (OLMo-3's); '' = a run's, or xml
-  judge_style: str = "spell"  # the judge prompt: SPELL's verifier or SCOPE's grader
+  judge_style: str = judges.ANSWER_MATCH  # do answer and reference agree, or does the answer
+  # meet the reference as a criterion (`rewards.judges`)
   judge_max_tokens: int = 512
   ks: tuple[int, ...] = ()  # k of pass@k and maj@k (default 1, 2, 4, … ≤ n, and n)
 
@@ -71,7 +70,9 @@ class Settings:
       raise ValueError(f"max_prompt_tokens={self.max_prompt_tokens} leaves no room for an answer "
                        f"within max_context={self.max_context}.")
     if self.judge_style not in JUDGE_STYLES:
-      raise ValueError(f"judge_style={self.judge_style!r}: choose one of {JUDGE_STYLES}.")
+      raise ValueError(f"judge_style={self.judge_style!r}: choose one of {JUDGE_STYLES} "
+                       "(answer_match asks whether the answer and the reference agree, "
+                       "criterion_grade grades the answer against the reference).")
     if self.syntax not in ("", "xml", "qwen", "function_calls"):
       raise ValueError(f"syntax={self.syntax!r}: choose 'xml', 'qwen' or 'function_calls'.")
     if any(not 1 <= k <= self.num_samples for k in self.ks):
@@ -215,12 +216,12 @@ class Evaluator:
 
   # ------------------------------------------------------------------------------- judge
   def _judge_prompt(self, question: str, answer: str, reference: str) -> list[int]:
-    if self.settings.judge_style == "spell":
-      return self.prompt(prompts_lib.load("spell", "verifier"), self.judge_tokenizer,
+    if self.settings.judge_style == judges.ANSWER_MATCH:
+      return self.prompt(judges.template(judges.ANSWER_MATCH), self.judge_tokenizer,
                          problem=question, answer_1=answer, answer_2=reference)
-    criterion = prompts_lib.render(self.template("judge_scope_criterion"), reference=reference)
-    return self.prompt(prompts_lib.load("scope", "grader"), self.judge_tokenizer, task=question,
-                       criterion=criterion, response=answer)
+    criterion = prompts_lib.render(self.template("judge_criterion"), reference=reference)
+    return self.prompt(judges.template(judges.CRITERION_GRADE), self.judge_tokenizer,
+                       task=question, criterion=criterion, response=answer)
 
   def _judge(self, bench, records: list[dict]) -> None:
     """Scores every sample of a `judge` benchmark with the judge model (greedy, one call per
@@ -228,8 +229,7 @@ class Evaluator:
     if self.judge is None:
       raise ValueError(f"Benchmark {bench.name} (judge) needs a judge model: pass --judge or "
                        "--model (the base model judges by default).")
-    parse = (spell_rewards.parse_verdict if self.settings.judge_style == "spell"
-             else scope_rewards.parse_binary_grade)
+    parse = judges.PARSERS[self.settings.judge_style]
     jobs = [(r, j) for r in records for j in range(len(r["answers"]))]
     prompts = [self._judge_prompt(r["question"], _judged_text(r, j), r["gold"][0])
                for r, j in jobs]

@@ -33,7 +33,8 @@ from scope_jax.rl.batch import TrainBatch
 from scope_jax.sampling import engine as engine_lib
 from scope_jax.sampling import sampler as sampler_lib
 from scope_jax.sampling import slot_ops
-from scope_jax.sampling.sampler import SamplingSpec, length_bucket
+from scope_jax.sampling.sampler import SamplingSpec
+from scope_jax.shapes import length_bucket
 
 # E5-base-v2 (BERT-base), the paper presets' retriever, when the config names no checkpoint.
 E5_BASE = enc_lib.EncoderConfig(vocab_size=30522, hidden_size=768, intermediate_size=3072,

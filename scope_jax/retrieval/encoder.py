@@ -24,7 +24,7 @@ import numpy as np
 
 from scope_jax import sharding as shd
 from scope_jax.models import safetensors_io
-from scope_jax.sampling.sampler import length_bucket
+from scope_jax.shapes import length_bucket
 
 NEG = -1e9
 

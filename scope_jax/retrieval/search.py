@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import ml_collections
-from absl import logging
+from typing import Callable
 
-from scope_jax import assets
+import ml_collections
+
 from scope_jax.retrieval import demo_corpus as demo
 from scope_jax.retrieval.corpus import load_corpus
 from scope_jax.retrieval.index import DenseIndex, SearchTool
 from scope_jax.retrieval.service import RetrievalClient, load_encoder
-from scope_jax import world as world_lib
 
 
 def validate(r: ml_collections.ConfigDict) -> None:
@@ -25,22 +24,24 @@ def validate(r: ml_collections.ConfigDict) -> None:
                      "world corpus.")
 
 
-def from_config(r: ml_collections.ConfigDict, world_seed: int = 0, corpus_seeds=()):
+def from_config(r: ml_collections.ConfigDict, world_index: Callable | None = None):
   """(source documents, search tool): the bundled demo index, a prebuilt index directory, or a
   running Search-R1-compatible server (`retrieval.url`) with the corpus it serves; from a
-  `retrieval` config section (SCOPE, ASL and π-Play search the same way); `world_seed` is the
-  world of `corpus='world'` (the run's `world.seed`) and `corpus_seeds` the worlds whose
-  documents join it (`world.corpus_seeds`)."""
+  `retrieval` config section. `world_index(encoder)` builds the index of `corpus='world'`
+  (`scope_jax.world.search.from_config` passes the run's world)."""
   if r.url:
     passages = demo.demo_passages() if r.corpus == "demo" else load_corpus(r.corpus)
     return passages, RetrievalClient(r.url, topk=r.topk)
+  if r.corpus == "world" and not r.index and world_index is None:
+    raise ValueError("retrieval.corpus='world' needs the world's documents: build the tool with "
+                     "scope_jax.world.search.from_config(section, world_seed).")
   encoder = load_encoder(r.encoder)
   if r.index:
     index = DenseIndex.load(r.index, encoder.identity)
   elif r.corpus == "demo":
     index = demo.demo_index(encoder)
   elif r.corpus == "world":
-    index = world_index(world_seed, encoder, corpus_seeds)
+    index = world_index(encoder)
   else:
     raise ValueError(f"retrieval.corpus={r.corpus!r} needs a prebuilt index: build one with "
                      "`python -m scope_jax.retrieval.build_index --corpus=... --out=DIR` and set "
@@ -49,19 +50,3 @@ def from_config(r: ml_collections.ConfigDict, world_seed: int = 0, corpus_seeds=
   if r.max_documents:
     passages = passages[:r.max_documents]
   return passages, SearchTool(index, encoder, topk=r.topk)
-
-
-def world_index(seed: int, encoder, corpus_seeds=()) -> DenseIndex:
-  """The dense index over world `seed`'s documents and those of `corpus_seeds`' worlds
-  (`world_lib.corpus`), built once into the asset cache."""
-  passages = world_lib.corpus(seed, corpus_seeds)
-  out = assets.cache_dir() / f"world_{'+'.join(str(s) for s in (seed, *corpus_seeds))}_index"
-  if (out / "meta.json").exists():
-    try:
-      index = DenseIndex.load(out, encoder.identity)
-      if index.passages == passages:
-        return index
-    except ValueError as e:
-      logging.info("Rebuilding the world index: %s", e)
-  logging.info("Building the index of world %d (%d documents) in %s", seed, len(passages), out)
-  return DenseIndex.build(passages, encoder, out, chunk_size=512, progress=False)

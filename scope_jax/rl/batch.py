@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from scope_jax.rollout.types import Trajectory
-from scope_jax.sampling.sampler import length_bucket
+from scope_jax.shapes import length_bucket
 
 
 @flax.struct.dataclass

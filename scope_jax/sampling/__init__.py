@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from scope_jax.sampling.engine import Completion, Engine, Request
 from scope_jax.sampling.sampler import (FINISH_REASONS, Sampler, SampleResult, SamplingSpec,
-                                        compile_counts, length_bucket, select_tokens,
+                                        compile_counts, select_tokens,
                                         truncate_logits)
 
 
@@ -34,4 +34,4 @@ def generate(config, params, prompts: Sequence[Sequence[int]], *, max_new_tokens
 
 
 __all__ = ["Completion", "Engine", "FINISH_REASONS", "Request", "Sampler", "SampleResult", "SamplingSpec", "compile_counts",
-           "decode_fn", "generate", "length_bucket", "select_tokens", "truncate_logits"]
+           "decode_fn", "generate", "select_tokens", "truncate_logits"]

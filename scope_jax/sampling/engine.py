@@ -30,11 +30,12 @@ import numpy as np
 from absl import logging
 
 from scope_jax import sharding as shd
+from scope_jax.shapes import length_bucket
 from scope_jax.models import kv_cache as kvc
 from scope_jax.models.config import ModelConfig
 from scope_jax.sampling import slot_ops
 from scope_jax.sampling import stops as stops_lib
-from scope_jax.sampling.sampler import (SampleResult, SamplingSpec, length_bucket, place_params,
+from scope_jax.sampling.sampler import (SampleResult, SamplingSpec, place_params,
                                         prepare, release_copies)
 
 _ENGINES = weakref.WeakSet()  # every engine, so `free_caches` can reach them

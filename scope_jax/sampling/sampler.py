@@ -25,6 +25,7 @@ import numpy as np
 from absl import logging
 
 from scope_jax import sharding as shd
+from scope_jax.shapes import length_bucket
 from scope_jax.models import kv_cache as kvc
 from scope_jax.models import ops
 from scope_jax.models import transformer
@@ -241,14 +242,6 @@ def release_copies(copies: list, keep=None) -> list:
 
 
 # ----------------------------------------------------------------------------- host driver
-
-def length_bucket(n: int, minimum: int = 16) -> int:
-  """Power-of-two buckets up to 2048, then multiples of 1024: bounded recompilation."""
-  n = max(n, minimum)
-  if n <= 2048:
-    return 1 << (n - 1).bit_length()
-  return -(-n // 1024) * 1024
-
 
 class Sampler:
   """Samples from one params pytree; reuse it across calls (compiled shapes are cached)."""

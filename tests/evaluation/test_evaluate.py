@@ -73,8 +73,8 @@ def test_pass_and_maj_at_k_through_the_qa_scorer():
 
 
 @pytest.mark.parametrize("style,verdicts,expected", [
-    ("spell", ["Decision: [[YES]]", "Decision: [[NO]]"], [1.0, 0.0]),
-    ("scope", ["<think>.</think><score>0</score>", "<score>1</score>"], [0.0, 1.0]),
+    ("answer_match", ["Decision: [[YES]]", "Decision: [[NO]]"], [1.0, 0.0]),
+    ("criterion_grade", ["<think>.</think><score>0</score>", "<score>1</score>"], [0.0, 1.0]),
 ])
 def test_the_judge_scores_each_sample(style, verdicts, expected):
   bench = bench_lib.Benchmark("j", "judge", (bench_lib.Example("0", "Why is the sky blue?",
@@ -87,6 +87,11 @@ def test_the_judge_scores_each_sample(style, verdicts, expected):
   metrics, records = ev.evaluate(answers, bench)
   assert records[0]["scores"] == expected
   assert metrics["mean@n/acc"] == 0.5 and metrics["judge/invalid"] == 0.0
+
+
+def test_an_unknown_judge_style_names_the_formats():
+  with pytest.raises(ValueError, match="choose one of \\('answer_match', 'criterion_grade'\\)"):
+    eval_lib.Settings(judge_style="verifier").validate()
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from scope_jax.methods.scope import algorithm as scope
 from scope_jax.methods.spell import algorithm as spell
 from scope_jax.core import warmup
 from scope_jax.models import load
+from scope_jax.rewards import judges
 from tests.methods.scripted import ScriptedSpellSampler, play_all_roles
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -73,7 +74,7 @@ def test_judge_grader_prompt_keeps_its_instructions_with_a_long_answer(tmp_path)
                                              long_answer))
   text = rt.tokenizer.decode(ids)
   assert len(ids) <= 400
-  head = prompts.load("scope", "grader").split("{")[0]
+  head = judges.template(judges.CRITERION_GRADE, "paper").split("{")[0]
   assert head.strip() and head.strip() in text
   assert "Which river is longest?" in text and "Names the Nile." in text
   assert text.count("The river flows north.") < 400

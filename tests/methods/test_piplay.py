@@ -577,7 +577,7 @@ def test_the_searcher_model_was_shown_the_learn_presets_own_tokens(tmp_path):
   shows each role exactly the tokens π-Play's own world warm-up builds with the preset's prompts,
   limits and one search result: what the start learned is what the run asks of it."""
   from tools import world_reading  # pylint: disable=import-outside-toplevel
-  from scope_jax.retrieval import search  # pylint: disable=import-outside-toplevel
+  from scope_jax.world import search  # pylint: disable=import-outside-toplevel
   c = piplay_config.get_config("learn")
   c.warmup.update(dict(world_seed=7, skill="attr", right_share=1.0))
   c.progress = False

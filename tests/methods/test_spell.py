@@ -87,6 +87,18 @@ def test_questioner_history_prompt_grows_context(tmp_path):
   assert second.index(method.by_id["wiki-00001"].title) < second.index(method.by_id[ids[0]].title)
 
 
+def test_the_verifier_asks_in_the_shared_answer_match_format(tmp_path):
+  """The verifier's template is `rewards.judges`' answer match (the one held-out evaluation's
+  judge uses); the questioner and responder keep SPELL's own."""
+  from scope_jax import prompts  # pylint: disable=import-outside-toplevel
+  from scope_jax.rewards import judges  # pylint: disable=import-outside-toplevel
+  method = spell.Spell(runtime.Runtime(small_config(), str(tmp_path)))
+  assert method.verifier.template("verifier") == judges.template(judges.ANSWER_MATCH, "paper")
+  assert method.responder.template("responder_doc_qa") == prompts.load("spell",
+                                                                        "responder_doc_qa")
+  assert "[[YES]]" in method.verifier.template("verifier")
+
+
 def test_bad_override_and_empty_corpus(tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT)
   bad = subprocess.run([sys.executable, "-m", "scope_jax.main", "--config=configs/spell.py",

@@ -10,11 +10,12 @@ from scipy import stats
 from scope_jax import sharding as shd
 from scope_jax.models import init_params, save_hf, tiny_config
 from scope_jax.models.transformer import forward_jit
-from scope_jax.sampling import (Sampler, SamplingSpec, compile_counts, generate, length_bucket,
-                                select_tokens, truncate_logits)
+from scope_jax.sampling import (Sampler, SamplingSpec, compile_counts, generate, select_tokens,
+                                truncate_logits)
 from scope_jax.sampling import sampler as sampler_lib
 from scope_jax.sampling.engine import Engine
 from scope_jax.sampling.stops import find_stop
+from scope_jax.shapes import length_bucket
 
 PROMPTS = [[3, 17, 42, 9, 100, 7, 8, 11, 250], [5], [60, 61, 62, 63]]
 

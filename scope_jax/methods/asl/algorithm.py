@@ -33,10 +33,10 @@ from scope_jax.core.runtime import Runtime
 from scope_jax.methods.asl import demos as asl_demos
 from scope_jax.methods.asl import prompts as P
 from scope_jax.methods.asl import rewards as R
-from scope_jax.retrieval import search
 from scope_jax.rewards.match import normalize
 from scope_jax.rl import advantages as adv_lib
 from scope_jax.rollout.types import Trajectory
+from scope_jax.world import search
 
 PHASES = ("pg", "grm", "pm")
 GRM_MODES = ("co_trained", "no_grm_phase", "frozen")

@@ -40,12 +40,12 @@ from scope_jax.core.schedule import Schedule, StageClock, corpus_window
 from scope_jax.methods.piplay import demos as piplay_demos
 from scope_jax.methods.piplay import prompts as P
 from scope_jax.methods.piplay import rewards as R
-from scope_jax.retrieval import search
 from scope_jax.retrieval.corpus import Passage
 from scope_jax.rl import advantages as adv_lib
 from scope_jax.rl.ema import ema_update
 from scope_jax.rollout.search_agent import stratified
 from scope_jax.rollout.types import Trajectory
+from scope_jax.world import search
 
 PHASES = ("examiner", "student")
 MALFORMED = ("no_question", "no_answer", "answer_in_question", "parse_error")

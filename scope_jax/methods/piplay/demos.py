@@ -16,7 +16,6 @@ import re
 import ml_collections
 import numpy as np
 
-from scope_jax.retrieval import search
 from scope_jax.retrieval.corpus import Passage
 from scope_jax.rewards import match
 from scope_jax.methods.piplay import rewards as R
@@ -25,6 +24,7 @@ from scope_jax.rollout.search_agent import observation_ids, search_action
 from scope_jax.rollout.types import Trajectory
 from scope_jax.world import World
 from scope_jax.world import entities as E
+from scope_jax.world import search
 
 PHRASE_START = 8  # the question's three words start within the first words of a text
 _PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-]*$")

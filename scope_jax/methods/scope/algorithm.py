@@ -35,12 +35,12 @@ from scope_jax.core.schedule import Schedule, StageClock, corpus_window
 from scope_jax.methods.scope import demos as scope_demos
 from scope_jax.methods.scope import prompts as P
 from scope_jax.methods.scope import rewards as R
-from scope_jax.retrieval import search
 from scope_jax.retrieval.corpus import Passage
 from scope_jax.rl import advantages as adv_lib
 from scope_jax.rollout.datums import per_turn_datums
 from scope_jax.rollout.search_agent import stratified
 from scope_jax.rollout.types import Trajectory
+from scope_jax.world import search
 
 STAGES = ("challenger", "solver")
 

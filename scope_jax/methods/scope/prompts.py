@@ -1,5 +1,6 @@
-"""SCOPE's prompts (templates in `prompts/scope/`, written from the paper's App. H descriptions)
-and its prompt mix: task types and the 4:3:2 stratified number of required searches (App. G).
+"""SCOPE's prompts (templates in `prompts/scope/`, written from the paper's App. H descriptions;
+the grader's is the shared criterion-grade judge, `rewards.judges`) and its prompt mix: task
+types and the 4:3:2 stratified number of required searches (App. G).
 
 Only the search action differs between syntaxes ('xml' `<search>` for Qwen2.5, 'qwen'
 `<tool_call>` for Qwen3, 'function_calls' for OLMo-3); tasks, answers and every Judge prompt use
@@ -13,6 +14,7 @@ from typing import Sequence
 
 from scope_jax import prompts
 from scope_jax.retrieval.corpus import Passage
+from scope_jax.rewards import judges
 from scope_jax.rollout.search_agent import search_instructions
 
 TASK_TYPES = {  # name → how prompts call it; creative writing is defined but off by default
@@ -95,5 +97,6 @@ class Prompts:
                         document=document, **size)
 
   def grader(self, task: str, criterion: str, response: str) -> prompts.Prompt:
-    return self._prompt("grader", ("response", "task", "criterion"), task=task,
-                        criterion=criterion, response=response)
+    return prompts.Prompt(judges.template(judges.CRITERION_GRADE, self.style),
+                          dict(task=task, criterion=criterion, response=response),
+                          ("response", "task", "criterion"))

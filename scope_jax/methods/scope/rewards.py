@@ -10,6 +10,7 @@ import math
 import re
 from typing import Sequence
 
+from scope_jax.rewards.judges import parse_binary_grade  # noqa: F401 — the grader's format
 from scope_jax.rollout.parsers import extract_tag
 from scope_jax.rollout.types import Trajectory
 
@@ -169,15 +170,6 @@ def parse_rubrics(text: str, min_items: int = 3, max_items: int = 5) -> list[Cri
   if len(items) < min_items:
     return None
   return items[:max_items]
-
-
-_SCORE = re.compile(r"<score>\s*([01])\s*</score>")
-
-
-def parse_binary_grade(text: str) -> int | None:
-  """A judge's strict binary verdict on one criterion: the last <score>0|1</score>."""
-  found = _SCORE.findall(str(text)[-MAX_TEXT:])
-  return int(found[-1]) if found else None
 
 
 def rubric_grade(criteria: Sequence[Criterion], verdicts: Sequence[int | None],

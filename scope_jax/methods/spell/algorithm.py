@@ -26,7 +26,7 @@ from scope_jax.methods.spell import clusters as clusters_lib
 from scope_jax.methods.spell import demos as spell_demos
 from scope_jax.methods.spell import rewards as R
 from scope_jax.methods.spell.difficulty import MAPPINGS
-from scope_jax.rewards import match
+from scope_jax.rewards import judges, match
 from scope_jax.rl import advantages as adv_lib
 from scope_jax.rollout.types import Trajectory
 
@@ -116,10 +116,11 @@ class Spell(Method):
     self.parse = ParseGuard()  # a parser error scores the sample as malformed, never ends the run
     # One policy plays the three roles.
     self.policy = rt.add_policy("policy")
-    templates = lambda name: prompts.load(STYLES[cfg.prompt_style], name)
+    own = lambda name: prompts.load(STYLES[cfg.prompt_style], name)
+    judge = lambda name: judges.template(judges.ANSWER_MATCH, cfg.prompt_style)  # the verifier's
     self.questioner, self.responder, self.verifier = (
         rt.add_role(name, cfg.roles[name], policy=self.policy, templates=templates)
-        for name in ("questioner", "responder", "verifier"))
+        for name, templates in (("questioner", own), ("responder", own), ("verifier", judge)))
 
   def demonstrations(self, rng):
     return spell_demos.demonstrations(self, rng)

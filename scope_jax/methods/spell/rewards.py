@@ -13,6 +13,7 @@ import re
 from typing import Sequence
 
 from scope_jax.rewards import match
+from scope_jax.rewards.judges import parse_verdict  # noqa: F401 — the verifier's format
 from scope_jax.methods.spell.difficulty import questioner_difficulty
 
 TASKS = ("doc_qa", "doc_mc", "doc_math")
@@ -24,7 +25,6 @@ BAD_FORMAT = -1.0
 UNGROUNDED = -0.5
 INVALID_VERDICT = -1.0
 MAX_JSON = 20_000
-_VERDICT = re.compile(r"\[\[\s*(YES|NO)\s*\]\]", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,14 +100,6 @@ def rule_score(response: str, gold: str, task: str) -> float:
   if task == "doc_math" and match.numbers(gold) and match.numbers(pred):
     return match.numeric_match(pred, gold)  # CEM would accept 100.2 for 100 ("1002" ⊃ "100")
   return match.cover_exact_match(pred, gold)
-
-
-def parse_verdict(text: str) -> int | None:
-  """1 for [[YES]], 0 for [[NO]] (the last one written), None when there is no verdict."""
-  found = _VERDICT.findall(str(text)[-MAX_JSON:])
-  if not found:
-    return None
-  return 1 if found[-1].upper() == "YES" else 0
 
 
 def majority(verdicts: Sequence[int | None]) -> int:
