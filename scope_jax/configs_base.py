@@ -200,6 +200,17 @@ def parse_preset(arg, presets) -> str:
   return preset
 
 
+def build(arg, method_base, presets) -> ml_collections.ConfigDict:
+  """A method file's `get_config(arg)`: the method's paper base (`method_base()`), then the
+  overrides of preset `arg` (default 'demo'; `presets` maps each name to a function that edits
+  the config in place). One base, one small function per preset: no chain of `if`s."""
+  preset = parse_preset(arg, tuple(presets))
+  c = method_base()
+  c.preset = preset
+  presets[preset](c)
+  return c
+
+
 def load_file(path, preset: str | None = None) -> ml_collections.ConfigDict:
   """`get_config(preset)` of the config file at `path` (what `--config=path:preset` reads), for
   scripts and tools that take a config without absl's flag."""
