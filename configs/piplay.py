@@ -131,7 +131,7 @@ def demo(c: ml_collections.ConfigDict) -> None:
   c.optim.warmup_steps = 0
   c.optim.weight_decay = 0.0
   c.loss.temperature = 0.5  # the policies' sampling temperature
-  c.loss.micro_batch_rows = 8
+  c.learner.micro_batch_rows = 8
   c.rollout.max_context = 2048
   c.rollout.max_prompt_tokens = 1536
 
@@ -141,12 +141,12 @@ def paper(c: ml_collections.ConfigDict) -> None:
   s = c.piplay
   c.model.source = "preset:qwen3-4b"  # replace with hf:<path> for real weights
   c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-  c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
+  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
   c.model.dtype = "bfloat16"
   c.model.remat = "full"
   c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
   c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
-  c.loss.micro_batch_rows = 4
+  c.learner.micro_batch_rows = 4
   # Max turns: Dr.Zero's 5 assistant turns in all (a 5th that searches ends the row) are 4
   # searches and a search-free 5th turn here.
   # Tool output: Dr.Zero's `max_tool_response_length: 512` is counted in characters (verl's

@@ -98,7 +98,7 @@ def demo(c: ml_collections.ConfigDict) -> None:
   base.demo_warmup(c)
   base.demo_rollout(c)
   c.optim.lr = 1e-4
-  c.loss.micro_batch_rows = 8
+  c.learner.micro_batch_rows = 8
   c.rollout.max_context = 2048
   c.rollout.max_prompt_tokens = 1536
 
@@ -119,7 +119,7 @@ def small(c: ml_collections.ConfigDict) -> None:
   c.spell.roles = ml_collections.ConfigDict(dict(
       questioner=base.role(320), responder=base.role(80), verifier=base.role(48)))
   c.model.remat = "full"  # keep only layer inputs for the backward pass (fits 24 GB of RAM)
-  c.loss.micro_batch_rows = 2
+  c.learner.micro_batch_rows = 2
   c.rollout.max_context = 2048
   c.rollout.max_prompt_tokens = 1600
 
@@ -128,7 +128,7 @@ def paper(c: ml_collections.ConfigDict, model: str = "preset:qwen2.5-7b") -> Non
   """The `paper` preset: the released run's settings for Qwen2.5-7B-Instruct and larger."""
   c.model.source = model  # replace with hf:<path> for the real weights
   c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-  c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
+  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
   c.spell.verifier_selection = "released"  # 16 consistent groups against 128 × 8 responses
   c.spell.fill_rule = "variance"  # released: 128 groups with variance, from rounds of 480
   c.spell.generation_batch = 480  # (GEN_BS) ...
@@ -138,7 +138,7 @@ def paper(c: ml_collections.ConfigDict, model: str = "preset:qwen2.5-7b") -> Non
   c.model.dtype = "bfloat16"
   c.model.remat = "full"
   c.mesh.shape = (1, -1, 1)
-  c.loss.micro_batch_rows = 4
+  c.learner.micro_batch_rows = 4
 
 
 def paper_qwen3_moe(c: ml_collections.ConfigDict) -> None:

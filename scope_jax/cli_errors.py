@@ -10,6 +10,7 @@ from typing import NoReturn, Sequence
 
 from absl import flags, logging
 
+from scope_jax import configs_base
 from scope_jax.core import console
 
 _DID_YOU_MEAN = re.compile(r"""Did you mean \\?["'](\w+)\\?["'] instead of \\?["'](\w+)\\?["']""")
@@ -33,6 +34,9 @@ def one_line(exc: BaseException, argv: Sequence[str] = ()) -> str:
       ("builtins", "scope_jax")):  # the project's own checks say it already
     return str(exc).strip().splitlines()[0]
   text = "\n".join(str(e) for e in _chain(exc))
+  for old in configs_base.MOVED:  # a setting that moved: name its new path
+    if any(a.split("=")[0] == f"--config.{old}" for a in argv):
+      return configs_base.moved_message(old)
   m = _DID_YOU_MEAN.search(text)
   if m:
     good, bad = m.groups()

@@ -62,10 +62,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.entropy_coef = 0.0  # entropy bonus: loss −= coef · entropy (verl's entropy_coeff)
   c.loss.temperature = 1.0  # logits / T in the trainer (match the sampling temperature)
   c.loss.chunk = 256  # sequence chunk for log-probs (never [B, T, V] at once)
-  c.loss.micro_batch_rows = 8  # rows per micro-batch (gradient accumulation)
-  c.loss.recompute_old_logp = False  # π_old from a trainer forward instead of the sampler
   c.loss.norm_length = 0  # Dr.GRPO's constant length (0 = max_context − max_prompt_tokens)
   c.loss.router_aux_coef = 0.0  # MoE load-balancing loss added to the RL loss (HF: 1e-3; 0 = off)
+
+  c.learner = ml_collections.ConfigDict()  # how an update runs (rl/learner.py), not what it computes
+  c.learner.micro_batch_rows = 8  # rows per micro-batch (gradient accumulation; memory only)
+  c.learner.recompute_old_logp = False  # π_old from a trainer forward instead of the sampler
 
   c.warmup = ml_collections.ConfigDict()  # format warm-up of the demo model (core/warmup.py)
   c.warmup.steps = 0  # SFT steps on the method's format demonstrations (0 = off)
@@ -180,7 +182,7 @@ def world_learn(c: ml_collections.ConfigDict, gold_set: str, max_new_tokens: int
   c.optim.warmup_steps = 0
   c.optim.weight_decay = 0.0
   c.loss.temperature = 1.0
-  c.loss.micro_batch_rows = 16
+  c.learner.micro_batch_rows = 16
   c.rollout.max_context = 1024
   c.rollout.max_prompt_tokens = 768
   c.eval.every = 10
@@ -191,6 +193,24 @@ def world_learn(c: ml_collections.ConfigDict, gold_set: str, max_new_tokens: int
   c.eval.max_turns = 1
   c.checkpoint_every = 10  # a kill loses at most 10 steps (each checkpoint is small: 0.8M params)
   c.keep_checkpoints = 1
+
+
+MOVED = {  # settings that moved: old path -> new path (the old one is refused, naming the new)
+    "loss.micro_batch_rows": "learner.micro_batch_rows",
+    "loss.recompute_old_logp": "learner.recompute_old_logp",
+}
+
+
+def moved_message(old: str) -> str:
+  return f"{old} moved to {MOVED[old]}: set --config.{MOVED[old]} instead."
+
+
+def check_moved(config: ml_collections.ConfigDict) -> None:
+  """A one-line error when a config (a script's, an old file's) still sets a moved setting."""
+  for old in MOVED:
+    section, _, key = old.rpartition(".")
+    if key in config.get(section, {}):
+      raise ValueError(moved_message(old))
 
 
 def parse_preset(arg, presets) -> str:
