@@ -52,8 +52,8 @@ def one_line(exc: BaseException, argv: Sequence[str] = ()) -> str:
               "spelling and the section; the config file lists every field).")
   m = _NO_FILE.search(text)
   if m:
-    return (f"Config file {m.group(1)} does not exist: give the path of a file in configs/ "
-            "(e.g. --config=configs/spell.py), relative to the current directory.")
+    return (f"Config file {m.group(1)} does not exist: give a config file's path, or a method's "
+            f"configs/<name>.py ({', '.join(sorted(p.stem for p in configs_base.PACKAGED.glob('[!_]*.py')))}).")
   m = _PRESET.search(text)
   if m:
     return m.group(0).strip()
@@ -92,7 +92,9 @@ def fail(exc: BaseException) -> NoReturn:
 
 def parse_flags(argv):
   """absl flag parsing (`app.run(main, flags_parser=parse_flags)`) with one-line errors: typos,
-  missing files, unknown presets."""
+  missing files, unknown presets. `--config=configs/<name>.py` names the packaged file when the
+  current directory has no such file (`configs_base.config_path`)."""
+  argv = configs_base.resolve_config_flag(argv)
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # noqa: BLE001 — every command-line mistake ends the same way

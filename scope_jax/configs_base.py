@@ -4,6 +4,10 @@ Each field has a one-line comment; override any of them on the command line, e.g
     --config.optim.lr=1e-6 --config.mesh.shape='(1,-1,1)'
 """
 
+import os
+import pathlib
+import re
+
 import ml_collections
 
 from scope_jax import sharding
@@ -231,12 +235,42 @@ def build(arg, method_base, presets) -> ml_collections.ConfigDict:
   return c
 
 
+PACKAGED = pathlib.Path(__file__).parent / "configs"  # the method files, installed with the package
+_CONFIG_ARG = re.compile(r"^(?P<file>.*?\.py)(?P<preset>:.*)?$")
+
+
+def config_path(arg: str) -> str:
+  """`--config`'s file: `arg` itself when it exists here; otherwise `configs/<name>.py[:preset]`
+  (the layout a checkout has) names the file installed with the package, so the same command
+  runs from any directory and from an installed package."""
+  m = _CONFIG_ARG.match(str(arg))
+  if m is None or os.path.exists(m["file"]):
+    return str(arg)
+  file = pathlib.PurePath(os.path.normpath(m["file"]))
+  packaged = PACKAGED / file.name
+  if file.parts[:-1] == ("configs",) and packaged.is_file():
+    return f"{packaged}{m['preset'] or ''}"
+  return str(arg)
+
+
+def resolve_config_flag(argv):
+  """`argv` with its `--config=configs/<name>.py[:preset]` (or `--config configs/…`) resolved by
+  `config_path`; every other argument as given."""
+  out = list(argv)
+  for i, a in enumerate(out):
+    if a.startswith("--config="):
+      out[i] = "--config=" + config_path(a[len("--config="):])
+    elif a == "--config" and i + 1 < len(out):
+      out[i + 1] = config_path(out[i + 1])
+  return out
+
+
 def load_file(path, preset: str | None = None) -> ml_collections.ConfigDict:
-  """`get_config(preset)` of the config file at `path` (what `--config=path:preset` reads), for
-  scripts and tools that take a config without absl's flag."""
+  """`get_config(preset)` of the config file at `path` (what `--config=path:preset` reads;
+  `configs/<name>.py` is found in the package from any directory), for scripts and tools that
+  take a config without absl's flag."""
   import importlib.util  # pylint: disable=import-outside-toplevel
-  import pathlib  # pylint: disable=import-outside-toplevel
-  path = pathlib.Path(path)
+  path = pathlib.Path(config_path(str(path)))
   spec = importlib.util.spec_from_file_location(f"scope_jax_config_{path.stem}", path)
   if spec is None or not path.exists():
     raise ValueError(f"No config file at {path}; pass a file such as configs/spell.py.")
