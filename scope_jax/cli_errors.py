@@ -10,7 +10,7 @@ from typing import NoReturn, Sequence
 
 from absl import flags, logging
 
-from scope_jax import console
+from scope_jax import configs_base, console
 
 _DID_YOU_MEAN = re.compile(r"""Did you mean \\?["'](\w+)\\?["'] instead of \\?["'](\w+)\\?["']""")
 _NO_FILE = re.compile(r"No such file or directory: '([^']+)'")
@@ -33,6 +33,9 @@ def one_line(exc: BaseException, argv: Sequence[str] = ()) -> str:
       ("builtins", "scope_jax")):  # the project's own checks say it already
     return str(exc).strip().splitlines()[0]
   text = "\n".join(str(e) for e in _chain(exc))
+  for old in configs_base.MOVED:  # a setting that moved: name its new path
+    if any(a.split("=")[0] == f"--config.{old}" for a in argv):
+      return configs_base.moved_message(old)
   m = _DID_YOU_MEAN.search(text)
   if m:
     good, bad = m.groups()
@@ -48,8 +51,8 @@ def one_line(exc: BaseException, argv: Sequence[str] = ()) -> str:
               "spelling and the section; the config file lists every field).")
   m = _NO_FILE.search(text)
   if m:
-    return (f"Config file {m.group(1)} does not exist: give the path of a file in configs/ "
-            "(e.g. --config=configs/spell.py), relative to the current directory.")
+    return (f"Config file {m.group(1)} does not exist: give a config file's path, or a method's "
+            f"configs/<name>.py ({', '.join(sorted(p.stem for p in configs_base.PACKAGED.glob('[!_]*.py')))}).")
   m = _PRESET.search(text)
   if m:
     return m.group(0).strip()
@@ -88,7 +91,9 @@ def fail(exc: BaseException) -> NoReturn:
 
 def parse_flags(argv):
   """absl flag parsing (`app.run(main, flags_parser=parse_flags)`) with one-line errors: typos,
-  missing files, unknown presets."""
+  missing files, unknown presets. `--config=configs/<name>.py` names the packaged file when the
+  current directory has no such file (`configs_base.config_path`)."""
+  argv = configs_base.resolve_config_flag(argv)
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # noqa: BLE001 — every command-line mistake ends the same way

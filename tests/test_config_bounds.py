@@ -75,7 +75,7 @@ def test_every_numeric_field_is_checked(method, preset):
     ("rollout.slots", 0, "rollout.slots=0 must be at least 1"),
     ("rollout.prefill_chunk", 0, "rollout.prefill_chunk=0"),
     ("rollout.chunk", 0, "rollout.chunk=0"),
-    ("loss.micro_batch_rows", 0, "loss.micro_batch_rows=0"),
+    ("learner.micro_batch_rows", 0, "learner.micro_batch_rows=0"),
     ("optim.lr", -1.0, "optim.lr=-1.0 must be above 0"),
     ("optim.lr", math.nan, "optim.lr=nan is not finite"),
     ("optim.warmup_steps", -1, "optim.warmup_steps=-1"),

@@ -94,6 +94,8 @@ def main() -> None:
   parser.add_argument("--presets", default=",".join(SLICES))
   parser.add_argument("--table_only", action="store_true")
   parser.add_argument("--jobs", type=int, default=1, help="presets planned at once")
+  parser.add_argument("--programs", default="",
+                      help="plan only these programs (a partial plan: no verdict), e.g. train_step")
   args = parser.parse_args()
   args.out.mkdir(parents=True, exist_ok=True)
   specs = [s.strip() for s in args.presets.split(",") if s.strip()]
@@ -103,7 +105,8 @@ def main() -> None:
   failed = []
   if not args.table_only:
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-      results = list(pool.map(lambda spec: plan(spec, args.out), specs))
+      extra = [f"--programs={args.programs}"] if args.programs else []
+      results = list(pool.map(lambda spec: plan(spec, args.out, extra), specs))
     failed = [spec for spec, r in zip(specs, results) if not r]
   plans = {}
   for spec in specs:

@@ -72,7 +72,7 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     ("*loss.dual_clip", NONNEGATIVE), ("*loss.kl_beta", NONNEGATIVE),
     ("*loss.router_aux_coef", NONNEGATIVE),
     ("*loss.entropy_coef", NONNEGATIVE), ("*loss.chunk", SIZE),
-    ("*loss.micro_batch_rows", SIZE), ("*loss.norm_length", COUNT),
+    ("learner.micro_batch_rows", SIZE), ("*loss.norm_length", COUNT),
     ("*loss.distill_topk", COUNT),
     # The model (a random-init preset) and the warm-up.
     ("model.tiny.rope_theta", POSITIVE), ("model.tiny.*", SIZE),

@@ -20,6 +20,7 @@ from etils import epath
 from tqdm import tqdm
 
 from scope_jax import assets
+from scope_jax import configs_base
 from scope_jax import checkpoint as ckpt_lib
 from scope_jax import console
 from scope_jax import distributed
@@ -68,6 +69,7 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   `smoke`, first shrinks the config (in place, idempotent) to the run it will be. The mesh is
   checked against `devices` (default: this run's); `data=False` (planning, which reads no
   weights, tokenizer or corpus) skips the checks that those paths are set."""
+  configs_base.check_moved(config)  # an old setting's path: one line naming its new one
   module = load_method(config)
   if config.get("smoke", False):
     smoke.check_preset(config)

@@ -49,9 +49,6 @@ def shuffled(advantages: Sequence, seed) -> list:
   return [advantages[i] for i in order]
 
 
-LOSS_ONLY_RUNNER_KEYS = ("micro_batch_rows", "recompute_old_logp")
-
-
 def method_syntax(config: ml_collections.ConfigDict) -> str:
   """The search syntax of the run: the method section's `syntax` (its prompts ask for it), 'xml'
   for a method that does not search."""
@@ -59,18 +56,19 @@ def method_syntax(config: ml_collections.ConfigDict) -> str:
 
 
 def loss_config(config: ml_collections.ConfigDict, overrides=None) -> train_step.LossConfig:
-  """The run's `LossConfig` (`config.loss` without the runner-only keys) with role overrides.
-  Dr.GRPO's constant length defaults to the response budget (max_context − max_prompt_tokens)."""
+  """The run's `LossConfig` (`config.loss`) with role overrides. Dr.GRPO's constant length
+  defaults to the response budget (max_context − max_prompt_tokens)."""
   overrides = dict(overrides or {})
   unknown = sorted(set(overrides) - set(config.loss) - set(train_step.LossConfig.__annotations__))
   if unknown:
     where = " (an optimizer setting: give it in the policy's optimizer overrides)" \
         if set(unknown) & set(config.optim) else ""
+    learner = sorted(set(unknown) & set(config.get("learner", {})))
+    if learner:
+      where = f" (a setting of the whole run's learner: learner.{learner[0]})"
     raise ValueError(f"{', '.join(unknown)} is not a loss setting{where}; loss settings: "
                      f"{', '.join(sorted(config.loss))}.")
   fields = dict(config.loss.to_dict(), **overrides)
-  for key in LOSS_ONLY_RUNNER_KEYS:
-    fields.pop(key, None)
   fields["dual_clip"] = fields.get("dual_clip") or None
   if not fields.get("norm_length"):
     fields["norm_length"] = max(config.rollout.max_context - config.rollout.max_prompt_tokens, 1)
@@ -141,8 +139,8 @@ class Runtime:
     self.pad_id = pad_id(self.tokenizer)
     self.learner = learner_lib.Learner(
         self.model_config, make_optimizer(config), self.mesh, dtype=self.dtype,
-        remat=config.model.remat, micro_batch_rows=config.loss.micro_batch_rows,
-        recompute_old_logp=config.loss.recompute_old_logp, pad_id=self.pad_id,
+        remat=config.model.remat, micro_batch_rows=config.learner.micro_batch_rows,
+        recompute_old_logp=config.learner.recompute_old_logp, pad_id=self.pad_id,
         rules=self.train_rules)
     self.policies: dict[str, learner_lib.Policy] = {}
     self.frozen: dict[str, Any] = {}

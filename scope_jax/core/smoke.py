@@ -139,7 +139,7 @@ def _model(config: ml_collections.ConfigDict) -> None:
     m.dtype = m.param_dtype = "float32"
     m.tie_embeddings = "yes"  # as the real model is: 494M parameters, not 630M
   config.mesh.shape = (1, -1) + (1,) * (len(tuple(config.mesh.shape)) - 2)
-  config.loss.micro_batch_rows = min(config.loss.micro_batch_rows, MICRO_BATCH_ROWS)
+  config.learner.micro_batch_rows = min(config.learner.micro_batch_rows, MICRO_BATCH_ROWS)
 
 
 def _rollout(config: ml_collections.ConfigDict) -> None:

@@ -206,14 +206,14 @@ def train_programs(shapes: RunShapes) -> tuple[list[Program], dict[str, Any]]:
   c, mesh = shapes.config, shapes.mesh
   learner = learner_lib.Learner(
       shapes.model, rt_lib.make_optimizer(c), mesh, dtype=shapes.dtype, remat=c.model.remat,
-      micro_batch_rows=c.loss.micro_batch_rows, recompute_old_logp=c.loss.recompute_old_logp,
+      micro_batch_rows=c.learner.micro_batch_rows, recompute_old_logp=c.learner.recompute_old_logp,
       rules=shapes.train_rules)
   params = shapes.params(shapes.train_rules)
   prompt_cols, cols = shapes.columns()
   programs, states = [], {}
   for name, plan in shapes.players.policies.items():
     loss = rt_lib.loss_config(c, plan.loss)
-    if c.loss.recompute_old_logp:
+    if c.learner.recompute_old_logp:
       loss = dataclasses.replace(loss, old_logp_from_trainer=True)
     if plan.teacher and loss.distill_coef <= 0:
       loss = dataclasses.replace(loss, distill_coef=1.0)  # λ > 0 at some iteration

@@ -52,7 +52,7 @@ def test_every_preset_loads(preset):
     assert o.loss_unit == "unit"  # ... taken per TRL micro-batch (a unit's 8 + 8 rows)
     assert (c.opensir.roles.student.temperature, c.opensir.roles.student.max_new_tokens) == (1.0, 2048)
     assert (c.rollout.max_prompt_tokens, c.total_steps) == (1024, 200)
-    assert c.loss.recompute_old_logp  # TRL with one iteration: the trainer's own log-probs
+    assert c.learner.recompute_old_logp  # TRL with one iteration: the trainer's own log-probs
     # math-verify 0.5.2 (the released pin) parses under its default 3 s
     assert (o.math_timeout, o.initial_pool.size, tuple(o.initial_pool.solve_rate_band)) == (
         3, 512, (0.5, 0.9))

@@ -46,7 +46,7 @@ TITLES = {p.title for p in demo.demo_passages()}
 def small_config(**overrides):
   c = piplay_config.get_config("demo")
   c.warmup.steps = 0  # the scripted policy needs no warm-up
-  c.loss.micro_batch_rows = 1  # 8 rows on the 8-device mesh, not 64
+  c.learner.micro_batch_rows = 1  # 8 rows on the 8-device mesh, not 64
   c.piplay.examiner_steps = 2
   c.piplay.student_steps = 2
   c.piplay.examiner_batch = 6

@@ -208,7 +208,7 @@ def unit_token_weights(tokens: Sequence[int], units: Sequence[int]) -> np.ndarra
   """[rows] weights w_r = (T / U) / T_u(r), with T_u a unit's loss tokens, T their sum and U the
   units with tokens. A global token-mean of w_r·A_r·(per-token term) is TRL's loss: the token
   mean of each micro-batch (one unit), averaged over micro-batches. It holds for the policy
-  term, linear in A while the ratio is 1 (TRL's one iteration, `loss.recompute_old_logp`)."""
+  term, linear in A while the ratio is 1 (TRL's one iteration, `learner.recompute_old_logp`)."""
   tokens_R = np.asarray(tokens, np.float64)
   units_R = np.asarray(units)
   per_unit = {u: tokens_R[units_R == u].sum() for u in set(units_R.tolist())}

@@ -30,14 +30,11 @@ import ml_collections
 from scope_jax import configs_base as base
 from scope_jax.data import SEARCHER_MODEL
 
-PRESETS = ("demo", "learn", "paper", "paper_instruct")
-
-
-def get_config(arg=None) -> ml_collections.ConfigDict:
-  preset = base.parse_preset(arg, PRESETS)
+def paper_base() -> ml_collections.ConfigDict:
+  """π-Play's paper recipe (App. A, Dr.Zero's scripts) on the default tiny model: every preset
+  starts here."""
   c = base.base_config()
   c.method = "piplay"
-  c.preset = preset
 
   c.retrieval = base.retrieval()
 
@@ -104,62 +101,73 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.rollout.max_context = 8192
   c.rollout.max_prompt_tokens = 6144
 
-  if preset == "demo":
-    s.iterations = 2
-    s.examiner_steps = 1
-    s.student_steps = 1
-    s.examiner_batch = 4
-    s.student_batch = 4
-    s.hop_choices = (1, 2)  # one search at most: small models cannot count turns
-    s.hop_ratio = (1, 1)
-    s.lambdas = (0.3, 0.1)  # visible on a 2-step demo; the paper's are for 4B–8B models
-    s.syntax = "xml"
-    s.prompt_style = "compact"
-    s.max_doc_chars = 200
-    s.data.candidates_per_round = 8
-    s.data.max_rounds = 2
-    s.teacher_eval_every = 1
-    base.demo_warmup(c)
-    base.demo_rollout(c)
-    s.roles = ml_collections.ConfigDict(dict(
-        examiner=base.role(64, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
-        student=base.role(48, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
-        teacher=base.role(48, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64)))
-    c.optim.lr = 1e-4
-    c.optim.warmup_steps = 0
-    c.optim.weight_decay = 0.0
-    c.loss.temperature = 0.5  # the policies' sampling temperature
-    c.loss.micro_batch_rows = 8
-    c.rollout.max_context = 2048
-    c.rollout.max_prompt_tokens = 1536
-  elif preset == "learn":
-    learn(c)
-  else:
-    c.model.source = "preset:qwen3-4b"  # replace with hf:<path> for real weights
-    c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-    c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
-    c.model.dtype = "bfloat16"
-    c.model.remat = "full"
-    c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
-    c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
-    c.loss.micro_batch_rows = 4
-    # Max turns: Dr.Zero's 5 assistant turns in all (a 5th that searches ends the row) are 4
-    # searches and a search-free 5th turn here.
-    # Tool output: Dr.Zero's `max_tool_response_length: 512` is counted in characters (verl's
-    # default unit): 512 characters + "...(truncated)", then the 500-token bound.
-    for role in ("examiner", "student", "teacher"):
-      s.roles[role].max_turns = 4
-      s.roles[role].max_obs_chars = 512
-    s.examiner_optim = ml_collections.ConfigDict(dict(lr=5e-7, grad_clip=0.1))
-    # The student restarts each iteration (Dr.Zero's solver): a 3% warm-up of one iteration's 50
-    # steps (2), then the constant rate.
-    s.student_optim = ml_collections.ConfigDict(dict(
-        grad_clip=0.1, warmup_steps=(s.get_ref("student_steps") * 3 + 99) // 100))
-    s.restart_optimizer = ("student",)
-    if preset == "paper_instruct":
-      s.variant = "instruct"
-      s.lambdas = (0.1, 0.03, 0.03)
   return c
+
+
+def demo(c: ml_collections.ConfigDict) -> None:
+  """The `demo` preset: the warmed demo model, compact prompts, 1- and 2-hop questions."""
+  s = c.piplay
+  s.iterations = 2
+  s.examiner_steps = 1
+  s.student_steps = 1
+  s.examiner_batch = 4
+  s.student_batch = 4
+  s.hop_choices = (1, 2)  # one search at most: small models cannot count turns
+  s.hop_ratio = (1, 1)
+  s.lambdas = (0.3, 0.1)  # visible on a 2-step demo; the paper's are for 4B–8B models
+  s.syntax = "xml"
+  s.prompt_style = "compact"
+  s.max_doc_chars = 200
+  s.data.candidates_per_round = 8
+  s.data.max_rounds = 2
+  s.teacher_eval_every = 1
+  base.demo_warmup(c)
+  base.demo_rollout(c)
+  s.roles = ml_collections.ConfigDict(dict(
+      examiner=base.role(64, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
+      student=base.role(48, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
+      teacher=base.role(48, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64)))
+  c.optim.lr = 1e-4
+  c.optim.warmup_steps = 0
+  c.optim.weight_decay = 0.0
+  c.loss.temperature = 0.5  # the policies' sampling temperature
+  c.learner.micro_batch_rows = 8
+  c.rollout.max_context = 2048
+  c.rollout.max_prompt_tokens = 1536
+
+
+def paper(c: ml_collections.ConfigDict) -> None:
+  """The `paper` preset: App. A for Qwen3-4B and Qwen3-8B (thinking prompts)."""
+  s = c.piplay
+  c.model.source = "preset:qwen3-4b"  # replace with hf:<path> for real weights
+  c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
+  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
+  c.model.dtype = "bfloat16"
+  c.model.remat = "full"
+  c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
+  c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
+  c.learner.micro_batch_rows = 4
+  # Max turns: Dr.Zero's 5 assistant turns in all (a 5th that searches ends the row) are 4
+  # searches and a search-free 5th turn here.
+  # Tool output: Dr.Zero's `max_tool_response_length: 512` is counted in characters (verl's
+  # default unit): 512 characters + "...(truncated)", then the 500-token bound.
+  for role in ("examiner", "student", "teacher"):
+    s.roles[role].max_turns = 4
+    s.roles[role].max_obs_chars = 512
+  s.examiner_optim = ml_collections.ConfigDict(dict(lr=5e-7, grad_clip=0.1))
+  # The student restarts each iteration (Dr.Zero's solver): a 3% warm-up of one iteration's 50
+  # steps (2), then the constant rate.
+  s.student_optim = ml_collections.ConfigDict(dict(
+      grad_clip=0.1, warmup_steps=(s.get_ref("student_steps") * 3 + 99) // 100))
+  s.restart_optimizer = ("student",)
+
+
+def paper_instruct(c: ml_collections.ConfigDict) -> None:
+  """The `paper_instruct` preset: App. A for Qwen3-4B-Instruct-2507 (Instruct prompts)."""
+  paper(c)
+  s = c.piplay
+  s.variant = "instruct"
+  s.lambdas = (0.1, 0.03, 0.03)
 
 
 def learn(c: ml_collections.ConfigDict) -> None:
@@ -193,3 +201,10 @@ def learn(c: ml_collections.ConfigDict) -> None:
   # of it, which would overwrite the copying with a few worlds' names (docs/learning.md).
   c.model.source = f"hf:{SEARCHER_MODEL}"
   c.warmup.steps = 0
+
+
+PRESETS = {"demo": demo, "learn": learn, "paper": paper, "paper_instruct": paper_instruct}
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  return base.build(arg, paper_base, PRESETS)

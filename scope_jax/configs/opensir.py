@@ -19,14 +19,11 @@ import ml_collections
 from scope_jax import configs_base as base
 from scope_jax.data import COUNTER_MODEL
 
-PRESETS = ("demo", "learn", "paper", "paper_gemma2")
-
-
-def get_config(arg=None) -> ml_collections.ConfigDict:
-  preset = base.parse_preset(arg, PRESETS)
+def paper_base() -> ml_collections.ConfigDict:
+  """OpenSIR's paper recipe (the released config) on the default tiny model: every preset starts
+  here."""
   c = base.base_config()
   c.method = "opensir"
-  c.preset = preset
 
   c.opensir = ml_collections.ConfigDict()
   c.opensir.seed_problem = "What is 1+1?"  # the pool starts from this one problem
@@ -85,39 +82,47 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.rollout.max_prompt_tokens = 1024
   c.total_steps = 200
 
-  if preset == "demo":
-    c.total_steps = 4
-    c.opensir.units_per_step = 2
-    c.opensir.groups_per_unit = 2
-    c.opensir.group_size = 4
-    c.opensir.num_solutions = 4
-    c.opensir.roles = ml_collections.ConfigDict(dict(
-        teacher=base.role(128, temperature=1.0, top_p=1.0),
-        student=base.role(64, temperature=1.0, top_p=1.0)))
-    base.demo_warmup(c)
-    base.demo_rollout(c)
-    c.optim.lr = 1e-4
-    c.optim.warmup_steps = 0
-    c.optim.grad_clip = 1.0
-    c.loss.kl_beta = 0.0  # the demo skips the reference forward
-    c.loss.micro_batch_rows = 8
-    c.rollout.max_context = 2048
-    c.rollout.max_prompt_tokens = 1536
-  elif preset == "learn":
-    learn(c)
-  elif preset in ("paper", "paper_gemma2"):
-    c.model.source = ("preset:llama3.2-3b" if preset == "paper" else
-                      "preset:gemma2-2b")  # replace with hf:<path> for the real weights
-    c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-    c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
-    c.model.dtype = "bfloat16"
-    c.model.remat = "full"
-    c.opensir.encoder = ""  # required: the Linq-Embed-Mistral checkpoint directory (the paper's)
-    c.opensir.initial_pool.size = 512  # the released run's starting pool
-    c.opensir.loss_unit = "unit"  # TRL's micro-batch token-mean (with recompute_old_logp)
-    c.mesh.shape = (1, -1, 1)
-    c.loss.micro_batch_rows = 4
   return c
+
+
+def demo(c: ml_collections.ConfigDict) -> None:
+  """The `demo` preset: the demo model, warmed on both roles' formats with small arithmetic."""
+  c.total_steps = 4
+  c.opensir.units_per_step = 2
+  c.opensir.groups_per_unit = 2
+  c.opensir.group_size = 4
+  c.opensir.num_solutions = 4
+  c.opensir.roles = ml_collections.ConfigDict(dict(
+      teacher=base.role(128, temperature=1.0, top_p=1.0),
+      student=base.role(64, temperature=1.0, top_p=1.0)))
+  base.demo_warmup(c)
+  base.demo_rollout(c)
+  c.optim.lr = 1e-4
+  c.optim.warmup_steps = 0
+  c.optim.grad_clip = 1.0
+  c.loss.kl_beta = 0.0  # the demo skips the reference forward
+  c.learner.micro_batch_rows = 8
+  c.rollout.max_context = 2048
+  c.rollout.max_prompt_tokens = 1536
+
+
+def paper(c: ml_collections.ConfigDict, model: str = "preset:llama3.2-3b") -> None:
+  """The `paper` preset: the released settings for Llama-3.2-3B-Instruct (and Qwen-2.5-3B)."""
+  c.model.source = model  # replace with hf:<path> for the real weights
+  c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
+  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
+  c.model.dtype = "bfloat16"
+  c.model.remat = "full"
+  c.opensir.encoder = ""  # required: the Linq-Embed-Mistral checkpoint directory (the paper's)
+  c.opensir.initial_pool.size = 512  # the released run's starting pool
+  c.opensir.loss_unit = "unit"  # TRL's micro-batch token-mean (with recompute_old_logp)
+  c.mesh.shape = (1, -1, 1)
+  c.learner.micro_batch_rows = 4
+
+
+def paper_gemma2(c: ml_collections.ConfigDict) -> None:
+  """The `paper_gemma2` preset: `paper` for Gemma-2-2B-Instruct, the paper's largest gain."""
+  paper(c, model="preset:gemma2-2b")
 
 
 def learn(c: ml_collections.ConfigDict) -> None:
@@ -148,3 +153,10 @@ def learn(c: ml_collections.ConfigDict) -> None:
   c.warmup.guess_share = 0.4  # a uniformly drawn wrong number, boxed with no sums
   c.warmup.worked_ways = 4  # openings of the worked rest, 0.15 each against the guess's 0.4
   c.loss.kl_beta = 0.0
+
+
+PRESETS = {"demo": demo, "learn": learn, "paper": paper, "paper_gemma2": paper_gemma2}
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  return base.build(arg, paper_base, PRESETS)

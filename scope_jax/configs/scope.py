@@ -28,15 +28,11 @@ import ml_collections
 from scope_jax import configs_base as base
 from scope_jax.data import GRADER_MODEL
 
-PRESETS = ("demo", "learn", "paper", "paper_qwen3", "paper_olmo3")
-PAPER_MODELS = {"paper": "qwen2.5-7b", "paper_qwen3": "qwen3-8b", "paper_olmo3": "olmo3-7b"}
-
-
-def get_config(arg=None) -> ml_collections.ConfigDict:
-  preset = base.parse_preset(arg, PRESETS)
+def paper_base() -> ml_collections.ConfigDict:
+  """SCOPE's paper recipe (Table 9, the released run's details) on the default tiny model: every
+  preset starts here."""
   c = base.base_config()
   c.method = "scope"
-  c.preset = preset
 
   c.retrieval = base.retrieval()
 
@@ -123,62 +119,77 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.rollout.max_context = 16384  # max model length
   c.rollout.max_prompt_tokens = 2048  # default prompt limit (roles set their own)
 
-  if preset == "demo":
-    c.retrieval.encoder = "minilm"
-    s.iterations = 2
-    s.prompt_style = "compact"
-    s.search_choices = (1,)  # one search, then the task (small models cannot count turns)
-    s.search_ratio = (1,)
-    s.challenger_steps = 1
-    s.solver_steps = 1
-    s.challenger_batch = 2
-    s.solver_batch = 2
-    s.group_size = 2
-    s.solver_rollouts_train = 2
-    s.max_doc_chars = 200
-    s.max_answer_chars = 400
-    s.task_set.solver_rollouts = 2
-    s.task_set.samples_per_document = 1
-    s.task_set.candidates_per_round = 4
-    s.task_form = "question"  # the format the demo model was warmed on
-    s.rubric_sees_searches = False
-    s.stage1_solver_sampling = ()
-    s.task_set.solver_sampling = ()
-    s.task_set.max_rounds = 2
-    base.demo_warmup(c)
-    base.demo_rollout(c)
-    s.roles = ml_collections.ConfigDict(dict(
-        challenger=base.role(96, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
-        solver=base.role(96, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
-        gate=base.role(24, temperature=0.0, top_p=1.0),
-        rubric=base.role(96, temperature=0.0, top_p=1.0),
-        grader=base.role(24, temperature=0.6, top_p=1.0)))
-    c.optim.lr = 1e-4
-    c.optim.weight_decay = 0.0
-    c.loss.temperature = 0.5  # the policies' sampling temperature
-    c.loss.micro_batch_rows = 8
-    c.rollout.max_context = 2048
-    c.rollout.max_prompt_tokens = 1536
-  elif preset == "learn":
-    learn(c)
-  elif preset in PAPER_MODELS:
-    c.model.source = f"preset:{PAPER_MODELS[preset]}"  # replace with hf:<path> for real weights
-    c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-    c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
-    c.model.dtype = "bfloat16"
-    c.model.remat = "full"
-    c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
-    c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
-    c.loss.micro_batch_rows = 4
-    if preset == "paper_qwen3":
-      s.syntax = "qwen"
-      s.per_turn_datums = True
-    if preset == "paper_olmo3":
-      s.syntax = "function_calls"
-      # OLMo-3-7B's 32 KV heads (no grouping) make 64 slots × 16K positions 512 GiB of KV cache:
-      # 32 slots, planned on a v5p-32 (`python -m scope_jax.plan`, launch/README.md).
-      c.rollout.slots = 32
   return c
+
+
+def demo(c: ml_collections.ConfigDict) -> None:
+  """The `demo` preset: the format-warmed demo model, compact prompts, one search per task."""
+  s = c.scope
+  c.retrieval.encoder = "minilm"
+  s.iterations = 2
+  s.prompt_style = "compact"
+  s.search_choices = (1,)  # one search, then the task (small models cannot count turns)
+  s.search_ratio = (1,)
+  s.challenger_steps = 1
+  s.solver_steps = 1
+  s.challenger_batch = 2
+  s.solver_batch = 2
+  s.group_size = 2
+  s.solver_rollouts_train = 2
+  s.max_doc_chars = 200
+  s.max_answer_chars = 400
+  s.task_set.solver_rollouts = 2
+  s.task_set.samples_per_document = 1
+  s.task_set.candidates_per_round = 4
+  s.task_form = "question"  # the format the demo model was warmed on
+  s.rubric_sees_searches = False
+  s.stage1_solver_sampling = ()
+  s.task_set.solver_sampling = ()
+  s.task_set.max_rounds = 2
+  base.demo_warmup(c)
+  base.demo_rollout(c)
+  s.roles = ml_collections.ConfigDict(dict(
+      challenger=base.role(96, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
+      solver=base.role(96, temperature=0.5, top_p=1.0, max_turns=1, max_obs_tokens=64),
+      gate=base.role(24, temperature=0.0, top_p=1.0),
+      rubric=base.role(96, temperature=0.0, top_p=1.0),
+      grader=base.role(24, temperature=0.6, top_p=1.0)))
+  c.optim.lr = 1e-4
+  c.optim.weight_decay = 0.0
+  c.loss.temperature = 0.5  # the policies' sampling temperature
+  c.learner.micro_batch_rows = 8
+  c.rollout.max_context = 2048
+  c.rollout.max_prompt_tokens = 1536
+
+
+def paper(c: ml_collections.ConfigDict, model: str = "qwen2.5-7b") -> None:
+  """The `paper` preset: Table 9 for Qwen2.5-7B-Instruct (XML <search> syntax)."""
+  c.model.source = f"preset:{model}"  # replace with hf:<path> for real weights
+  c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
+  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
+  c.model.dtype = "bfloat16"
+  c.model.remat = "full"
+  c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
+  c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
+  c.learner.micro_batch_rows = 4
+
+
+def paper_qwen3(c: ml_collections.ConfigDict) -> None:
+  """The `paper_qwen3` preset: Table 9 for Qwen3-8B (native <tool_call> syntax, per-turn datums)."""
+  paper(c, model="qwen3-8b")
+  s = c.scope
+  s.syntax = "qwen"
+  s.per_turn_datums = True
+
+
+def paper_olmo3(c: ml_collections.ConfigDict) -> None:
+  """The `paper_olmo3` preset: Table 9 for OLMo-3-7B (its <function_calls> search syntax)."""
+  paper(c, model="olmo3-7b")
+  s = c.scope
+  s.syntax = "function_calls"
+  # OLMo-3-7B's 32 KV heads (no grouping) make 64 slots × 16K positions 512 GiB of KV cache:
+  # 32 slots, planned on a v5p-32 (`python -m scope_jax.plan`, launch/README.md).
+  c.rollout.slots = 32
 
 
 def learn(c: ml_collections.ConfigDict) -> None:
@@ -237,3 +248,11 @@ def learn(c: ml_collections.ConfigDict) -> None:
   # the Solver drifted to. The Challenger's two updates run at rates 0 and lr/10, so the task set
   # is written by nearly the start model (docs/learning.md).
   c.optim.warmup_steps = 10
+
+
+PRESETS = {"demo": demo, "learn": learn, "paper": paper, "paper_qwen3": paper_qwen3,
+           "paper_olmo3": paper_olmo3}
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  return base.build(arg, paper_base, PRESETS)

@@ -27,18 +27,15 @@ import ml_collections
 from scope_jax import configs_base as base
 from scope_jax.data import VERIFIER_MODEL
 
-PRESETS = ("demo", "learn", "paper")
-
-
 def phase_limits(min_steps: int, max_steps: int) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(min_steps=min_steps, max_steps=max_steps))
 
 
-def get_config(arg=None) -> ml_collections.ConfigDict:
-  preset = base.parse_preset(arg, PRESETS)
+def paper_base() -> ml_collections.ConfigDict:
+  """ASL's paper recipe (App. D, the released run's details) on the default tiny model: every
+  preset starts here."""
   c = base.base_config()
   c.method = "asl"
-  c.preset = preset
 
   c.retrieval = base.retrieval()
 
@@ -118,62 +115,74 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.rollout.max_context = 2048 + 10240
   c.rollout.max_prompt_tokens = 2048
 
-  if preset in ("demo", "learn"):  # as these were measured (docs/learning.md)
-    a.verdict_rule = "paper"
-    a.harder_at_half = False
-    c.loss.agg_mode = "token-mean"
-  if preset == "demo":
-    c.seed = 0
-    c.total_steps = 12
-    a.topics = "corpus"
-    a.syntax = "xml"
-    a.prompt_style = "compact"
-    a.pg_batch = 4
-    a.grm_batch = 4
-    a.pm_batch = 4
-    a.group_size = 2
-    a.validity_samples = 3
-    a.pm_samples = 4
-    a.pm_target_first = 6
-    a.pm_target = 6
-    a.stores = ml_collections.ConfigDict(dict(pg=64, pm=64, grm=256))
-    a.phase_end = "slope"  # phases of 2–3 steps
-    a.format_reward = False  # the compact prompts ask for no <think>
-    a.filter_pm = False  # the small model's answers seldom split (r_PG > 0): valid pairs suffice
-    a.slope_window = 2
-    a.slope_ema = 0.0
-    a.phases = ml_collections.ConfigDict(dict(
-        pg=phase_limits(1, 4), grm=phase_limits(2, 3), pm=phase_limits(2, 3)))
-    a.roles = ml_collections.ConfigDict(dict(
-        pg=base.role(64, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64),
-        pm=base.role(48, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64),
-        grm=base.role(32, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64)))
-    base.demo_warmup(c)
-    base.demo_rollout(c)
-    c.optim.lr = 1e-4
-    c.optim.weight_decay = 0.0
-    c.loss.entropy_coef = 0.0
-    c.loss.temperature = 1.0  # the roles' sampling temperature
-    c.loss.micro_batch_rows = 8
-    c.rollout.max_context = 2048
-    c.rollout.max_prompt_tokens = 1536
-  elif preset == "learn":
-    learn(c)
-  elif preset == "paper":
-    c.model.source = "preset:qwen2.5-7b"  # replace with hf:<path> for the real weights
-    c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-    c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
-    c.model.dtype = "bfloat16"
-    c.model.remat = "full"
-    c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
-    c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
-    c.loss.micro_batch_rows = 4
   return c
+
+
+def as_measured(c: ml_collections.ConfigDict) -> None:
+  """What `demo` and `learn` share: the paper's verdict rule and flag, as they were measured
+  (docs/learning.md)."""
+  a = c.asl
+  a.verdict_rule = "paper"
+  a.harder_at_half = False
+  c.loss.agg_mode = "token-mean"
+
+
+def demo(c: ml_collections.ConfigDict) -> None:
+  """The `demo` preset: the format-warmed demo model, compact prompts, small phase targets."""
+  as_measured(c)
+  a = c.asl
+  c.seed = 0
+  c.total_steps = 12
+  a.topics = "corpus"
+  a.syntax = "xml"
+  a.prompt_style = "compact"
+  a.pg_batch = 4
+  a.grm_batch = 4
+  a.pm_batch = 4
+  a.group_size = 2
+  a.validity_samples = 3
+  a.pm_samples = 4
+  a.pm_target_first = 6
+  a.pm_target = 6
+  a.stores = ml_collections.ConfigDict(dict(pg=64, pm=64, grm=256))
+  a.phase_end = "slope"  # phases of 2–3 steps
+  a.format_reward = False  # the compact prompts ask for no <think>
+  a.filter_pm = False  # the small model's answers seldom split (r_PG > 0): valid pairs suffice
+  a.slope_window = 2
+  a.slope_ema = 0.0
+  a.phases = ml_collections.ConfigDict(dict(
+      pg=phase_limits(1, 4), grm=phase_limits(2, 3), pm=phase_limits(2, 3)))
+  a.roles = ml_collections.ConfigDict(dict(
+      pg=base.role(64, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64),
+      pm=base.role(48, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64),
+      grm=base.role(32, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=64)))
+  base.demo_warmup(c)
+  base.demo_rollout(c)
+  c.optim.lr = 1e-4
+  c.optim.weight_decay = 0.0
+  c.loss.entropy_coef = 0.0
+  c.loss.temperature = 1.0  # the roles' sampling temperature
+  c.learner.micro_batch_rows = 8
+  c.rollout.max_context = 2048
+  c.rollout.max_prompt_tokens = 1536
+
+
+def paper(c: ml_collections.ConfigDict) -> None:
+  """The `paper` preset: App. D for Qwen2.5-7B-Instruct."""
+  c.model.source = "preset:qwen2.5-7b"  # replace with hf:<path> for the real weights
+  c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
+  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
+  c.model.dtype = "bfloat16"
+  c.model.remat = "full"
+  c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
+  c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
+  c.learner.micro_batch_rows = 4
 
 
 def learn(c: ml_collections.ConfigDict) -> None:
   """The `learn` preset: ASL's PG and PM phases at CPU scale on the synthetic world's closed-class
   facts, asked through one search and judged by the GRM, which searches too."""
+  as_measured(c)
   a = c.asl
   a.topics = "world"  # the world's people, organisations and countries, by name
   a.syntax = "qwen"  # the paper's <tool_call> to `retrieve`
@@ -203,3 +212,10 @@ def learn(c: ml_collections.ConfigDict) -> None:
   c.model.source = f"hf:{VERIFIER_MODEL}"
   c.warmup.steps = 0
   c.warmup.world_seed = -1
+
+
+PRESETS = {"demo": demo, "learn": learn, "paper": paper}
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  return base.build(arg, paper_base, PRESETS)

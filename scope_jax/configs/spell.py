@@ -22,14 +22,11 @@ import ml_collections
 from scope_jax import configs_base as base
 from scope_jax.data import READER_MODEL
 
-PRESETS = ("demo", "learn", "paper", "small", "paper_qwen3_moe")
 
-
-def get_config(arg=None) -> ml_collections.ConfigDict:
-  preset = base.parse_preset(arg, PRESETS)
+def paper_base() -> ml_collections.ConfigDict:
+  """SPELL's paper recipe (App. C) on the default tiny model: every preset starts here."""
   c = base.base_config()
   c.method = "spell"
-  c.preset = preset
 
   c.data = ml_collections.ConfigDict()
   c.data.corpus = "demo"  # 'demo' (bundled Wikipedia leads), 'world' (scope_jax.world, the
@@ -80,63 +77,76 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.rollout.max_prompt_tokens = 16384
   c.total_steps = 200
 
-  if preset == "demo":
-    c.total_steps = 2
-    c.data.num_clusters = 40
-    c.data.max_cluster_size = 5
-    c.spell.tasks = ("doc_qa", "doc_mc", "doc_math")
-    c.spell.prompt_style = "compact"
-    c.spell.questions_per_step = 4
-    c.spell.max_generation_rounds = 1
-    c.spell.group_size = 4
-    c.spell.docs_per_question = 3
-    c.spell.max_doc_chars = 300
-    c.spell.roles = ml_collections.ConfigDict(dict(
-        questioner=base.role(96), responder=base.role(32), verifier=base.role(16)))
-    base.demo_warmup(c)
-    base.demo_rollout(c)
-    c.optim.lr = 1e-4
-    c.loss.micro_batch_rows = 8
-    c.rollout.max_context = 2048
-    c.rollout.max_prompt_tokens = 1536
-  elif preset == "learn":
-    learn(c)
-  elif preset == "small":  # the paper's recipe, scaled to one CPU iteration of a 0.5B model
-    c.model.source = "gguf:qwen2.5-0.5b-gguf"
-    c.model.tokenizer = "gguf:qwen2.5-0.5b-gguf"
-    c.total_steps = 1
-    c.data.num_clusters = 40
-    c.data.max_cluster_size = 3
-    c.spell.tasks = ("doc_qa", "doc_mc")
-    c.spell.questions_per_step = 2
-    c.spell.max_generation_rounds = 1
-    c.spell.group_size = 4
-    c.spell.docs_per_question = 2
-    c.spell.max_doc_chars = 500
-    c.spell.roles = ml_collections.ConfigDict(dict(
-        questioner=base.role(320), responder=base.role(80), verifier=base.role(48)))
-    c.model.remat = "full"  # keep only layer inputs for the backward pass (fits 24 GB of RAM)
-    c.loss.micro_batch_rows = 2
-    c.rollout.max_context = 2048
-    c.rollout.max_prompt_tokens = 1600
-  elif preset in ("paper", "paper_qwen3_moe"):
-    c.model.source = ("preset:qwen2.5-7b" if preset == "paper" else
-                      "preset:qwen3-30b-a3b")  # replace with hf:<path> for the real weights
-    c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-    c.loss.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
-    c.spell.verifier_selection = "released"  # 16 consistent groups against 128 × 8 responses
-    c.spell.fill_rule = "variance"  # released: 128 groups with variance, from rounds of 480
-    c.spell.generation_batch = 480  # (GEN_BS) ...
-    c.spell.max_generation_rounds = 10  # ... up to 10 of them (max_num_gen_batches)
-    c.spell.adv_std = "unbiased"  # torch.std in all three roles' advantages
-    c.optim.weight_decay = 0.01  # verl's AdamW default, which the released script keeps
-    c.model.dtype = "bfloat16"
-    c.model.remat = "full"
-    c.mesh.shape = (1, -1, 1)
-    c.loss.micro_batch_rows = 4
-    if preset == "paper_qwen3_moe":  # e.g. --config.mesh.shape='(1,-1,1,8)' puts 16 experts per
-      c.mesh.shape = (1, -1, 1, 1)  # device on 8-way expert parallelism (weights on fsdp too)
   return c
+
+
+
+def demo(c: ml_collections.ConfigDict) -> None:
+  """The `demo` preset: the bundled demo model, warmed on every role's format, compact prompts."""
+  c.total_steps = 2
+  c.data.num_clusters = 40
+  c.data.max_cluster_size = 5
+  c.spell.tasks = ("doc_qa", "doc_mc", "doc_math")
+  c.spell.prompt_style = "compact"
+  c.spell.questions_per_step = 4
+  c.spell.max_generation_rounds = 1
+  c.spell.group_size = 4
+  c.spell.docs_per_question = 3
+  c.spell.max_doc_chars = 300
+  c.spell.roles = ml_collections.ConfigDict(dict(
+      questioner=base.role(96), responder=base.role(32), verifier=base.role(16)))
+  base.demo_warmup(c)
+  base.demo_rollout(c)
+  c.optim.lr = 1e-4
+  c.learner.micro_batch_rows = 8
+  c.rollout.max_context = 2048
+  c.rollout.max_prompt_tokens = 1536
+
+
+def small(c: ml_collections.ConfigDict) -> None:
+  """The `small` preset: the paper's recipe, scaled to one CPU iteration of a 0.5B model."""
+  c.model.source = "gguf:qwen2.5-0.5b-gguf"
+  c.model.tokenizer = "gguf:qwen2.5-0.5b-gguf"
+  c.total_steps = 1
+  c.data.num_clusters = 40
+  c.data.max_cluster_size = 3
+  c.spell.tasks = ("doc_qa", "doc_mc")
+  c.spell.questions_per_step = 2
+  c.spell.max_generation_rounds = 1
+  c.spell.group_size = 4
+  c.spell.docs_per_question = 2
+  c.spell.max_doc_chars = 500
+  c.spell.roles = ml_collections.ConfigDict(dict(
+      questioner=base.role(320), responder=base.role(80), verifier=base.role(48)))
+  c.model.remat = "full"  # keep only layer inputs for the backward pass (fits 24 GB of RAM)
+  c.learner.micro_batch_rows = 2
+  c.rollout.max_context = 2048
+  c.rollout.max_prompt_tokens = 1600
+
+
+def paper(c: ml_collections.ConfigDict, model: str = "preset:qwen2.5-7b") -> None:
+  """The `paper` preset: the released run's settings for Qwen2.5-7B-Instruct and larger."""
+  c.model.source = model  # replace with hf:<path> for the real weights
+  c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
+  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
+  c.spell.verifier_selection = "released"  # 16 consistent groups against 128 × 8 responses
+  c.spell.fill_rule = "variance"  # released: 128 groups with variance, from rounds of 480
+  c.spell.generation_batch = 480  # (GEN_BS) ...
+  c.spell.max_generation_rounds = 10  # ... up to 10 of them (max_num_gen_batches)
+  c.spell.adv_std = "unbiased"  # torch.std in all three roles' advantages
+  c.optim.weight_decay = 0.01  # verl's AdamW default, which the released script keeps
+  c.model.dtype = "bfloat16"
+  c.model.remat = "full"
+  c.mesh.shape = (1, -1, 1)
+  c.learner.micro_batch_rows = 4
+
+
+def paper_qwen3_moe(c: ml_collections.ConfigDict) -> None:
+  """The `paper_qwen3_moe` preset: `paper` for Qwen3-30B-A3B. E.g.
+  --config.mesh.shape='(1,-1,1,8)' puts 16 experts per device on 8-way expert parallelism
+  (weights on fsdp too)."""
+  paper(c, model="preset:qwen3-30b-a3b")
+  c.mesh.shape = (1, -1, 1, 1)
 
 
 def learn(c: ml_collections.ConfigDict) -> None:
@@ -167,3 +177,11 @@ def learn(c: ml_collections.ConfigDict) -> None:
   c.warmup.worlds = 16  # 56 questions a world are not in its own `attr` gold set
   c.warmup.documents = 800  # questions, each demonstrated to all three roles
   c.warmup.right_share = 0.3  # the warmed responder reads in some of its answers, not most
+
+
+PRESETS = {"demo": demo, "learn": learn, "paper": paper, "small": small,
+           "paper_qwen3_moe": paper_qwen3_moe}
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  return base.build(arg, paper_base, PRESETS)

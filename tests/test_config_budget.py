@@ -1,0 +1,86 @@
+"""Settings per run stay countable: each preset's resolved config has at most the number of
+settings (leaf paths) recorded beside it, with the reason for that many. A preset that grows past
+its budget fails here until the budget is raised with a reason, or a setting goes."""
+
+import importlib
+
+import pytest
+
+from scope_jax import configs_base
+
+SHARED = 123  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 17 model (11 of
+# the tiny architecture), 12 warm-up, 11 loss, 10 eval, 8 rollout, 6 optim, 2 learner, 2 world
+# and 12 of the run (method, preset, seed, steps, checkpoints, control, ...)
+
+# preset -> (budget, why that many). Each is SHARED plus the method's own section.
+BUDGETS = {
+    "spell:demo": (165, "shared + 7 data (corpus clustering) + 35 spell: 20 knobs, 3 roles × 5"),
+    "spell:learn": (165, "as spell:demo"),
+    "spell:paper": (165, "as spell:demo"),
+    "spell:small": (165, "as spell:demo"),
+    "spell:paper_qwen3_moe": (165, "as spell:demo"),
+    "scope:demo": (193, "shared + 6 retrieval + 64 scope: 35 knobs (8 of the task-set filter, "
+                        "2 per-policy loss overrides), 5 roles × 5 and turn limits for the 2 that search"),
+    "scope:learn": (193, "as scope:demo"),
+    "scope:paper": (193, "as scope:demo"),
+    "scope:paper_qwen3": (193, "as scope:demo"),
+    "scope:paper_olmo3": (193, "as scope:demo"),
+    "opensir:demo": (160, "shared + 37 opensir: 27 knobs (6 of the initial pool, 4 teacher and 2 "
+                          "selection weights), 2 roles × 5"),
+    "opensir:learn": (160, "as opensir:demo"),
+    "opensir:paper": (160, "as opensir:demo"),
+    "opensir:paper_gemma2": (160, "as opensir:demo"),
+    "asl:demo": (192, "shared + 6 retrieval + 63 asl: 42 knobs (6 phase limits, 3 stores, 2 plateau "
+                      "windows), 3 roles × 7"),
+    "asl:learn": (192, "as asl:demo"),
+    "asl:paper": (192, "as asl:demo"),
+    "piplay:demo": (179, "shared + 6 retrieval + 50 piplay: 29 knobs (5 distillation loss "
+                         "overrides, 3 data generation), 3 roles × 7"),
+    "piplay:learn": (179, "as piplay:demo"),
+    "piplay:paper": (187, "piplay:demo + Dr.Zero's per-policy optimizer overrides (examiner lr "
+                          "and clip, student clip and warm-up), tool output in characters per "
+                          "role (3) and the examiner's own 4K context"),
+    "piplay:paper_instruct": (187, "as piplay:paper"),
+}
+
+
+def leaf_paths(tree: dict, prefix: str = "") -> list[str]:
+  """Every setting's dotted path (a tuple is one setting; an empty section holds none)."""
+  out = []
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out += leaf_paths(value, f"{prefix}{key}.")
+    else:
+      out.append(f"{prefix}{key}")
+  return out
+
+
+def _presets():
+  methods = sorted(p.stem for p in configs_base.PACKAGED.glob("[!_]*.py"))
+  return [(m, p) for m in methods
+          for p in importlib.import_module(f"scope_jax.configs.{m}").PRESETS]
+
+
+def test_the_shared_base_is_counted():
+  assert len(leaf_paths(configs_base.base_config().to_dict())) == SHARED
+
+
+def test_leaf_paths_counts_by_hand():
+  assert leaf_paths({"a": 1, "b": {"c": (1, 2), "d": {}, "e": {"f": ""}}}) == ["a", "b.c", "b.e.f"]
+
+
+@pytest.mark.parametrize("method,preset", _presets())
+def test_preset_stays_within_its_settings_budget(method, preset):
+  name = f"{method}:{preset}"
+  assert name in BUDGETS, (f"{name} has no settings budget: add it to BUDGETS with its count and "
+                           "the reason for that many.")
+  budget, why = BUDGETS[name]
+  config = importlib.import_module(f"scope_jax.configs.{method}").get_config(preset)
+  count = len(leaf_paths(config.to_dict()))
+  assert count <= budget, (f"{name} has {count} settings, over its budget of {budget} ({why}): "
+                           "drop a setting, or raise the budget with the reason beside it.")
+
+
+def test_every_budget_names_a_preset():
+  stale = sorted(set(BUDGETS) - {f"{m}:{p}" for m, p in _presets()})
+  assert not stale, f"budgets for presets that no longer exist: {stale}"
