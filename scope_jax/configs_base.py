@@ -72,21 +72,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.warmup.lr = 5e-3  # Adam learning rate of the warm-up
   c.warmup.batch_rows = 8  # demonstrations per warm-up step
   c.warmup.documents = 48  # corpus documents the demonstrations are built from
-  c.warmup.world_seed = -1  # ≥ 0: demonstrate on this world's questions instead (π-Play's
-  # `learn` preset: other worlds than world.seed, so formats are right and facts unknown)
+  c.warmup.world_seed = -1  # ≥ 0: demonstrate on this world's questions instead (the `learn`
+  # presets: other worlds than world.seed, so formats are right and facts unknown); a method's
+  # own knobs of those demonstrations are in its section (`<method>.warmup`)
   c.warmup.worlds = 1  # ... from this many worlds (seeds world_seed, world_seed + 1, …)
-  c.warmup.skill = "hop1"  # ... asking their one-hop questions ('hop1') or closed-class facts
-  # only ('attr': profession, industry, language)
-  c.warmup.answers = "wrong"  # the warmed responder's answers: 'wrong' (another member of the
-  # fact's class, or another fact of the document) or 'chance' (a closed-class fact's class
-  # member drawn without reading, right one time in the class's size)
-  c.warmup.right_share = 0.0  # the share of the warmed responder's demonstrated answers that
-  # are right (read off the other world's document): a reader that reads only sometimes
-  c.warmup.guess_share = 0.0  # OpenSIR's world warm-up: the share of the student's
-  # demonstrations that state a (wrong) guess without working the sums out
-  c.warmup.worked_ways = 1  # OpenSIR's world warm-up: how many openings its worked sums take
-  c.warmup.answer_first = False  # the questioner's JSON demonstrated answer first: the label is
-  # written from the document alone, before the question that could garble it
 
   c.world = ml_collections.ConfigDict()  # the synthetic world (scope_jax.world)
   c.world.seed = 0  # which world: retrieval.corpus='world' and 'world:<set>' benchmarks read it

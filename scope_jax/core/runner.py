@@ -71,12 +71,12 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   module = load_method(config)
   if config.get("smoke", False):
     smoke.check_preset(config)
-    bounds.check(config, tuple(module.METHOD.bounds))  # a bad value given is refused, not hidden
+    bounds.check(config, *bounds.of_method(module.METHOD))  # a bad value given is refused
     changed = smoke.shrink(config, module.METHOD.smoke)
     if changed:  # validating again shrinks nothing more and says nothing
       logging.info("Smoke run: %d settings shrunk (run.json holds the run's config): %s",
                    len(changed), "; ".join(changed))
-  bounds.check(config, tuple(module.METHOD.bounds))  # every number in range: sizes ≥ 1, …
+  bounds.check(config, *bounds.of_method(module.METHOD))  # every number in range: sizes ≥ 1, …
   if data and not config.model.tokenizer:
     raise ValueError("model.tokenizer is empty: set --config.model.tokenizer to the checkpoint's "
                      "directory (models are never downloaded at run time), 'demo' or 'gguf:<file>'.")
