@@ -17,7 +17,7 @@ DEMO_TINY_MODEL = dict(  # a random-init Qwen2-shaped model over the bundled dem
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.method = ""  # spell | scope | opensir | asl | piplay (also the name of the method's section)
+  c.method = ""  # a package under scope_jax/methods (also the name of the method's section)
   c.method_module = ""  # a method outside the package: the module defining METHOD (adding_a_method.md)
   c.preset = "demo"  # which preset of the method config built this
   c.seed = 0  # seeds model init, data sampling and every sampler call
@@ -97,7 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
   # answering role's own training prompt (a small model knows no other)
 
   c.control = ""  # 'shuffled_rewards': each update's advantages permuted across its rows (no
-  # signal, the same distribution), and a distilling update's teacher inputs (π-Play: the
+  # signal, the same distribution), and a distilling update's teacher inputs (its
   # teacher's log-probs are a per-token reward); the control a learning claim is measured against
 
   c.rollout = ml_collections.ConfigDict()
@@ -117,7 +117,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def retrieval() -> ml_collections.ConfigDict:
-  """The search tool of the methods that search (SCOPE, ASL, π-Play): the bundled demo index by
+  """The search tool of the methods whose roles search: the bundled demo index by
   default; a prebuilt index directory or a running Search-R1 server for real corpora."""
   r = ml_collections.ConfigDict()
   r.corpus = "demo"  # source documents: 'demo' (bundled), 'world' (the synthetic world
@@ -197,7 +197,7 @@ def load_file(path, preset: str | None = None) -> ml_collections.ConfigDict:
   path = pathlib.Path(path)
   spec = importlib.util.spec_from_file_location(f"scope_jax_config_{path.stem}", path)
   if spec is None or not path.exists():
-    raise ValueError(f"No config file at {path}; pass a file such as configs/spell.py.")
+    raise ValueError(f"No config file at {path}; pass a method's file such as configs/<method>.py.")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(preset)

@@ -28,7 +28,7 @@ def validate(r: ml_collections.ConfigDict) -> None:
 def from_config(r: ml_collections.ConfigDict, world_seed: int = 0, corpus_seeds=()):
   """(source documents, search tool): the bundled demo index, a prebuilt index directory, or a
   running Search-R1-compatible server (`retrieval.url`) with the corpus it serves; from a
-  `retrieval` config section (SCOPE, ASL and π-Play search the same way); `world_seed` is the
+  `retrieval` config section (every method that searches searches this way); `world_seed` is the
   world of `corpus='world'` (the run's `world.seed`) and `corpus_seeds` the worlds whose
   documents join it (`world.corpus_seeds`)."""
   if r.url:

@@ -145,6 +145,7 @@ class OpenSir(Method):
     if path and path != bootstrap.WORLD and not epath.Path(path).exists():
       raise ValueError(f"opensir.initial_pool.file={path!r}: no such file (a JSONL of "
                        "'problem' lines), or leave it empty to generate the starting pool.")
+    bootstrap.check_pool_file(c)
 
   def __init__(self, rt: Runtime):
     super().__init__(rt)
