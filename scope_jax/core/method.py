@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 import numpy as np
 
+from scope_jax.core.bounds import Bound
 from scope_jax.retrieval import search
 from scope_jax.rollout.types import Trajectory
 
@@ -71,7 +72,7 @@ class Method:
   smoke: Mapping[str, Any] = {}  # --config.smoke=True: sizes (dotted from the config's root)
   bounds: tuple = ()  # (dotted pattern, core.bounds.Bound) of the method's own numeric fields,
   # matched before the shared rules of core/bounds.py (first match wins)
-  section_bound: Any = None  # core.bounds.Bound of the rest of its section's numeric fields
+  section_bound: Bound | None = None  # the range of the rest of its section's numeric fields
   # (matched after the shared rules); None leaves them to `check`
   host_local_keys: tuple[str, ...] = ()  # host_state() entries that measure this host (wall
   # times): every other entry must be the same on every host of a multi-host run
