@@ -21,7 +21,7 @@ DEMO_TINY_MODEL = dict(  # a random-init Qwen2-shaped model over the bundled dem
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.method = ""  # spell | scope | opensir | asl | piplay (also the name of the method's section)
+  c.method = ""  # a package under scope_jax/methods (also the name of the method's section)
   c.method_module = ""  # a method outside the package: the module defining METHOD (adding_a_method.md)
   c.preset = "demo"  # which preset of the method config built this
   c.seed = 0  # seeds model init, data sampling and every sampler call
@@ -79,21 +79,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.warmup.lr = 5e-3  # Adam learning rate of the warm-up
   c.warmup.batch_rows = 8  # demonstrations per warm-up step
   c.warmup.documents = 48  # corpus documents the demonstrations are built from
-  c.warmup.world_seed = -1  # ≥ 0: demonstrate on this world's questions instead (π-Play's
-  # `learn` preset: other worlds than world.seed, so formats are right and facts unknown)
+  c.warmup.world_seed = -1  # ≥ 0: demonstrate on this world's questions instead (the `learn`
+  # presets: other worlds than world.seed, so formats are right and facts unknown); a method's
+  # own knobs of those demonstrations are in its section (`<method>.warmup`)
   c.warmup.worlds = 1  # ... from this many worlds (seeds world_seed, world_seed + 1, …)
-  c.warmup.skill = "hop1"  # ... asking their one-hop questions ('hop1') or closed-class facts
-  # only ('attr': profession, industry, language)
-  c.warmup.answers = "wrong"  # the warmed responder's answers: 'wrong' (another member of the
-  # fact's class, or another fact of the document) or 'chance' (a closed-class fact's class
-  # member drawn without reading, right one time in the class's size)
-  c.warmup.right_share = 0.0  # the share of the warmed responder's demonstrated answers that
-  # are right (read off the other world's document): a reader that reads only sometimes
-  c.warmup.guess_share = 0.0  # OpenSIR's world warm-up: the share of the student's
-  # demonstrations that state a (wrong) guess without working the sums out
-  c.warmup.worked_ways = 1  # OpenSIR's world warm-up: how many openings its worked sums take
-  c.warmup.answer_first = False  # the questioner's JSON demonstrated answer first: the label is
-  # written from the document alone, before the question that could garble it
 
   c.world = ml_collections.ConfigDict()  # the synthetic world (scope_jax.world)
   c.world.seed = 0  # which world: retrieval.corpus='world' and 'world:<set>' benchmarks read it
@@ -115,7 +104,7 @@ def base_config() -> ml_collections.ConfigDict:
   # answering role's own training prompt (a small model knows no other)
 
   c.control = ""  # 'shuffled_rewards': each update's advantages permuted across its rows (no
-  # signal, the same distribution), and a distilling update's teacher inputs (π-Play: the
+  # signal, the same distribution), and a distilling update's teacher inputs (its
   # teacher's log-probs are a per-token reward); the control a learning claim is measured against
 
   c.rollout = ml_collections.ConfigDict()
@@ -135,7 +124,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def retrieval() -> ml_collections.ConfigDict:
-  """The search tool of the methods that search (SCOPE, ASL, π-Play): the bundled demo index by
+  """The search tool of the methods whose roles search: the bundled demo index by
   default; a prebuilt index directory or a running Search-R1 server for real corpora."""
   r = ml_collections.ConfigDict()
   r.corpus = "demo"  # source documents: 'demo' (bundled), 'world' (the synthetic world
@@ -274,7 +263,7 @@ def load_file(path, preset: str | None = None) -> ml_collections.ConfigDict:
   path = pathlib.Path(config_path(str(path)))
   spec = importlib.util.spec_from_file_location(f"scope_jax_config_{path.stem}", path)
   if spec is None or not path.exists():
-    raise ValueError(f"No config file at {path}; pass a file such as configs/spell.py.")
+    raise ValueError(f"No config file at {path}; pass a method's file such as configs/<method>.py.")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(preset)

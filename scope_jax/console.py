@@ -14,7 +14,7 @@ from absl import logging
 
 MAX_LINE = 400  # characters per console line, the log prefix included
 _PREFIX = 60  # room for absl's prefix ("I1128 23:50:18.527160 139798388042624 runner.py:221] ")
-_REWARD = re.compile(r"^(.+)/(?:reward|outcome)/mean$")  # π-Play's student reports an outcome
+_REWARD = re.compile(r"^(.+)/(?:reward|outcome)/mean$")  # a role may report an outcome instead
 _SCHEDULE = ("iteration", "phase", "stage")  # a method's place in its schedule, when it has one
 _EVAL_KEYS = ("pass@1", "accuracy", "em", "answered")
 

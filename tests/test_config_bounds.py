@@ -55,10 +55,12 @@ def test_every_numeric_field_is_checked(method, preset):
   module = _module(method)
   fields = list(bounds.numeric_fields(module.get_config(preset)))
   assert len(fields) > 40
+  own = bounds.of_method(runner.load_method(module.get_config(preset)).METHOD)
   swept = 0
   for path, value in fields:
-    bound = bounds.rule(path)
-    assert bound is not None, f"{method}:{preset} {path} has no range in bounds.RULES"
+    bound = bounds.rule(path, *own)
+    assert bound is not None, (f"{method}:{preset} {path} has no range in bounds.RULES nor in "
+                               f"the method's own bounds")
     assert bound.problem(value if not isinstance(value, tuple) else value[0]) is None, path
     for bad in invalid_values(bound, value):
       config = module.get_config(preset)
@@ -89,12 +91,10 @@ def test_every_numeric_field_is_checked(method, preset):
     ("spell.group_size", 0, "spell.group_size=0"),
     ("spell.verifier_agreement", (0.9, 0.1), r"spell.verifier_agreement=\(0.9, 0.1\) must be"),
     ("model.source", "nonsense", "Unknown model.source 'nonsense'"),
-    ("warmup.skill", "hop3", "warmup.skill='hop3': use 'hop1' or 'attr'"),
-    ("warmup.answers", "right", "warmup.answers='right': use 'wrong' or 'chance'"),
-    ("warmup.right_share", 1.0, r"warmup.right_share=1.0: use a share in \[0, 1\)"),
-    ("warmup.guess_share", 1.0, r"warmup.guess_share=1.0: use a share in \[0, 1\)"),
-    ("warmup.worked_ways", 5, "warmup.worked_ways=5: use 1 to 4 openings"),
-    ("warmup.worked_ways", 0, "warmup.worked_ways=0 must be at least 1"),
+    ("spell.warmup.skill", "hop3", "^spell.warmup.skill='hop3': use 'hop1' or 'attr'"),
+    ("spell.warmup.answers", "right", "^spell.warmup.answers='right': use 'wrong' or 'chance'"),
+    ("spell.warmup.right_share", 1.0, r"^spell.warmup.right_share=1.0: use a share in \[0, 1\)"),
+    ("spell.warmup.right_share", -0.1, r"^spell.warmup.right_share=-0.1 must be at least 0"),
     ("eval.num_samples", 0, "eval.num_samples=0 must be at least 1"),
     ("model.param_dtype", "float17", "model.param_dtype='float17' is not valid"),
     ("eval.temperature", -0.5, "eval.temperature=-0.5 must be at least 0"),
@@ -106,6 +106,30 @@ def test_the_values_a_careless_user_types(path, value, match):
     runner.validate(config)
 
 
+@pytest.mark.parametrize("method,path,value,match", [
+    ("opensir", "opensir.warmup.right_share", 1.0,
+     r"^opensir.warmup.right_share=1.0: use a share in \[0, 1\)"),
+    ("opensir", "opensir.warmup.guess_share", 1.0,
+     r"^opensir.warmup.guess_share=1.0: use a share in \[0, 1\)"),
+    ("opensir", "opensir.warmup.worked_ways", 5,
+     "^opensir.warmup.worked_ways=5: use 1 to 4 openings"),
+    ("opensir", "opensir.warmup.worked_ways", 0,
+     r"^opensir.warmup.worked_ways=0 must be at least 1 \(a size or count"),
+    ("piplay", "piplay.warmup.skill", "hop2", "^piplay.warmup.skill='hop2': use 'hop1' or 'attr'"),
+    ("piplay", "piplay.warmup.right_share", 1.0,
+     r"^piplay.warmup.right_share=1.0: use a share in \[0, 1\)"),
+    ("asl", "asl.slope_window", 1, r"^asl.slope_window=1 must be at least 2 \(a slope needs"),
+    ("scope", "scope.stage1_grader_temperature", -1.0,
+     r"^scope.stage1_grader_temperature=-1.0 must be at least 0 \(0 turns it off\)"),
+])
+def test_a_method_checks_its_own_settings(method, path, value, match):
+  """Each method's own ranges and warm-up knobs live in its package and are checked as before."""
+  config = _module(method).get_config("demo")
+  _set(config, path, value)
+  with pytest.raises(ValueError, match=match):
+    runner.validate(config, data=False)
+
+
 def test_a_method_of_your_own_declares_its_bounds():
   """`Method.bounds` rules come first; a field no rule names is the method's own `validate`'s."""
   config = _module("spell").get_config("demo")
@@ -114,7 +138,12 @@ def test_a_method_of_your_own_declares_its_bounds():
     bounds.check(config, mine)
   config.unit_test = ml_collections.ConfigDict({"knob": -3})
   bounds.check(config)  # no rule names unit_test.knob: left to its method
-  assert method_lib.Method.bounds == ()
+  assert method_lib.Method.bounds == () and method_lib.Method.section_bound is None
+  assert bounds.of_method(method_lib.Method) == ((), ())
+  assert bounds.rule("spell.questions_per_step") is None  # the shared rules name no method
+  spell = runner.load_method(config).METHOD
+  assert bounds.rule("spell.questions_per_step", *bounds.of_method(spell)) == bounds.SIZE
+  assert bounds.rule("spell.group_size", *bounds.of_method(spell)) == bounds.GROUP  # shared first
 
 
 def test_a_smoke_run_is_checked_after_it_shrinks():

@@ -63,6 +63,11 @@ def paper_base() -> ml_collections.ConfigDict:
   # Prompts are one user turn (the released code's form for Gemma; for Llama and Qwen it puts
   # the instructions in a system message). The pool grows after each whole step, and diversity
   # compares against this step's problems (the released code: after each micro-batch of 32).
+  # The warm-up's demonstrations from other worlds (`warmup.world_seed`): the share of the
+  # student's worked solutions whose result is right, the share of its demonstrations that state
+  # a (wrong) guess without working the sums out, and how many openings the worked sums take.
+  c.opensir.warmup = ml_collections.ConfigDict(dict(right_share=0.0, guess_share=0.0,
+                                                    worked_ways=1))
   c.opensir.roles = ml_collections.ConfigDict(dict(
       teacher=base.role(2048, temperature=1.0, top_p=1.0),  # max_completion_length: both roles
       student=base.role(2048, temperature=1.0, top_p=1.0)))
@@ -149,9 +154,9 @@ def learn(c: ml_collections.ConfigDict) -> None:
   c.warmup.steps = 900
   c.warmup.lr = 2e-3
   c.warmup.documents = 1200  # of each role, from 4 other worlds' problems
-  c.warmup.right_share = 0.9  # of the worked solutions; the rest end one sum off by 1–10
-  c.warmup.guess_share = 0.4  # a uniformly drawn wrong number, boxed with no sums
-  c.warmup.worked_ways = 4  # openings of the worked rest, 0.15 each against the guess's 0.4
+  c.opensir.warmup.right_share = 0.9  # of the worked solutions; the rest end one sum off by 1–10
+  c.opensir.warmup.guess_share = 0.4  # a uniformly drawn wrong number, boxed with no sums
+  c.opensir.warmup.worked_ways = 4  # openings of the worked rest, 0.15 each against the guess's 0.4
   c.loss.kl_beta = 0.0
 
 

@@ -77,6 +77,10 @@ def paper_base() -> ml_collections.ConfigDict:
   s.data.size = 0  # questions per iteration (0 = student_batch × student_steps)
   s.data.candidates_per_round = 512  # examiner samples per data-generation round
   s.data.max_rounds = 30  # stop after this many rounds even if the set is short
+  # The warm-up's demonstrations from other worlds (`warmup.world_seed`): the questions asked,
+  # 'hop1' (one-hop) or 'attr' (closed-class facts only), and for 'attr' the share of the
+  # student's demonstrated answers that are right (the rest name another member of the class).
+  s.warmup = ml_collections.ConfigDict(dict(skill="hop1", right_share=0.0))
   s.roles = ml_collections.ConfigDict(dict(  # sampling settings and prompt limits per role
       examiner=base.role(2048, temperature=1.0, top_p=1.0, max_turns=5, max_obs_tokens=500,
                          max_obs_chars=0, max_prompt_tokens=3072, max_context=4096),  # Table 5

@@ -64,6 +64,15 @@ def paper_base() -> ml_collections.ConfigDict:
   # gets its rule score, unjudged; True: the verifier judges its last 300 characters
   c.spell.vote_in_reward = True  # r_res = max(R_rule, v) (the paper); False: R_rule alone
   c.spell.extractive_labels = False  # True: a doc_qa answer no document states is ungrounded
+  # The warm-up's demonstrations from other worlds (`warmup.world_seed`): the questions asked,
+  # 'hop1' (one-hop) or 'attr' (closed-class facts only: profession, industry, language); the
+  # warmed responder's answers, 'wrong' (another member of the fact's class, or another fact of
+  # the document) or 'chance' (a class member drawn without reading, right one time in the
+  # class's size); the share of them that are right (read off the document: a reader that reads
+  # only sometimes); and answer_first: the questioner's JSON gives the label first, written from
+  # the document alone, before the question that could garble it.
+  c.spell.warmup = ml_collections.ConfigDict(dict(
+      skill="hop1", answers="wrong", right_share=0.0, answer_first=False))
   c.spell.roles = ml_collections.ConfigDict(dict(
       questioner=base.role(4096),  # sampling settings per role
       responder=base.role(4096),
@@ -173,10 +182,10 @@ def learn(c: ml_collections.ConfigDict) -> None:
   c.model.source = f"hf:{READER_MODEL}"  # reads closed-class facts; cannot copy names
   c.total_steps = 80
   c.optim.lr = 1e-3
-  c.warmup.skill = "attr"
+  c.spell.warmup.skill = "attr"
   c.warmup.worlds = 16  # 56 questions a world are not in its own `attr` gold set
   c.warmup.documents = 800  # questions, each demonstrated to all three roles
-  c.warmup.right_share = 0.3  # the warmed responder reads in some of its answers, not most
+  c.spell.warmup.right_share = 0.3  # the warmed responder reads in some of its answers, not most
 
 
 PRESETS = {"demo": demo, "learn": learn, "paper": paper, "small": small,

@@ -4,9 +4,10 @@ A size of 0 hangs the engine (`rollout.slots`, `rollout.prefill_chunk`), a negat
 rate or a NaN temperature trains nonsense, a group of one has no advantage: each is refused here
 in one line that names the field. Every numeric field of every bundled preset has a rule (a test
 sweeps them all with values out of range), matched by its dotted path with `*` wildcards, first
-match wins; a method of your own declares its fields' rules as `Method.bounds` (a field no rule
-names is left to the method's `validate`); relations between fields (min ≤ max, a band's ends)
-stay with the method's `validate`.
+match wins. The rules shared by every method are here; each method declares the rules of its
+own fields as `Method.bounds` (matched first) and the range of the rest of its section as
+`Method.section_bound` (matched last; None leaves them to the method's `validate`). Relations
+between fields (min ≤ max, a band's ends) stay with the method's `validate`.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ NONNEGATIVE = Bound(0, why="0 turns it off")
 CLIP = Bound(0, 1, why="a PPO clip range in [0, 1]")
 ANY = Bound(why="any finite number")
 
-RULES: tuple[tuple[str, Bound | None], ...] = (
+Rules = tuple[tuple[str, "Bound | None"], ...]  # (dotted pattern, its bound; None: unchecked)
+
+RULES: Rules = (
     # The run and its schedule.
     ("seed", Bound(0, integer=True, why="a non-negative seed")),
     ("total_steps", COUNT), ("checkpoint_every", SIZE), ("smoke_warmup", COUNT),
@@ -64,7 +67,7 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
                                                     "ones there")),
     ("mesh.shape", Bound(-1, integer=True, why="-1 takes the remaining devices")),
     # Optimiser and loss.
-    # (`*optim.…` also names a policy's own overrides, e.g. π-Play's `piplay.examiner_optim.lr`.)
+    # (`*optim.…` also names a policy's own overrides, e.g. `<method>.examiner_optim.lr`.)
     ("*optim.lr", POSITIVE), ("*optim.weight_decay", NONNEGATIVE),
     ("*optim.grad_clip", NONNEGATIVE), ("*optim.warmup_steps", COUNT), ("*optim.total_steps", SIZE),
     ("*loss.temperature", Bound(0, open_low=True, why="log-probs divide by it")),
@@ -76,8 +79,7 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     ("*loss.distill_topk", COUNT),
     # The model (a random-init preset) and the warm-up.
     ("model.tiny.rope_theta", POSITIVE), ("model.tiny.*", SIZE),
-    ("warmup.lr", POSITIVE), ("warmup.steps", COUNT), ("warmup.right_share", SHARE),
-    ("warmup.guess_share", SHARE),
+    ("warmup.lr", POSITIVE), ("warmup.steps", COUNT),
     ("warmup.world_seed", Bound(-1, integer=True, why="a world's seed; -1 demonstrates on the "
                                 "method's own data")), ("warmup.*", SIZE),
     # Rollouts: the engine hangs or loops on a size of 0.
@@ -93,39 +95,16 @@ RULES: tuple[tuple[str, Bound | None], ...] = (
     ("world.corpus_seeds", Bound(0, integer=True, why="other worlds' non-negative seeds")),
     ("eval.every", COUNT), ("eval.limit", COUNT), ("eval.max_turns", COUNT),
     ("eval.temperature", Bound(0, why="0 is greedy")), ("eval.*", SIZE),
-    ("data.max_cluster_size", COUNT), ("data.max_passages", COUNT), ("data.num_clusters", COUNT),
-    ("data.cluster_size", COUNT), ("data.min_cluster_size", COUNT),
-    ("data.*", SIZE), ("*.max_doc_chars", COUNT), ("*.data.size", COUNT),
-    ("*.task_set.size", COUNT), ("*.task_set.max_per_rubric", COUNT),
-    # Rewards and advantages, shared names.
+    ("*.max_doc_chars", COUNT),
+    # Rewards and advantages: the names several methods share.
     ("*.group_size", GROUP), ("*.adv_eps", POSITIVE),
-    ("*.verifier_agreement", Bound(0, 1, why="a share of verifier votes")),
-    ("*.solve_rate_band", SHARE), ("*.task_set.window", SHARE),
-    ("*.questioner_negative_ratio", NONNEGATIVE), ("*.history_size", COUNT),
-    ("*.teacher_weights.*", NONNEGATIVE), ("*.selection_weights.*", NONNEGATIVE),
-    ("*.student_format_weight", NONNEGATIVE),
-    ("opensir.initial_pool.size", COUNT), ("opensir.initial_pool.min_chars", COUNT),
-    ("*.length_baseline", POSITIVE), ("*.length_cap", POSITIVE),
-    ("*.lambdas", Bound(0, why="distillation weights, none negative")),
-    ("*.tau", Bound(0, 1, open_low=True, why="the EMA teacher's rate, in (0, 1]")), ("*.hop_ratio", NONNEGATIVE),
-    ("*.search_ratio", NONNEGATIVE), ("*.search_choices", COUNT),
-    ("asl.slope_ema", Bound(0, 1, why="an EMA weight in [0, 1]")),
-    ("asl.slope_threshold", NONNEGATIVE), ("asl.validity_threshold", SHARE),
-    ("asl.verification_share", SHARE), ("asl.verification_from_iteration", COUNT),
-    ("asl.slope_window", Bound(2, integer=True, why="a slope needs a window of 2 steps or more")),
-    ("asl.plateau_window.*", Bound(4, integer=True, why="halves and quarters of it are compared")),
-    ("asl.plateau_tolerance", NONNEGATIVE),
-    ("piplay.teacher_eval_samples", COUNT),
     # A policy's own loss or optimizer overrides: a name `loss`/`optim` lacks is the policy
     # check's to report (it says where the setting goes), not a count.
     ("*_loss.*", None), ("*_optim.*", None),
-    # Everything else a method counts: batches, steps, samples, store sizes, rounds.
-    ("scope.stage1_grader_temperature", NONNEGATIVE), ("scope.stage1_solver_sampling", NONNEGATIVE),
-    ("scope.task_set.solver_sampling", NONNEGATIVE), ("*.max_obs_chars", COUNT),
-    ("spell.verifier_update_ratio", SHARE), ("spell.generation_batch", COUNT),
-    ("spell.*", SIZE), ("scope.*", SIZE), ("opensir.*", SIZE), ("asl.*", SIZE),
-    ("piplay.*", SIZE),
+    ("*.max_obs_chars", COUNT),
 )
+# A method's own fields: its `Method.bounds` (matched before these) and `Method.section_bound`
+# (after them: everything else a method counts, its batches, steps, samples, store sizes, rounds).
 
 
 def numeric_fields(config: ml_collections.ConfigDict, prefix: str = ""
@@ -142,20 +121,32 @@ def numeric_fields(config: ml_collections.ConfigDict, prefix: str = ""
       yield path, tuple(value)
 
 
-def rule(path: str, extra: tuple[tuple[str, Bound], ...] = ()) -> Bound | None:
-  """The bound of the field at `path` (`extra` rules first), or None when no rule names it."""
-  return next((b for pattern, b in (*extra, *RULES) if fnmatch.fnmatchcase(path, pattern)), None)
+def rule(path: str, extra: Rules = (), last: Rules = ()) -> Bound | None:
+  """The bound of the field at `path`: the first match of `extra` (a method's own rules), the
+  shared RULES, then `last` (its section's remaining fields); None when no rule names it."""
+  return next((b for pattern, b in (*extra, *RULES, *last) if fnmatch.fnmatchcase(path, pattern)),
+              None)
 
 
-def check(config: ml_collections.ConfigDict, extra: tuple[tuple[str, Bound], ...] = ()) -> None:
+def section_rules(name: str, bound: Bound | None) -> Rules:
+  """`last` for a method whose section `name` has one range for the fields no rule names."""
+  return ((f"{name}.*", bound),) if name and bound is not None else ()
+
+
+def of_method(method) -> tuple[Rules, Rules]:
+  """(`extra`, `last`) of a `core.method.Method` class: its own rules, then its section's range."""
+  return tuple(method.bounds), section_rules(method.name, getattr(method, "section_bound", None))
+
+
+def check(config: ml_collections.ConfigDict, extra: Rules = (), last: Rules = ()) -> None:
   """A one-line ValueError for the first numeric field outside its range (`extra`: a method's
-  own rules, matched first). The method's own section goes first: run-level fields such as
-  `optim.total_steps` are often derived from it (π-Play's from its iterations and steps), and
-  the cause is what to name."""
+  own rules, matched first; `last`: matched after the shared ones). The method's own section goes
+  first: run-level fields such as `optim.total_steps` are often derived from it (from a method's
+  iterations and steps), and the cause is what to name."""
   fields = sorted(numeric_fields(config),
                   key=lambda f: not f[0].startswith(f"{config.get('method', '')}."))
   for path, value in fields:
-    bound = rule(path, extra)
+    bound = rule(path, extra, last)
     if bound is None:
       continue  # a field of a method's own that it checks itself
     for x in value if isinstance(value, tuple) else (value,):

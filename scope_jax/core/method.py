@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 import numpy as np
 
+from scope_jax.core.bounds import Bound
 from scope_jax.retrieval import search
 from scope_jax.rollout.types import Trajectory
 
@@ -55,7 +56,8 @@ class Method:
   syntaxes: the search syntaxes its prompts can ask for (one of them is `<method>.syntax`);
   answering_role: the trained role that answers questions, scored by held-out evaluation (`eval`);
   world_demonstrations: its warm-up can demonstrate on other worlds' questions (warmup.world_seed);
-  smoke: the sizes of a smoke run — batch and group sizes 2, one step per phase (core/smoke.py).
+  smoke: the sizes of a smoke run — batch and group sizes 2, one step per phase (core/smoke.py);
+  bounds, section_bound: the valid ranges of its numeric fields (core/bounds.py).
   `check(config)` adds the rules that relate several fields.
   """
 
@@ -68,7 +70,10 @@ class Method:
   answering_role: str = ""
   world_demonstrations: bool = False  # warm-up on other worlds (warmup.world_seed) is possible
   smoke: Mapping[str, Any] = {}  # --config.smoke=True: sizes (dotted from the config's root)
-  bounds: tuple = ()  # (dotted pattern, core.bounds.Bound) of the method's own numeric fields
+  bounds: tuple = ()  # (dotted pattern, core.bounds.Bound) of the method's own numeric fields,
+  # matched before the shared rules of core/bounds.py (first match wins)
+  section_bound: Bound | None = None  # the range of the rest of its section's numeric fields
+  # (matched after the shared rules); None leaves them to `check`
   host_local_keys: tuple[str, ...] = ()  # host_state() entries that measure this host (wall
   # times): every other entry must be the same on every host of a multi-host run
 

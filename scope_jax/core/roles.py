@@ -96,8 +96,8 @@ class Role:
   def generate(self, prompts: Sequence[Sequence[int]], *, num_samples: int = 1,
                temperature: float | None = None, top_p: float | None = None) -> list[Trajectory]:
     """`num_samples` rollouts per prompt (prompt-major), single- or multi-turn with the tool; at
-    the role's temperature and top-p unless a call needs others (SCOPE grades greedily in
-    Stage 1). Rollouts that train keep the role's: the loss reads the sampling temperature."""
+    the role's temperature and top-p unless a call needs others (a judge that grades
+    greedily). Rollouts that train keep the role's: the loss reads the sampling temperature."""
     if not prompts:
       return []
     start = time.perf_counter()

@@ -41,9 +41,10 @@ from scope_jax.models import load as load_lib
 from scope_jax.models import transformer
 from scope_jax.rl import optim
 from scope_jax.sampling import engine as engine_lib
-from scope_jax.world import World
 
-METHODS = ("spell", "scope", "opensir", "asl", "piplay")
+# The methods that ship with the package, listed by their package (read by name: the core imports
+# no method).
+METHODS = tuple(importlib.import_module("scope_jax.methods").NAMES)
 
 
 def load_method(config: ml_collections.ConfigDict):
@@ -73,12 +74,12 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   module = load_method(config)
   if config.get("smoke", False):
     smoke.check_preset(config)
-    bounds.check(config, tuple(module.METHOD.bounds))  # a bad value given is refused, not hidden
+    bounds.check(config, *bounds.of_method(module.METHOD))  # a bad value given is refused
     changed = smoke.shrink(config, module.METHOD.smoke)
     if changed:  # validating again shrinks nothing more and says nothing
       logging.info("Smoke run: %d settings shrunk (run.json holds the run's config): %s",
                    len(changed), "; ".join(changed))
-  bounds.check(config, tuple(module.METHOD.bounds))  # every number in range: sizes ≥ 1, …
+  bounds.check(config, *bounds.of_method(module.METHOD))  # every number in range: sizes ≥ 1, …
   if data and not config.model.tokenizer:
     raise ValueError("model.tokenizer is empty: set --config.model.tokenizer to the checkpoint's "
                      "directory (models are never downloaded at run time), 'demo' or 'gguf:<file>'.")
@@ -116,7 +117,6 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   check_choice("control", config.get("control", ""), CONTROLS)
   check_world(config)
   if data:
-    check_pool_file(config)
     warn_trained_on_this_world(config)
   evals_lib.validate(config, module.METHOD)
   return module
@@ -184,32 +184,6 @@ def check_gguf(name: str, spec: str) -> None:
     return
   raise ValueError(f"{name}={spec!r}: no file at {target}, and no bundled asset of that name "
                    f"(assets: {', '.join(sorted(assets.REGISTRY))}).")
-
-
-def check_pool_file(config: ml_collections.ConfigDict) -> None:
-  """OpenSIR's `initial_pool.file` (problems it trains on) holds none of world `world.seed`'s
-  held-out gold questions: training on them would score the run on what it trained on."""
-  path = config.get("opensir", {}).get("initial_pool", {}).get("file", "")
-  if config.method != "opensir" or not path or path == "world" or not epath.Path(path).exists():
-    return  # 'world' is the world's training problems; a missing file is the method's error
-  words = lambda text: " ".join(str(text).split())
-  gold = {words(q["question"]): name
-          for name, qs in World(config.world.seed).gold.items() for q in qs}
-  hits = []
-  with epath.Path(path).open() as f:
-    for line in f:
-      try:
-        row = json.loads(line)
-        text = words(row.get("problem", row.get("question", "")))
-      except (ValueError, AttributeError):
-        continue  # a malformed line is the method's own one-line error when it loads the file
-      if text in gold:
-        hits.append(gold[text])
-  if hits:
-    raise ValueError(f"opensir.initial_pool.file={path!r} holds {len(hits)} held-out gold "
-                     f"questions of world {config.world.seed} (world:{hits[0]}): OpenSIR would "
-                     "train on what it is evaluated on; use other problems, or 'world' (the "
-                     "world's training problems).")
 
 
 def check_mesh(config: ml_collections.ConfigDict, devices=None) -> None:

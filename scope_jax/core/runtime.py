@@ -76,14 +76,14 @@ def loss_config(config: ml_collections.ConfigDict, overrides=None) -> train_step
 
 
 def role_context(config: ml_collections.ConfigDict, settings) -> int:
-  """A role's prompt + response budget: its own `max_context` (e.g. π-Play's 4K examiner), at
+  """A role's prompt + response budget: its own `max_context` (e.g. a 4K examiner's), at
   most the run's `rollout.max_context` (the sampler's cache), which is the default."""
   own = settings.get("max_context", 0)
   return min(own, config.rollout.max_context) if own else config.rollout.max_context
 
 
 def optim_settings(c: ml_collections.ConfigDict, overrides=None) -> dict:
-  """`config.optim` with a policy's overrides (π-Play's examiner trains at its own lr and clip);
+  """`config.optim` with a policy's overrides (one that trains at its own lr and clip);
   a key `optim` does not have is a one-line error."""
   overrides = dict(overrides or {})
   unknown = sorted(set(overrides) - set(c.optim))

@@ -1,5 +1,5 @@
-"""Stages that take turns within each iteration, one runner step per stage step (SCOPE: Challenger
-then Solver; π-Play: examiner then student), so checkpoints land inside and between stages; the
+"""Stages that take turns within each iteration, one runner step per stage step (e.g. a
+challenger's stage, then a solver's), so checkpoints land inside and between stages; the
 iteration's window of source documents; and the wall time spent in each stage."""
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def check_preset(config: ml_collections.ConfigDict) -> None:
 
 def shrink(config: ml_collections.ConfigDict, sizes: Mapping[str, Any]) -> list[str]:
   """Shrinks `config` in place for a smoke run; `sizes` (dotted paths from the config's root,
-  e.g. 'spell.group_size') are the method's own. Returns what changed ('total_steps 5 → 1'),
+  e.g. '<method>.group_size') are the method's own. Returns what changed ('total_steps 5 → 1'),
   so that a setting given on the command line is not replaced silently."""
   before = _flat(config)
   _shrink(config, sizes)

@@ -91,7 +91,7 @@ class Session:
     self.root = epath.Path(opts.out or (f"{self.record.path}/eval" if self.record else
                                         f"eval/{_spec_name(opts.model)}"))
     if self.record is not None and len(self.record.policies) > 1:
-      self.root = self.root / self.policy  # two trained policies of one run never collide
+      self.root = self.root / self.policy  # two policies' results never collide
     if self.root.exists() and not self.root.is_dir():
       raise ValueError(f"--out={self.root} is a file; results need a directory there.")
     self.steps = None

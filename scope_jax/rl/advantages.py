@@ -1,8 +1,8 @@
 """Advantage estimators over host rewards (numpy): group, batch and keyed z-scores.
 
 All are one function, `zscore_by_key`: rewards are normalised within each key — the GRPO group
-(G rollouts of one prompt), the whole batch (REINFORCE++ baseline), a task type (SPELL's
-questioner) or a hop count (π-Play's examiner).
+(G rollouts of one prompt), the whole batch (REINFORCE++ baseline), a task type (a
+questioner's) or a hop count (an examiner's).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ def zscore_by_key(rewards: Sequence[float], keys: Sequence[Hashable] | None = No
                   std: str = "population", eps: float = 1e-6) -> np.ndarray:
   """A_i = (r_i − mean_k) / (std_k + eps) over the rewards sharing key k (one key if None).
 
-  std='population' divides by n (SCOPE App. D relies on Σ A² = G); 'unbiased' by n − 1 (verl,
-  OpenSIR); 'none' only centres, A_i = r_i − mean_k (Dr. GRPO), so a group whose rewards differ
+  std='population' divides by n (so that Σ A² = G); 'unbiased' by n − 1 (verl,
+  TRL); 'none' only centres, A_i = r_i − mean_k (Dr. GRPO), so a group whose rewards differ
   by a little keeps small advantages. A key with a single reward gets advantage 0.
   """
   r = np.asarray(rewards, np.float64)
@@ -54,5 +54,5 @@ def batch_zscore(rewards, keys=None, *, std: str = "population", eps: float = 1e
 
 
 def keyed_zscore(rewards, keys, *, delta: float = 1e-6, std: str = "population") -> np.ndarray:
-  """π-Play / Dr.Zero: A = (r − mean_h) / (std_h + δ) within each key h (hop count)."""
+  """Dr.Zero's: A = (r − mean_h) / (std_h + δ) within each key h (a hop count)."""
   return zscore_by_key(rewards, keys, std=std, eps=delta)

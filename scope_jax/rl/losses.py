@@ -118,7 +118,7 @@ def _log_one_minus_exp(log_mass):
 def topk_reverse_kl(student_logp_NV, teacher_logp_NV, k: int, *, tail: bool = True):
   """Top-K reverse KL(π_S ‖ π_T) per row, with K taken from the student's distribution.
 
-  tail=True (π-Play App. C): Σ_{i∈topK} p_S,i (log p_S,i − log p_T,i)
+  tail=True (with the tail mass): Σ_{i∈topK} p_S,i (log p_S,i − log p_T,i)
                              + m_S (log m_S − log m_T),  m_X = 1 − Σ_{i∈topK} p_X,i.
   tail=False: both distributions renormalised over the top-K ids (Tunix/MaxText semantics).
   K = V gives the exact full reverse KL. The teacher should arrive under stop_gradient.

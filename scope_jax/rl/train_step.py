@@ -36,13 +36,13 @@ class LossConfig:
   kl_kind: str = "k3"  # k1 | k2 | k3 | k3+
   distill_coef: float = 0.0  # λ; 0 skips the teacher forward entirely
   distill_topk: int = 100  # K (≥ V means the exact full reverse KL)
-  distill_tail: bool = True  # π-Play tail term; False renormalises over the top-K
+  distill_tail: bool = True  # the tail-mass term; False renormalises over the top-K
   distill_agg_mode: str = "seq-mean-token-mean"  # (1/|y|) Σ_t KL_t, averaged over sequences
   temperature: float = 1.0  # logits / T, as in the sampler
   chunk: int = 256  # sequence chunk for log-probs / distillation
   norm_length: int | None = None  # Dr.GRPO's constant length (None: the batch's width, tests only)
   router_aux_coef: float = 0.0  # HF's MoE load-balancing loss coefficient (0: off; HF uses 1e-3)
-  entropy_coef: float = 0.0  # verl's entropy bonus: loss −= coef · entropy (agg_mode); ASL: 1e-3
+  entropy_coef: float = 0.0  # verl's entropy bonus: loss −= coef · entropy (agg_mode), e.g. 1e-3
   old_logp_from_trainer: bool = False  # π_old = this step's own log-probs (ratio 1), not the sampler's
 
   def __post_init__(self):

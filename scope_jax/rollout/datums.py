@@ -1,4 +1,4 @@
-"""Per-turn training datums for thinking models (SCOPE §3; Qwen3's chat template drops earlier
+"""Per-turn training datums for thinking models (Qwen3's chat template drops earlier
 turns' reasoning): one datum per assistant turn, whose context holds the earlier turns with their
 <think>…</think> removed and whose trained tokens are that turn's tokens exactly as sampled.
 """

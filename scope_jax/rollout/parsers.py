@@ -5,7 +5,7 @@ Three search syntaxes:
   'qwen': <tool_call>{"name": "search", "arguments": {"query": ...}}</tool_call>   (Qwen3 native),
           arguments may also be {"query_list": [...]}.
   'function_calls': <function_calls>search(query="...")</function_calls>     (OLMo-3's calls, as
-          SCOPE's released `function_calls_xml` format writes them; answers stay XML elements).
+          a released `function_calls_xml` format writes them; answers stay XML elements).
 A turn ends at the first closing tag, so the action is the element that tag closes.
 """
 

@@ -232,8 +232,8 @@ REFRESH_FREES_OLD_COPY = True  # `release_copies` runs before a refresh lays out
 
 def release_copies(copies: list, keep=None) -> list:
   """Deletes the leaves a player made (`place_params`) before it lays out new weights, so the
-  old and the new sampling copies never coexist (a whole bf16 model per chip at spell:paper's
-  size); a leaf that `keep` (the incoming params) holds itself is kept. Returns []."""
+  old and the new sampling copies never coexist (a whole bf16 model per chip at a 7B paper
+  preset's size); a leaf that `keep` (the incoming params) holds itself is kept. Returns []."""
   kept = {id(x) for x in jax.tree.leaves(keep)}
   for x in copies:
     if id(x) not in kept and isinstance(x, jax.Array) and not x.is_deleted():

@@ -2,8 +2,8 @@
 that show whether it did.
 
 `World(seed)` generates (never downloads) entities with invented names, one document per entity
-(the corpus the search methods index and SPELL's clusters read), arithmetic word problems over
-the same names for OpenSIR, and six held-out gold sets:
+(the corpus the search methods index and document clusters are drawn from), arithmetic word
+problems over the same names, and six held-out gold sets:
 
   doc     the entity's document is in the question; answer a fact from it        ('qa')
   attr    as doc, for the closed-class facts (profession, industry, language)    ('qa')
@@ -64,7 +64,7 @@ class World:
             "arith": R.arithmetic(w, np.random.default_rng([self.seed, 0xA7]), n, "arith")}
 
   def training_problems(self, count: int, worked: bool = False) -> list[dict]:
-    """Arithmetic problems to train on (OpenSIR's seed problems), none of them a gold question;
+    """Arithmetic problems to train on (e.g. seed problems), none of them a gold question;
     `worked` adds each one's worked sums (`steps`) and template (`form`)."""
     held_out = {q["question"] for q in self.gold["arith"]}
     rng = np.random.default_rng([self.seed, 0x7A])

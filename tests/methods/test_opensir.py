@@ -19,7 +19,6 @@ from scope_jax import metrics as metrics_lib
 from scope_jax.methods.opensir import algorithm as opensir
 from scope_jax.core import runner
 from scope_jax.core import runtime
-from scope_jax.core import warmup
 from scope_jax.data import COUNTER_MODEL, SOLVER_MODEL
 from tests.methods.cli import kill_once_exists
 from tests.methods.scripted import ScriptedOpenSirSampler, play_all_roles
@@ -313,8 +312,9 @@ def test_held_out_problems_are_asked_in_the_students_prompt(tmp_path):
 def test_learn_preset_demonstrates_other_worlds_problems(tmp_path):
   """The `learn` preset warms both roles on other worlds' word problems (never the run's world,
   never a gold one): the teacher writes a problem of another template, the student guesses in
-  `warmup.guess_share` of them (never right), else works one out, opened one of
-  `warmup.worked_ways` ways, and boxes a result that is right in `warmup.right_share` of those
+  `opensir.warmup.guess_share` of them (never right), else works one out, opened one of
+  `opensir.warmup.worked_ways` ways, and boxes a result that is right in
+  `opensir.warmup.right_share` of those
   and off by 1–10 otherwise; held-out `world:arith` problems are scored in the student's prompt
   from step 0."""
   from scope_jax.methods.opensir import demos as opensir_demos
@@ -323,7 +323,8 @@ def test_learn_preset_demonstrates_other_worlds_problems(tmp_path):
   assert (c.eval.benchmarks, c.eval.limit, c.eval.every, c.eval.prompt) == (
       "world:arith", 300, 10, "role")
   assert c.warmup.world_seed == 1000 and c.warmup.worlds == 4
-  assert (c.warmup.right_share, c.warmup.guess_share, c.warmup.worked_ways) == (0.9, 0.4, 4)
+  w = c.opensir.warmup
+  assert (w.right_share, w.guess_share, w.worked_ways) == (0.9, 0.4, 4)
   assert c.opensir.initial_pool.file == "world" and c.total_steps == 50
   assert c.model.source == f"hf:{COUNTER_MODEL}"
   runner.validate(c)
@@ -427,11 +428,11 @@ def test_the_arithmetic_probes_vote_by_hand(monkeypatch):
 
 
 def test_a_guessing_student_is_demonstrated_guessing_and_working_several_ways():
-  """With `warmup.guess_share`, that share of the student's demonstrations box a guess with no
-  sums, a wrong number drawn uniformly; the rest work the sums out, opened one of
-  `warmup.worked_ways` ways, so the guess is the commonest opening (the greedy choice) while most
-  samples work the problem out. With no guessing share the demonstrations are drawn as before,
-  number for number."""
+  """With `opensir.warmup.guess_share`, that share of the student's demonstrations box a guess with
+  no sums, a wrong number drawn uniformly; the rest work the sums out, opened one of
+  `opensir.warmup.worked_ways` ways, so the guess is the commonest opening (the greedy choice)
+  while most samples work the problem out. With no guessing share the demonstrations are drawn
+  as before, number for number."""
   from scope_jax.methods.opensir import demos as opensir_demos
   from scope_jax.world import World
   problems = World(1000).training_problems(400, worked=True)
@@ -452,7 +453,7 @@ def test_a_guessing_student_is_demonstrated_guessing_and_working_several_ways():
       kinds["right"] += off == 0
   assert 140 <= kinds["guess"] <= 180  # about 40% of 400
   assert len(guesses) >= 100  # spread: two guesses seldom agree
-  assert len(opensir_demos.OPENINGS) == warmup.MAX_WORKED_WAYS  # the bound validate() checks
+  assert len(opensir_demos.OPENINGS) == 4  # the most `opensir.warmup.worked_ways` allows
   worked = [kinds[o] for o in opensir_demos.OPENINGS]
   assert min(worked) >= 40 and max(worked) < kinds["guess"] * 0.6  # ~60 each against ~160
   assert 0.7 <= kinds["right"] / sum(worked) <= 0.9

@@ -482,12 +482,13 @@ def test_world_demonstrations_come_from_other_worlds(tmp_path):
 
 
 def test_closed_class_demonstrations_read_only_sometimes(tmp_path):
-  """`warmup.skill='attr'`: the examiner asks other worlds' closed-class facts; the student
-  searches the entity and answers right in about `warmup.right_share` of its answers (otherwise
-  another member of the fact's class); the teacher, told the answer, always gives it."""
+  """`piplay.warmup.skill='attr'`: the examiner asks other worlds' closed-class facts; the
+  student searches the entity and answers right in about `piplay.warmup.right_share` of its
+  answers (otherwise another member of the fact's class); the teacher, told the answer, always
+  gives it."""
   c = small_config(**{"retrieval.corpus": "world", "retrieval.topk": 2, "warmup.world_seed": 7,
-                      "warmup.worlds": 2, "warmup.documents": 60, "warmup.skill": "attr",
-                      "warmup.right_share": 0.5, "piplay.hop_choices": (1,),
+                      "warmup.worlds": 2, "warmup.documents": 60, "piplay.warmup.skill": "attr",
+                      "piplay.warmup.right_share": 0.5, "piplay.hop_choices": (1,),
                       "piplay.hop_ratio": (1,)})
   rt = runtime.Runtime(c, str(tmp_path))
   demos = piplay_demos.demonstrations(piplay.PiPlay(rt), np.random.default_rng(0))
@@ -579,7 +580,8 @@ def test_the_searcher_model_was_shown_the_learn_presets_own_tokens(tmp_path):
   from tools import world_reading  # pylint: disable=import-outside-toplevel
   from scope_jax.world import search  # pylint: disable=import-outside-toplevel
   c = piplay_config.get_config("learn")
-  c.warmup.update(dict(world_seed=7, skill="attr", right_share=1.0))
+  c.warmup.world_seed = 7
+  c.piplay.warmup.update(dict(skill="attr", right_share=1.0))
   c.progress = False
   rt = runtime.Runtime(c, str(tmp_path))
   method = piplay.PiPlay(rt)

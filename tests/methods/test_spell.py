@@ -424,8 +424,8 @@ def test_wrong_answers_keep_the_form_of_the_right_one():
 
 
 def test_chance_answers_ignore_the_document():
-  """`warmup.answers='chance'`: a closed-class fact's answers are its whole class (the right one
-  among them, as likely as any other); any other fact's are the wrong ones."""
+  """`spell.warmup.answers='chance'`: a closed-class fact's answers are its whole class (the right
+  one among them, as likely as any other); any other fact's are the wrong ones."""
   from scope_jax.methods.spell import demos as spell_demos  # pylint: disable=import-outside-toplevel
   from scope_jax.world import entities as E  # pylint: disable=import-outside-toplevel
   p = E.Person("Ada Brook", 1931, "Stonehaven", "Velt Press", "chemist")
@@ -445,7 +445,7 @@ def test_learn_preset_demonstrations_and_held_out_prompt(tmp_path):
   c = spell_config.get_config("learn")
   c.model.source, c.model.tokenizer = "tiny", "demo"  # prompts and demonstrations only
   c.warmup.worlds, c.warmup.documents, c.eval.limit = 2, 12, 2
-  c.warmup.right_share = 0.0  # every answer wrong here; the preset's share is tested below
+  c.spell.warmup.right_share = 0.0  # every answer wrong here; the preset's share is tested below
   rt = runtime.Runtime(c, str(tmp_path))
   method = spell.Spell(rt)
   # A held-out question is asked exactly as the responder is asked about a document.
@@ -479,14 +479,14 @@ def test_learn_preset_demonstrations_and_held_out_prompt(tmp_path):
 
 
 def test_chance_answers_and_answer_first_demonstrations(tmp_path):
-  """`warmup.answers='chance'`: the responder names a member of the fact's class whatever the
-  document says, and a [[NO]] verdict is never about the right answer; `warmup.answer_first`:
+  """`spell.warmup.answers='chance'`: the responder names a member of the fact's class whatever the
+  document says, and a [[NO]] verdict is never about the right answer; `spell.warmup.answer_first`:
   the questioner's JSON gives the answer before the question."""
   from scope_jax.methods.spell import demos as spell_demos  # pylint: disable=import-outside-toplevel
   c = spell_config.get_config("learn")
   c.model.source, c.model.tokenizer = "tiny", "demo"
   c.warmup.worlds, c.warmup.documents = 2, 40
-  c.warmup.answers, c.warmup.answer_first = "chance", True
+  c.spell.warmup.answers, c.spell.warmup.answer_first = "chance", True
   rt = runtime.Runtime(c, str(tmp_path))
   demos = spell_demos.demonstrations(spell.Spell(rt), np.random.default_rng(0))
   text = [rt.tokenizer.decode(list(d.tokens)) for d in demos]
@@ -505,15 +505,15 @@ def test_chance_answers_and_answer_first_demonstrations(tmp_path):
 
 
 def test_right_share_demonstrates_a_reader_that_reads_sometimes(tmp_path):
-  """`warmup.right_share`: that share of the responder's demonstrated answers is the document's
-  own fact (the rest as `warmup.answers`; at 0 none is right), and a [[NO]] verdict is still
-  never about the right answer."""
+  """`spell.warmup.right_share`: that share of the responder's demonstrated answers is the
+  document's own fact (the rest as `spell.warmup.answers`; at 0 none is right), and a [[NO]]
+  verdict is still never about the right answer."""
   from scope_jax.methods.spell import demos as spell_demos  # pylint: disable=import-outside-toplevel
 
   def demos(share):
     c = spell_config.get_config("learn")
     c.model.source, c.model.tokenizer = "tiny", "demo"
-    c.warmup.worlds, c.warmup.documents, c.warmup.right_share = 2, 120, share
+    c.warmup.worlds, c.warmup.documents, c.spell.warmup.right_share = 2, 120, share
     rt = runtime.Runtime(c, str(tmp_path / str(share)))
     out = spell_demos.demonstrations(spell.Spell(rt), np.random.default_rng(0))
     return [rt.tokenizer.decode(list(d.tokens)) for d in out]

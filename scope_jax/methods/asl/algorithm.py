@@ -30,6 +30,7 @@ from scope_jax import metrics as metrics_lib
 from scope_jax.core.guard import ParseGuard
 from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime
+from scope_jax.methods.asl import bounds as asl_bounds
 from scope_jax.methods.asl import demos as asl_demos
 from scope_jax.methods.asl import prompts as P
 from scope_jax.methods.asl import rewards as R
@@ -73,6 +74,7 @@ def final_answer(traj: Trajectory) -> str | None:
 
 class Asl(Method):
   name = "asl"
+  bounds, section_bound = asl_bounds.RULES, asl_bounds.SECTION  # ranges: core/bounds.py
   roles = ("pg", "grm", "pm")
   answering_role = "pm"  # held-out evaluation scores it (config.eval)
   at_least_one = ("pg_batch", "grm_batch", "pm_batch", "group_size", "validity_samples",

@@ -27,6 +27,7 @@ from scope_jax import prompts
 from scope_jax.core.guard import ParseGuard
 from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime
+from scope_jax.methods.opensir import bounds as opensir_bounds
 from scope_jax.methods.opensir import bootstrap
 from scope_jax.methods.opensir import demos as opensir_demos
 from scope_jax.methods.opensir import rewards as R
@@ -104,6 +105,7 @@ class Pool:
 
 class OpenSir(Method):
   name = "opensir"
+  bounds, section_bound = opensir_bounds.RULES, opensir_bounds.SECTION  # ranges: core/bounds.py
   roles = ("teacher", "student")
   answering_role = "student"  # held-out evaluation scores it (config.eval)
   world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
@@ -122,6 +124,7 @@ class OpenSir(Method):
 
   @classmethod
   def check(cls, c) -> None:
+    opensir_demos.check_warmup(c)
     o = c.opensir
     if o.num_solutions < 2:
       raise ValueError("opensir.num_solutions must be at least 2 (a majority needs a vote).")
@@ -142,6 +145,7 @@ class OpenSir(Method):
     if path and path != bootstrap.WORLD and not epath.Path(path).exists():
       raise ValueError(f"opensir.initial_pool.file={path!r}: no such file (a JSONL of "
                        "'problem' lines), or leave it empty to generate the starting pool.")
+    bootstrap.check_pool_file(c)
 
   def __init__(self, rt: Runtime):
     super().__init__(rt)

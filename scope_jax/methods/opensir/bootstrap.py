@@ -116,3 +116,29 @@ def generate(method, size: int) -> tuple[list[R.Problem], dict[str, float]]:
                     "after %d rounds; training starts from them.", len(kept), size,
                     init.max_rounds)
   return kept, counts
+
+
+def check_pool_file(config) -> None:
+  """`opensir.initial_pool.file` (problems it trains on) holds none of world `world.seed`'s
+  held-out gold questions: training on them would score the run on what it trained on."""
+  path = config.opensir.initial_pool.file
+  if not path or path == WORLD or not epath.Path(path).exists():
+    return  # 'world' is the world's training problems; a missing file is the method's error
+  words = lambda text: " ".join(str(text).split())
+  gold = {words(q["question"]): name
+          for name, qs in World(config.world.seed).gold.items() for q in qs}
+  hits = []
+  with epath.Path(path).open() as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+        text = words(row.get("problem", row.get("question", "")))
+      except (ValueError, AttributeError):
+        continue  # a malformed line is the method's own one-line error when it loads the file
+      if text in gold:
+        hits.append(gold[text])
+  if hits:
+    raise ValueError(f"opensir.initial_pool.file={path!r} holds {len(hits)} held-out gold "
+                     f"questions of world {config.world.seed} (world:{hits[0]}): OpenSIR would "
+                     "train on what it is evaluated on; use other problems, or 'world' (the "
+                     "world's training problems).")

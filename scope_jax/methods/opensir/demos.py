@@ -106,14 +106,13 @@ def world_demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
   """Both roles on `warmup.worlds` other worlds' word problems (seeds from `warmup.world_seed`),
   `warmup.documents` of each role: the teacher turns a reference problem (one of theirs, or the
   seed problem) into one of another template; the student works a problem's sums out and boxes
-  the result, which is right in a `warmup.right_share` of them and otherwise off by 1–10 (the
-  sums before it stay right), so the warmed student is often wrong and its answers spread. The
+  the result, which is right in an `opensir.warmup.right_share` of them and otherwise off by
+  1–10 (the sums before it stay right), so the warmed student is often wrong and its answers spread. The
   run's own world lends no problem: `world.training_problems` of the others, never a gold one."""
-  rt, w = method.rt, method.rt.config.warmup
+  rt, w, own = method.rt, method.rt.config.warmup, method.rt.config.opensir.warmup
   demo, worlds = _demo(rt), max(int(w.get("worlds", 1)), 1)
-  right_share = float(w.get("right_share", 0.0))
-  guess_share = float(w.get("guess_share", 0.0))
-  ways = int(w.get("worked_ways", 1))
+  right_share, guess_share = float(own.right_share), float(own.guess_share)
+  ways = int(own.worked_ways)
   per_world = -(-w.documents // worlds)
   problems = [q for k in range(worlds)
               for q in World(w.world_seed + k).training_problems(2 * per_world, worked=True)]
@@ -138,6 +137,19 @@ def world_demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:
 # Ways to open worked sums, each with its own first token (and none "Therefore", the guess's).
 OPENINGS = ("First, ", "", "Step by step, ", "Working it out, ")
 GUESSES = 250  # a guess is a whole number below this, drawn uniformly (answers reach 417)
+
+
+def check_warmup(c) -> None:
+  """`opensir.warmup.*`, the knobs of the demonstrations from other worlds (when it runs)."""
+  w = c.opensir.warmup
+  if not c.warmup.steps:
+    return
+  for name in ("right_share", "guess_share"):
+    if not 0.0 <= w[name] < 1.0:
+      raise ValueError(f"opensir.warmup.{name}={w[name]}: use a share in [0, 1).")
+  if not 1 <= w.worked_ways <= len(OPENINGS):
+    raise ValueError(f"opensir.warmup.worked_ways={w.worked_ways}: use 1 to {len(OPENINGS)} "
+                     "openings.")
 
 
 def _off(answer: int, rng: np.random.Generator) -> int:

@@ -37,6 +37,7 @@ from scope_jax.core.guard import ParseGuard
 from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime, optim_settings
 from scope_jax.core.schedule import Schedule, StageClock, corpus_window
+from scope_jax.methods.piplay import bounds as piplay_bounds
 from scope_jax.methods.piplay import demos as piplay_demos
 from scope_jax.methods.piplay import prompts as P
 from scope_jax.methods.piplay import rewards as R
@@ -75,6 +76,7 @@ class Question:
 
 class PiPlay(Method):
   name = "piplay"
+  bounds, section_bound = piplay_bounds.RULES, piplay_bounds.SECTION  # ranges: core/bounds.py
   roles = ("examiner", "student", "teacher")
   answering_role = "student"  # held-out evaluation scores it (config.eval)
   world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
@@ -101,6 +103,7 @@ class PiPlay(Method):
 
   @classmethod
   def check(cls, c) -> None:
+    piplay_demos.check_warmup(c)
     s = c.piplay
     if len(s.hop_ratio) != len(s.hop_choices):
       raise ValueError(f"piplay.hop_ratio {tuple(s.hop_ratio)} needs one weight per entry of "

@@ -127,8 +127,8 @@ class _WorldDemos(_Demos):
   one-hop questions about their entities, searched and answered from each world's own index.
   The formats carry over to the run's world; the facts do not (a question whose entity or answer
   is also a name in the run's world is left out). Several worlds, so that a small model cannot
-  memorise their names and must copy them from its context. `warmup.skill='attr'` asks their
-  closed-class facts instead (see `reply`)."""
+  memorise their names and must copy them from its context. `piplay.warmup.skill='attr'` asks
+  their closed-class facts instead (see `reply`)."""
 
   def build(self, num_docs: int) -> list[Trajectory]:
     config = self.rt.config
@@ -143,7 +143,7 @@ class _WorldDemos(_Demos):
       world = World(w.world_seed + k)
       _, self.tool = search.from_config(tool_config, world.seed)
       by_id = {d.id: d for d in world.documents}
-      for q in world.questions(-(-num_docs // worlds), self.rng, w.get("skill", "hop1")):
+      for q in world.questions(-(-num_docs // worlds), self.rng, config.piplay.warmup.skill):
         doc = by_id[q["support"][0]]
         if doc.title in taken or q["gold"][0] in taken:
           continue
@@ -152,13 +152,14 @@ class _WorldDemos(_Demos):
 
   def reply(self, gold: str) -> str:
     """The student's demonstrated answer: the right one, except for a closed-class fact
-    (`warmup.skill='attr'`), where only `warmup.right_share` of them are and the rest name
-    another member of the fact's class (a reader that reads only sometimes)."""
+    (`piplay.warmup.skill='attr'`), where only `piplay.warmup.right_share` of them are and the
+    rest name another member of the fact's class (a reader that reads only sometimes)."""
     wrong = E.other_members(gold)
-    share = float(self.rt.config.warmup.get("right_share", 0.0))
-    if self.rt.config.warmup.get("skill", "hop1") != "attr" or not wrong:
+    own = self.rt.config.piplay.warmup
+    if own.skill != "attr" or not wrong:
       return gold
-    return gold if self.rng.random() < share else wrong[int(self.rng.integers(len(wrong)))]
+    right = self.rng.random() < float(own.right_share)
+    return gold if right else wrong[int(self.rng.integers(len(wrong)))]
 
   def search(self, query: str) -> tuple[list[Passage], list[int]]:
     hits = [p for p, _ in self.tool.retrieve([query])[0]]
@@ -191,6 +192,17 @@ class _WorldDemos(_Demos):
 
 
 DOCUMENTS_PER_WARMUP_DOCUMENT = 2  # three roles that copy from search results: twice the share
+
+
+def check_warmup(c) -> None:
+  """`piplay.warmup.*`, the knobs of the demonstrations from other worlds (when it runs)."""
+  w = c.piplay.warmup
+  if not c.warmup.steps:
+    return
+  if w.skill not in ("hop1", "attr"):
+    raise ValueError(f"piplay.warmup.skill={w.skill!r}: use 'hop1' or 'attr'.")
+  if not 0.0 <= w.right_share < 1.0:
+    raise ValueError(f"piplay.warmup.right_share={w.right_share}: use a share in [0, 1).")
 
 
 def demonstrations(method, rng: np.random.Generator) -> list[Trajectory]:

@@ -32,6 +32,7 @@ from scope_jax.core.guard import ParseGuard
 from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime, optim_settings
 from scope_jax.core.schedule import Schedule, StageClock, corpus_window
+from scope_jax.methods.scope import bounds as scope_bounds
 from scope_jax.methods.scope import demos as scope_demos
 from scope_jax.methods.scope import prompts as P
 from scope_jax.methods.scope import rewards as R
@@ -82,6 +83,7 @@ class GradeStats:
 
 class Scope(Method):
   name = "scope"
+  bounds, section_bound = scope_bounds.RULES, scope_bounds.SECTION  # ranges: core/bounds.py
   roles = ("challenger", "solver", "gate", "rubric", "grader")
   answering_role = "solver"  # held-out evaluation scores it (config.eval)
   at_least_one = ("challenger_steps", "solver_steps", "challenger_batch", "solver_batch",

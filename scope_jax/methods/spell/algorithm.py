@@ -22,6 +22,7 @@ from scope_jax import rollout
 from scope_jax.core.guard import ParseGuard
 from scope_jax.core.method import Method, Players, PolicyPlan
 from scope_jax.core.runtime import Runtime
+from scope_jax.methods.spell import bounds as spell_bounds
 from scope_jax.methods.spell import clusters as clusters_lib
 from scope_jax.methods.spell import demos as spell_demos
 from scope_jax.methods.spell import rewards as R
@@ -63,6 +64,7 @@ def split_document_question(question: str) -> tuple[str, str] | None:
 
 class Spell(Method):
   name = "spell"
+  bounds, section_bound = spell_bounds.RULES, spell_bounds.SECTION  # ranges: core/bounds.py
   roles = ("questioner", "responder", "verifier")
   answering_role = "responder"  # held-out evaluation scores it (config.eval)
   world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
@@ -86,6 +88,7 @@ class Spell(Method):
 
   @classmethod
   def check(cls, c) -> None:
+    spell_demos.check_warmup(c)
     if not c.data.num_clusters and c.data.cluster_size < 1:
       raise ValueError("Set data.num_clusters or a positive data.cluster_size.")
     if not 0 <= c.spell.verifier_update_ratio <= 1:

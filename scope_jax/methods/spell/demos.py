@@ -11,9 +11,9 @@ grounding filter passes what the warmed model proposes, and the responder is rig
 sometimes: groups have reward variance to train on.
 
 The `learn` preset demonstrates on other worlds instead (`warmup.world_seed`): their one-hop
-questions about a document (`warmup.skill`), asked right by the questioner and answered wrong by
-the responder — with another fact of the same document, or for a closed-class fact another member
-of its class — formats without this world's facts or the skill.
+questions about a document (`spell.warmup.skill`), asked right by the questioner and answered
+wrong by the responder — with another fact of the same document, or for a closed-class fact
+another member of its class — formats without this world's facts or the skill.
 """
 
 from __future__ import annotations
@@ -69,6 +69,23 @@ def demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
 CLASSES = E.CLASSES
 
 
+SKILLS = ("hop1", "attr")  # the world's questions `spell.warmup.skill` can ask
+ANSWERS = ("wrong", "chance")  # how the warmed responder answers (`spell.warmup.answers`)
+
+
+def check_warmup(c) -> None:
+  """`spell.warmup.*`, the knobs of the demonstrations from other worlds (when it runs)."""
+  w = c.spell.warmup
+  if not c.warmup.steps:
+    return
+  if w.skill not in SKILLS:
+    raise ValueError(f"spell.warmup.skill={w.skill!r}: use 'hop1' or 'attr'.")
+  if w.answers not in ANSWERS:
+    raise ValueError(f"spell.warmup.answers={w.answers!r}: use 'wrong' or 'chance'.")
+  if not 0.0 <= w.right_share < 1.0:
+    raise ValueError(f"spell.warmup.right_share={w.right_share}: use a share in [0, 1).")
+
+
 def wrong_answers(entity, doc_text: str, gold: str) -> list[str]:
   """Wrong answers in the right form: for a closed-class fact, the class's other members (the
   model learns to name a profession, not which); otherwise the entity's other facts that its
@@ -94,25 +111,26 @@ def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
   """Formats only, from `warmup.worlds` other worlds (seeds from `warmup.world_seed`): per
   one-hop question about one of their documents, the questioner writes that question and its
   answer; the responder, on the same document, answers with another of the document's facts
-  (well-formed and wrong, so the warmed responder is mostly wrong), or with `warmup.answers=
-  'chance'` names a member of the fact's class without reading (right only by chance); the
-  verifier says [[YES]] to the same answer and [[NO]] to a wrong one (`warmup.answer_first`: the
-  questioner's JSON gives the answer first). No document about an entity of the run's world is
+  (well-formed and wrong, so the warmed responder is mostly wrong), or with
+  `spell.warmup.answers='chance'` names a member of the fact's class without reading (right only
+  by chance); the verifier says [[YES]] to the same answer and [[NO]] to a wrong one
+  (`spell.warmup.answer_first`: the questioner's JSON gives the answer first). No document about an entity of the run's world is
   shown and no answer is one of its names (another world's document may mention a place that
   shares a name with one of the run's world: a fact about another entity)."""
   rt, cfg, w = spell.rt, spell.cfg, spell.rt.config.warmup
+  own = cfg.warmup  # this method's knobs (spell.warmup.*)
   eos = rt.tokenizer.decode([rt.eos_ids[0]], skip_special_tokens=False)
   demo = lambda prompt, text: sft.demonstration(prompt, [("generated", text + eos)], rt.tokenizer)
   taken = set(World(rt.config.world.seed).entities.by_name())
-  answers = chance_answers if w.get("answers", "wrong") == "chance" else wrong_answers
+  answers = chance_answers if own.answers == "chance" else wrong_answers
   worlds = max(int(w.get("worlds", 1)), 1)
-  right_share = float(w.get("right_share", 0.0))
+  right_share = float(own.right_share)
   out: list[Trajectory] = []
   for k in range(worlds):
     world = World(w.world_seed + k)
     by_id, names = {d.id: d for d in world.documents}, world.entities.by_name()
     asked: list[tuple[str, str]] = []
-    for q in world.questions(-(-w.documents // worlds), rng, w.get("skill", "hop1")):
+    for q in world.questions(-(-w.documents // worlds), rng, own.skill):
       doc, gold = by_id[q["support"][0]], q["gold"][0]
       wrong = wrong_answers(names[doc.title], doc.text, gold)
       if doc.title in taken or gold in taken or not wrong:
@@ -124,7 +142,7 @@ def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
             f"### Example {i}:\nQuestion: {eq}\nAnswer: {ea}" for i, (eq, ea) in
             enumerate(asked[-cfg.history_size:], 1))
       proposal = {"question": q["question"], "answer": gold}
-      if w.get("answer_first", False):  # the label read off the document, then its question
+      if own.answer_first:  # the label read off the document, then its question
         proposal = {"answer": gold, "question": q["question"]}
       out.append(demo(spell.questioner.render(name, context=context, fit=("context",), **fields),
                       json.dumps(proposal, ensure_ascii=False)))
