@@ -76,15 +76,24 @@ class DenseIndex:
       vecs = embed_corpus(passages, encoder, out_dir, chunk_size=chunk_size, progress=progress)
     else:
       vecs = encoder.encode([f"{p.title}. {p.text}" if p.title else p.text for p in passages])
-    nlist = nlist or max(1, min(4096, int(4 * np.sqrt(len(passages)))))
-    index = make_faiss_index(vecs.shape[1], kind, nlist=nlist)
-    if kind == "ivf":
-      index.train(vecs)
-    index.add(vecs)
-    out = cls(passages, index, dict(encoder.identity), kind)
+    out = cls.from_vectors(passages, vecs, encoder.identity, kind=kind, nlist=nlist)
     if out_dir is not None:
       out.save(out_dir)
     return out
+
+  @classmethod
+  def from_vectors(cls, passages: list[Passage], vecs_ND: np.ndarray, encoder_identity: dict, *,
+                   kind: str = "flat", nlist: int | None = None) -> "DenseIndex":
+    """The index over embeddings already computed, row i being passage i's."""
+    if len(passages) != len(vecs_ND):
+      raise ValueError(f"{len(passages)} passages but {len(vecs_ND)} embedding rows.")
+    vecs_ND = np.ascontiguousarray(vecs_ND, np.float32)
+    nlist = nlist or max(1, min(4096, int(4 * np.sqrt(len(passages)))))
+    index = make_faiss_index(vecs_ND.shape[1], kind, nlist=nlist)
+    if kind == "ivf":
+      index.train(vecs_ND)
+    index.add(vecs_ND)
+    return cls(passages, index, dict(encoder_identity), kind)
 
   def save(self, out_dir) -> None:
     out = pathlib.Path(out_dir)
