@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 from absl import logging
+from etils import epath
 
 from scope_jax.retrieval.corpus import Passage, format_passages, load_corpus, write_corpus
 
@@ -33,6 +34,20 @@ def make_faiss_index(dim: int, kind: str = "flat", *, nlist: int = 1024, hnsw_m:
   if kind == "hnsw":
     return faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
   raise ValueError(f"Unknown index kind {kind!r}; valid: {', '.join(INDEX_KINDS)}.")
+
+
+def write_faiss(index, path: epath.Path) -> None:
+  """faiss writes local files itself; elsewhere (gs://) its bytes go through epath."""
+  if "://" in str(path):
+    path.write_bytes(_faiss().serialize_index(index).tobytes())
+  else:
+    _faiss().write_index(index, str(path))
+
+
+def read_faiss(path: epath.Path):
+  if "://" in str(path):
+    return _faiss().deserialize_index(np.frombuffer(path.read_bytes(), np.uint8))
+  return _faiss().read_index(str(path))
 
 
 def embed_corpus(passages: Sequence[Passage], encoder, out_dir, *, chunk_size: int = 4096,
@@ -96,9 +111,10 @@ class DenseIndex:
     return cls(passages, index, dict(encoder_identity), kind)
 
   def save(self, out_dir) -> None:
-    out = pathlib.Path(out_dir)
+    """Writes the index, its passages and meta.json (last) to a local or gs:// directory."""
+    out = epath.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _faiss().write_index(self.index, str(out / "index.faiss"))
+    write_faiss(self.index, out / "index.faiss")
     write_corpus(self.passages, out / "corpus.jsonl")
     meta = {"encoder": self.encoder_identity, "kind": self.kind, "count": len(self.passages),
             "dim": self.index.d}
@@ -106,14 +122,14 @@ class DenseIndex:
 
   @classmethod
   def load(cls, path, encoder_identity: dict | None = None) -> "DenseIndex":
-    path = pathlib.Path(path)
+    path = epath.Path(path)
     if not (path / "meta.json").exists():
       raise FileNotFoundError(f"No index at {path} (meta.json missing); build one with "
                               "`python -m scope_jax.retrieval.build_index`.")
     meta = json.loads((path / "meta.json").read_text())
     if encoder_identity is not None:
       check_identity(meta["encoder"], encoder_identity, path)
-    index = _faiss().read_index(str(path / "index.faiss"))
+    index = read_faiss(path / "index.faiss")
     passages = load_corpus(path / "corpus.jsonl")
     if len(passages) != index.ntotal:
       raise ValueError(f"Index {path} holds {index.ntotal} vectors but {len(passages)} passages.")

@@ -213,3 +213,23 @@ def test_pipeline_choice(setup, monkeypatch):
     build_index.choose_pipeline("auto", encoder, 1, "tfrecord")
   monkeypatch.setattr(build_index, "has_tensorflow_text", lambda: True)
   assert build_index.choose_pipeline("auto", encoder, 1, "jsonl") == "stream"
+
+
+@needs_tf
+def test_parts_and_index_on_gcs(setup, tmp_path):
+  """--out on gs:// (a local GCS emulator): parts, merge, save and load go through epath."""
+  pytest.importorskip("gcsfs")
+  from tests.gcs import BUCKET, fake_gcs
+  encoder_dir, corpus, _ = setup
+  encoder = TextEncoder(encoder_dir)
+  files = tf_pipeline.host_files([corpus], 0, 1)
+  local = sharded_build.merge_parts(files, 1, _single_part(files, encoder, tmp_path / "one"),
+                                    encoder, chunk_size=CHUNK)
+  with fake_gcs(tmp_path / "gcs"):
+    out = f"gs://{BUCKET}/idx"
+    for p in range(2):
+      sharded_build.build_part(files, p, 2, encoder, out, batch_size=BATCH, chunk_size=CHUNK)
+    sharded_build.merge_parts(files, 2, out, encoder, chunk_size=CHUNK).save(out)
+    loaded = DenseIndex.load(out, encoder.identity)
+  assert loaded.passages == local.passages
+  chex.assert_trees_all_equal(vectors(loaded), vectors(local))
