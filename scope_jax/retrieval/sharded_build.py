@@ -28,7 +28,7 @@ from scope_jax import distributed
 from scope_jax.retrieval import tf_pipeline
 from scope_jax.retrieval.corpus import Passage, iter_corpus, write_corpus
 from scope_jax.retrieval.encoder import file_sha256
-from scope_jax.retrieval.index import DenseIndex
+from scope_jax.retrieval.index import DenseIndex, make_faiss_index
 
 PART_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -101,6 +101,10 @@ def _write_atomic(path: epath.Path, write) -> None:
   with tmp.open("wb") as f:
     write(f)
   tmp.replace(path)
+
+
+def _write_manifest(part: epath.Path, manifest: dict) -> None:
+  _write_atomic(part / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
 
 
 def _chunk(part: epath.Path, file_index: int, chunk: int, suffix: str) -> epath.Path:
@@ -176,10 +180,9 @@ def build_part(files: Sequence[str], process_index: int, process_count: int, enc
       counts[i] = embed_file(i, path, part, encoder, spec, batch_size=host_rows,
                              chunk_size=chunk_size)
       logging.info("%s: file %d (%s) holds %d passages.", part, i, path, counts[i])
-    manifest = expected | {"counts": sorted(counts.items()), "complete": False}
-    (part / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _write_manifest(part, expected | {"counts": sorted(counts.items()), "complete": False})
   manifest = expected | {"counts": sorted(counts.items()), "complete": True, "dim": encoder.dim}
-  (part / MANIFEST).write_text(json.dumps(manifest, indent=1))
+  _write_manifest(part, manifest)
   return manifest
 
 
@@ -201,7 +204,8 @@ def merge_parts(files: Sequence[str], process_count: int, out, encoder, *, chunk
                                         chunk_size), part)
     counts.update(dict(found["counts"]))
   passages: list[Passage] = []
-  vecs: list[np.ndarray] = []
+  vecs: list[np.ndarray] = []  # ivf and hnsw take them all at once; a flat index chunk by chunk
+  flat = make_faiss_index(encoder.dim, "flat") if kind == "flat" else None
   for i in range(len(files)):
     part = part_dir(out, i % process_count, process_count)
     got, chunk = 0, 0
@@ -217,7 +221,10 @@ def merge_parts(files: Sequence[str], process_count: int, out, encoder, *, chunk
         raise ValueError(f"{npy} holds vectors {rows_ND.shape} for {len(chunk_passages)} "
                          f"passages of dimension {encoder.dim}: remove {part} to rebuild it.")
       passages += chunk_passages
-      vecs.append(rows_ND)
+      if flat is None:
+        vecs.append(rows_ND)
+      else:
+        flat.add(np.ascontiguousarray(rows_ND, np.float32))
       got, chunk = got + len(rows_ND), chunk + 1
       if len(rows_ND) < chunk_size:
         break
@@ -226,6 +233,8 @@ def merge_parts(files: Sequence[str], process_count: int, out, encoder, *, chunk
                        f"says {counts[i]}: remove {part} to rebuild it.")
   if not passages:
     raise ValueError(f"The corpus shards {list(files)[:3]} hold no passages.")
+  if flat is not None:
+    return DenseIndex(passages, flat, dict(encoder.identity), kind)
   return DenseIndex.from_vectors(passages, np.concatenate(vecs), encoder.identity, kind=kind,
                                  nlist=nlist)
 

@@ -180,6 +180,9 @@ def test_parts_resume_merge_and_refuse_other_settings(setup, tmp_path, monkeypat
                                     encoder, chunk_size=CHUNK)
   assert merged.passages == whole.passages
   chex.assert_trees_all_equal(vectors(merged), vectors(whole))
+  hnsw = sharded_build.merge_parts(files, 2, out, encoder, chunk_size=CHUNK, kind="hnsw")
+  assert hnsw.kind == "hnsw" and hnsw.passages == whole.passages
+  chex.assert_trees_all_equal(vectors(hnsw), vectors(whole))  # flat is added chunk by chunk
   # Another encoder, chunk size or process count is refused with the setting it differs in.
   other = TextEncoder(encoder_dir, mesh=mesh, passage_prefix="passage: ")
   with pytest.raises(ValueError, match="part-00000-of-00002 was built with a different encoder "
