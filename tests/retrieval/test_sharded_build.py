@@ -138,7 +138,8 @@ def test_two_processes_build_the_single_process_index(setup):
   chex.assert_trees_all_equal(multi.search(queries, 5), single.search(queries, 5))
   # Each process embedded only its round-robin share of the files.
   for p in range(2):
-    manifest = json.loads((sharded_build.part_dir(root / "two", p, 2) / "manifest.json").read_text())
+    part = sharded_build.part_dir(root / "two", p, 2)
+    manifest = json.loads((part / "manifest.json").read_text())
     assert [i for i, _ in manifest["files"]] == list(range(p, len(files), 2))
     assert manifest["complete"] and dict(manifest["counts"]) == {
         i: SHARD_SIZES[i] for i in range(p, len(files), 2)}
