@@ -126,3 +126,17 @@ def barrier(name: str) -> None:
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
+
+
+def wait_all(name: str, timeout_s: float) -> None:
+  """Waits until every process reaches `name`, for up to `timeout_s` (hours, if need be): a
+  barrier of the coordination service, not a device collective, so one host may work long
+  (embedding its share, merging) while the others wait. A no-op in a single-process run."""
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed as jax_distributed
+  client = jax_distributed.global_state.client
+  if client is None:  # started without jax.distributed (a cluster runtime): a device barrier
+    barrier(name)
+    return
+  client.wait_at_barrier(name, int(timeout_s * 1000))

@@ -218,7 +218,10 @@ class TextEncoder:
     st = safetensors_io.SafetensorsFile(path / "model.safetensors")
     tensors = {n: st.read(n) for n in st.names()}
     self.params = params_from_hf(self.config, tensors, dtype)
+    self.path = path
     self.tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    normalizer = json.loads((path / "tokenizer.json").read_text()).get("normalizer") or {}
+    self.lower_case = bool(normalizer.get("lowercase", True))  # BERT-uncased unless it says not
     self.tokenizer.no_padding()
     self.max_length = min(max_length, self.config.max_position_embeddings)
     self.tokenizer.enable_truncation(self.max_length)

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 from absl import logging
+from etils import epath
 
 from scope_jax.retrieval.corpus import Passage, format_passages, load_corpus, write_corpus
 
@@ -33,6 +34,20 @@ def make_faiss_index(dim: int, kind: str = "flat", *, nlist: int = 1024, hnsw_m:
   if kind == "hnsw":
     return faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
   raise ValueError(f"Unknown index kind {kind!r}; valid: {', '.join(INDEX_KINDS)}.")
+
+
+def write_faiss(index, path: epath.Path) -> None:
+  """faiss writes local files itself; elsewhere (gs://) its bytes go through epath."""
+  if "://" in str(path):
+    path.write_bytes(_faiss().serialize_index(index).tobytes())
+  else:
+    _faiss().write_index(index, str(path))
+
+
+def read_faiss(path: epath.Path):
+  if "://" in str(path):
+    return _faiss().deserialize_index(np.frombuffer(path.read_bytes(), np.uint8))
+  return _faiss().read_index(str(path))
 
 
 def embed_corpus(passages: Sequence[Passage], encoder, out_dir, *, chunk_size: int = 4096,
@@ -76,20 +91,30 @@ class DenseIndex:
       vecs = embed_corpus(passages, encoder, out_dir, chunk_size=chunk_size, progress=progress)
     else:
       vecs = encoder.encode([f"{p.title}. {p.text}" if p.title else p.text for p in passages])
-    nlist = nlist or max(1, min(4096, int(4 * np.sqrt(len(passages)))))
-    index = make_faiss_index(vecs.shape[1], kind, nlist=nlist)
-    if kind == "ivf":
-      index.train(vecs)
-    index.add(vecs)
-    out = cls(passages, index, dict(encoder.identity), kind)
+    out = cls.from_vectors(passages, vecs, encoder.identity, kind=kind, nlist=nlist)
     if out_dir is not None:
       out.save(out_dir)
     return out
 
+  @classmethod
+  def from_vectors(cls, passages: list[Passage], vecs_ND: np.ndarray, encoder_identity: dict, *,
+                   kind: str = "flat", nlist: int | None = None) -> "DenseIndex":
+    """The index over embeddings already computed, row i being passage i's."""
+    if len(passages) != len(vecs_ND):
+      raise ValueError(f"{len(passages)} passages but {len(vecs_ND)} embedding rows.")
+    vecs_ND = np.ascontiguousarray(vecs_ND, np.float32)
+    nlist = nlist or max(1, min(4096, int(4 * np.sqrt(len(passages)))))
+    index = make_faiss_index(vecs_ND.shape[1], kind, nlist=nlist)
+    if kind == "ivf":
+      index.train(vecs_ND)
+    index.add(vecs_ND)
+    return cls(passages, index, dict(encoder_identity), kind)
+
   def save(self, out_dir) -> None:
-    out = pathlib.Path(out_dir)
+    """Writes the index, its passages and meta.json (last) to a local or gs:// directory."""
+    out = epath.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _faiss().write_index(self.index, str(out / "index.faiss"))
+    write_faiss(self.index, out / "index.faiss")
     write_corpus(self.passages, out / "corpus.jsonl")
     meta = {"encoder": self.encoder_identity, "kind": self.kind, "count": len(self.passages),
             "dim": self.index.d}
@@ -97,14 +122,14 @@ class DenseIndex:
 
   @classmethod
   def load(cls, path, encoder_identity: dict | None = None) -> "DenseIndex":
-    path = pathlib.Path(path)
+    path = epath.Path(path)
     if not (path / "meta.json").exists():
       raise FileNotFoundError(f"No index at {path} (meta.json missing); build one with "
                               "`python -m scope_jax.retrieval.build_index`.")
     meta = json.loads((path / "meta.json").read_text())
     if encoder_identity is not None:
       check_identity(meta["encoder"], encoder_identity, path)
-    index = _faiss().read_index(str(path / "index.faiss"))
+    index = read_faiss(path / "index.faiss")
     passages = load_corpus(path / "corpus.jsonl")
     if len(passages) != index.ntotal:
       raise ValueError(f"Index {path} holds {index.ntotal} vectors but {len(passages)} passages.")

@@ -14,6 +14,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from scope_jax import sharding as shd
+from scope_jax.retrieval.corpus import Passage
 from scope_jax.retrieval.encoder import embed
 
 _CJK = (r"[\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F}"
@@ -102,14 +104,25 @@ def _gfile(path):
 
 def passage_dataset(patterns: Sequence[str], vocab_path, *, batch_size: int = 256,
                     max_length: int = 256, prefix: str = "", file_format: str = "jsonl",
-                    process_index: int = 0, process_count: int = 1):
-  """A tf.data.Dataset of {'id', 'ids', 'mask', 'valid'} batches with fixed shapes.
+                    process_index: int = 0, process_count: int = 1, lower_case: bool = True):
+  """A tf.data.Dataset of this host's passages (`host_files`) in fixed-shape batches; see
+  `file_dataset`."""
+  files = host_files(patterns, process_index, process_count)
+  return file_dataset(files, vocab_path, batch_size=batch_size, max_length=max_length,
+                      prefix=prefix, file_format=file_format, lower_case=lower_case)
+
+
+def file_dataset(files: Sequence[str], vocab_path, *, batch_size: int = 256,
+                 max_length: int = 256, prefix: str = "", file_format: str = "jsonl",
+                 lower_case: bool = True, skip: int = 0):
+  """A tf.data.Dataset of {'id', 'title', 'text', 'ids', 'mask', 'valid'} batches with fixed
+  shapes over `files` read in order, after the first `skip` passages (a resumed build).
 
   JSONL lines are {id, title, text} or {id, contents}; TFRecords hold tf.train.Examples with
   bytes features 'id', 'title', 'text'. The last batch is padded with valid = 0 rows.
   """
   tf, _ = _tf()
-  files = host_files(patterns, process_index, process_count)
+  files = list(files)
   spec = (tf.TensorSpec([], tf.string),) * 3
   if file_format == "jsonl":
     ds = tf.data.Dataset.from_generator(_jsonl_records(files), output_signature=spec)
@@ -120,27 +133,40 @@ def passage_dataset(patterns: Sequence[str], vocab_path, *, batch_size: int = 25
         lambda x: (lambda e: (e["id"], e["title"], e["text"]))(tf.io.parse_single_example(x, feats)))
   else:
     raise ValueError(f"file_format must be 'jsonl' or 'tfrecord', got {file_format!r}.")
-  tokenizer = WordpieceTokenizer(vocab_path, max_length=max_length)
+  if skip:
+    ds = ds.skip(skip)
+  tokenizer = WordpieceTokenizer(vocab_path, max_length=max_length, lower_case=lower_case)
 
-  def to_text(pid, title, text):
-    joined = tf.where(tf.strings.length(title) > 0, title + ". " + text, text)
-    return pid, prefix + joined
-
-  def tokenize(pid, text):
-    ids, mask = tokenizer(text)
+  def tokenize(pid, title, text):
+    joined = prefix + tf.where(tf.strings.length(title) > 0, title + ". " + text, text)
+    ids, mask = tokenizer(joined)
     n = tf.shape(pid)[0]
     pad = batch_size - n
-    return {"id": tf.pad(pid, [[0, pad]]), "ids": tf.pad(ids, [[0, pad], [0, 0]]),
+    return {"id": tf.pad(pid, [[0, pad]]), "title": tf.pad(title, [[0, pad]]),
+            "text": tf.pad(text, [[0, pad]]), "ids": tf.pad(ids, [[0, pad], [0, 0]]),
             "mask": tf.pad(mask, [[0, pad], [0, 0]]),
             "valid": tf.pad(tf.ones([n], tf.int32), [[0, pad]])}
 
-  ds = ds.map(to_text).batch(batch_size).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.batch(batch_size).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
   return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def embed_passages(dataset, encoder) -> Iterator[tuple[list[Passage], np.ndarray]]:
+  """Runs the JAX encoder over a passage dataset; yields (passages, embeddings [n, D] float32)
+  per batch. On an encoder with a mesh (this host's devices) the rows are split over it."""
+  for batch in dataset.as_numpy_iterator():
+    valid = batch["valid"].astype(bool)
+    tokens, mask = batch["ids"], batch["mask"]
+    if encoder.mesh is not None:
+      tokens, mask = shd.shard_batch((tokens, mask), encoder.mesh)
+    vecs = shd.to_host(embed(encoder.config, encoder.params, tokens, mask)).astype(np.float32)
+    passages = [Passage(i.decode(), t.decode(), x.decode())
+                for i, t, x in zip(batch["id"][valid], batch["title"][valid],
+                                   batch["text"][valid])]
+    yield passages, vecs[valid]
 
 
 def embed_stream(dataset, encoder) -> Iterator[tuple[list[str], np.ndarray]]:
   """Runs the JAX encoder over a passage dataset; yields (ids, embeddings [n, D]) per batch."""
-  for batch in dataset.as_numpy_iterator():
-    valid = batch["valid"].astype(bool)
-    vecs = np.asarray(embed(encoder.config, encoder.params, batch["ids"], batch["mask"]))
-    yield [i.decode() for i in batch["id"][valid]], vecs[valid]
+  for passages, vecs in embed_passages(dataset, encoder):
+    yield [p.id for p in passages], vecs
