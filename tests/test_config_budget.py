@@ -8,9 +8,9 @@ import pytest
 
 from scope_jax import configs_base
 
-SHARED = 123  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 17 model (11 of
-# the tiny architecture), 12 warm-up, 11 loss, 10 eval, 8 rollout, 6 optim, 2 learner, 2 world
-# and 12 of the run (method, preset, seed, steps, checkpoints, control, ...)
+SHARED = 118  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 17 model (11 of
+# the tiny architecture), 6 warm-up, 11 loss, 10 eval, 8 rollout, 6 optim, 2 learner, 2 world
+# and 13 of the run (method, preset, seed, steps, checkpoints, control, smoke, smoke_warmup, ...)
 
 # preset -> (budget, why that many). Each is SHARED plus the method's own section.
 BUDGETS = {

@@ -13,8 +13,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "scope_jax"
-CHECKED = ("core", "configs_base.py", "models", "sampling", "rollout", "rl", "retrieval", "world")
-PENDING = {"evaluation": "judge parsers move to rewards/"}  # checked, allowed to fail for now
+CHECKED = ("core", "configs_base.py", "evaluation", "models", "sampling", "rollout", "rl",
+           "retrieval", "world")
 
 # Method names in any case, whole words where `_` also separates (`spell_demos`, `ASL_TOPICS`).
 NAMES = re.compile(r"(?<![a-z0-9])(spell|opensir|piplay|asl|(pi|π)-play)(?![a-z0-9])", re.I)
@@ -94,11 +94,6 @@ def test_names_no_method(package):
   assert files(package), package
   _check(package)
 
-
-@pytest.mark.parametrize("package", [pytest.param(p, marks=pytest.mark.xfail(
-    strict=False, reason=why)) for p, why in PENDING.items()])
-def test_names_no_method_pending(package):
-  _check(package)
 
 
 @pytest.mark.parametrize("source", [
