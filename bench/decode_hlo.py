@@ -78,7 +78,8 @@ def decode_program(config: ModelConfig, mesh, *, slots: int, capacity: int, chun
     traced = slot_ops.decode.trace(
         config, spec, params, cache, logits, rows, put((b,), jnp.bool_), put((b,), jnp.int32),
         put((b,), jnp.int32), put((b,), jnp.int32), put((b,), jnp.int32), scalar, chunk=chunk,
-        window=window or capacity, dtype=dtype, shardings=(cache_sh, row_col), in_place=in_place)
+        window=window or capacity, dtype=dtype, shardings=(cache_sh, row_col), in_place=in_place,
+        activations=shd.activations(mesh, rules))  # as the engine traces it
   return traced, params, cache
 
 
