@@ -94,11 +94,23 @@ def _head_bias(n: int, kv: int, bk: int) -> np.ndarray:
   return np.where(same, 0.0, -np.inf).astype(np.float32)
 
 
-def _kernel(q_ref, k_ref, v_ref, bias_ref, heads_ref, o_ref, m_ref, l_ref, acc_ref, *,
-            scale: float, cap: float, rows_valid: int | None):
+LANES = 128  # slots per piece of the mask's expansion over kv heads
+
+
+def _spread(kv: int) -> np.ndarray:
+  """[128, 128·K] 0/1: row s has ones at columns s·K … s·K + K − 1 (a slot's mask, once per kv
+  head); a [1, 128] mask times it is the mask of the block's [128·K] rows, exactly."""
+  cols = np.arange(LANES * kv)[None, :]
+  first = np.arange(LANES)[:, None] * kv
+  return ((cols >= first) & (cols < first + kv)).astype(np.float32)
+
+
+def _kernel(q_ref, k_ref, v_ref, mask_ref, spread_ref, heads_ref, o_ref, m_ref, l_ref, acc_ref,
+            *, scale: float, cap: float, rows_valid: int | None):
   """One (row, key block) step of the online softmax; `rows_valid` (static) is how many of the
   last block's bk·K rows lie inside the window when the window does not fill it, else None."""
   j = pl.program_id(1)
+  last = j == pl.num_programs(1) - 1
 
   @pl.when(j == 0)
   def _init():
@@ -113,29 +125,37 @@ def _kernel(q_ref, k_ref, v_ref, bias_ref, heads_ref, o_ref, m_ref, l_ref, acc_r
                              preferred_element_type=jnp.float32) * scale
   if cap:
     s_Nc = cap * jnp.tanh(s_Nc / cap)
-  s_Nc = s_Nc + bias_ref[0] + heads_ref[...]  # masked keys K_MASK, other heads and padding -inf
+  # The slots' mask [1, bk] spread over their kv heads [1, bk·K] (0/1 products: exact).
+  mask_1b = mask_ref[0].astype(jnp.bfloat16)
+  spread = spread_ref[...].astype(jnp.bfloat16)
+  seen_1c = jnp.concatenate(
+      [jax.lax.dot_general(mask_1b[:, i:i + LANES], spread, (((1,), (0,)), ((), ())),
+                           preferred_element_type=jnp.float32)
+       for i in range(0, mask_1b.shape[1], LANES)], axis=1)
+  s_Nc = jnp.where(seen_1c > 0.5, s_Nc, ops.K_MASK) + heads_ref[...]  # other heads: -inf
+  if rows_valid is not None:  # the last block's rows past the window: -inf, and zero values
+    col = jax.lax.broadcasted_iota(jnp.int32, s_Nc.shape, 1)
+    s_Nc = jnp.where(jnp.logical_and(last, col >= rows_valid), -jnp.inf, s_Nc)
+    rows = jax.lax.broadcasted_iota(jnp.int32, v_cH.shape, 0)
+    v_cH = jnp.where(jnp.logical_and(last, rows >= rows_valid), jnp.zeros_like(v_cH), v_cH)
   m_prev = m_ref[...]
   m_new = jnp.maximum(m_prev, s_Nc.max(axis=-1, keepdims=True))
   p_Nc = jnp.exp(s_Nc - m_new)
   rescale = jnp.exp(m_prev - m_new)
   l_ref[...] = l_ref[...] * rescale + p_Nc.sum(axis=-1, keepdims=True)
-  if rows_valid is not None:  # slots past the buffer's window may hold anything: zero them
-    last = j == pl.num_programs(1) - 1
-    rows = jax.lax.broadcasted_iota(jnp.int32, v_cH.shape, 0)
-    v_cH = jnp.where(jnp.logical_and(last, rows >= rows_valid), jnp.zeros_like(v_cH), v_cH)
   pv_NH = jax.lax.dot_general(p_Nc.astype(v_cH.dtype), v_cH, (((1,), (0,)), ((), ())),
                               preferred_element_type=jnp.float32)
   acc_ref[...] = acc_ref[...] * rescale + pv_NH
   m_ref[...] = m_new
 
-  @pl.when(j == pl.num_programs(1) - 1)
+  @pl.when(last)
   def _finish():
     o_ref[0] = (acc_ref[...] / l_ref[...]).astype(o_ref.dtype)
 
 
-def _local(q_BNH, k_BCKH, v_BCKH, bias_B1c, *, window: int, scale: float, cap: float,
+def _local(q_BNH, k_BCKH, v_BCKH, mask_B1w, *, window: int, scale: float, cap: float,
            interpret: bool):
-  """The pallas call on this device's rows and heads; `bias_B1c` is [B, 1, nb·bk·K]."""
+  """The pallas call on this device's rows and heads; `mask_B1w` is [B, 1, nb·bk] (1: seen)."""
   b, n, h = q_BNH.shape
   _, c, kv, _ = k_BCKH.shape
   bk = block_size(window, c)
@@ -143,6 +163,7 @@ def _local(q_BNH, k_BCKH, v_BCKH, bias_B1c, *, window: int, scale: float, cap: f
   # Slot-major rows of kv heads: [B, C, K, H] and [B, C·K, H] are the same bytes.
   k_BcH, v_BcH = k_BCKH.reshape(b, c * kv, h), v_BCKH.reshape(b, c * kv, h)
   heads_Nc = jnp.asarray(_head_bias(n, kv, bk))
+  spread = jnp.asarray(_spread(kv))
   tail = window - (nb - 1) * bk
   rows_valid = None if tail == bk else tail * kv
   kernel = functools.partial(_kernel, scale=scale, cap=cap, rows_valid=rows_valid)
@@ -150,21 +171,22 @@ def _local(q_BNH, k_BCKH, v_BCKH, bias_B1c, *, window: int, scale: float, cap: f
   cost = pl.CostEstimate(
       flops=4 * b * n * window * h, transcendentals=b * n * window,
       bytes_accessed=(2 * b * window * kv * h * item + 2 * q_BNH.size * q_BNH.dtype.itemsize
-                      + bias_B1c.size * bias_B1c.dtype.itemsize))
+                      + mask_B1w.size * mask_B1w.dtype.itemsize))
   kv_spec = pl.BlockSpec((1, bk * kv, h), lambda i, j: (i, j, 0))
+  whole = lambda x: pl.BlockSpec(x.shape, lambda i, j: (0, 0))  # fetched once
   return pl.pallas_call(
       kernel,
       grid=(b, nb),
       in_specs=[pl.BlockSpec((1, n, h), lambda i, j: (i, 0, 0)), kv_spec, kv_spec,
-                pl.BlockSpec((1, 1, bk * kv), lambda i, j: (i, 0, j)),
-                pl.BlockSpec((n, bk * kv), lambda i, j: (0, 0))],
+                pl.BlockSpec((1, 1, bk), lambda i, j: (i, 0, j)), whole(spread),
+                whole(heads_Nc)],
       out_specs=pl.BlockSpec((1, n, h), lambda i, j: (i, 0, 0)),
       out_shape=jax.ShapeDtypeStruct((b, n, h), q_BNH.dtype),
       scratch_shapes=[_vmem((n, 1)), _vmem((n, 1)), _vmem((n, h))],
       compiler_params=_params(),
       cost_estimate=cost,
       interpret=interpret,
-  )(q_BNH, k_BcH, v_BcH, bias_B1c, heads_Nc)
+  )(q_BNH, k_BcH, v_BcH, mask_B1w, spread, heads_Nc)
 
 
 def _vmem(shape):
@@ -181,9 +203,8 @@ def attend(q: jax.Array, k_BCKH: jax.Array, v_BCKH: jax.Array, mask_BW: jax.Arra
            scale: float | None = None, cap: float = 0.0, interpret: bool = False) -> jax.Array:
   """Attention of one query token per row, q [B, N, H] or [B, K, G, H], over the first W slots
   of keys and values [B, C, K, H] (W = `mask_BW`'s length; the buffers are read in place, never
-  sliced): out [B, N, H] in q's dtype. `mask_BW` is bool (True: attend) or an additive float
-  bias (0 or `ops.K_MASK`); a row that sees no key averages its W values, as `ops.attend_kv`
-  does. `scale` defaults to H^-½; `cap` soft-caps the scores. `interpret` runs the kernel in
+  sliced): out [B, N, H] in q's dtype. `mask_BW` is bool (True: attend; `decode_mask`); a row
+  that sees no key averages its W values, as `ops.attend_kv` does. `scale` defaults to H^-½; `cap` soft-caps the scores. `interpret` runs the kernel in
   Pallas's interpreter (any backend: tests on CPU)."""
   if q.ndim == 4:
     q = q.reshape(q.shape[0], -1, q.shape[-1])
@@ -197,19 +218,17 @@ def attend(q: jax.Array, k_BCKH: jax.Array, v_BCKH: jax.Array, mask_BW: jax.Arra
   if not bk:
     raise ValueError(f"A window of {w} slots in a {c}-slot buffer leaves no key block of "
                      f"{BLOCKS} inside it; use a capacity that is a multiple of {BLOCKS[-1]}.")
-  if mask_BW.dtype == jnp.bool_:
-    bias_BW = jnp.where(mask_BW, 0.0, ops.K_MASK).astype(jnp.float32)
-  else:
-    bias_BW = mask_BW.astype(jnp.float32)
-  pad = -(-w // bk) * bk - w
-  bias_BW = jnp.pad(bias_BW, ((0, 0), (0, pad)), constant_values=-jnp.inf)  # past the window
-  bias_B1c = jnp.repeat(bias_BW, kv, axis=1)[:, None, :]  # one per (slot, kv head) row
+  if mask_BW.dtype != jnp.bool_:
+    raise ValueError(f"decode attention wants a boolean mask [B, W] (True: attend), not "
+                     f"{mask_BW.dtype}; build it with decode_mask.")
+  pad = -(-w // bk) * bk - w  # slots past the window: masked in the kernel
+  mask_B1w = jnp.pad(mask_BW.astype(jnp.float32), ((0, 0), (0, pad)))[:, None, :]
   fn = functools.partial(_local, window=w, scale=float(h ** -0.5 if scale is None else scale),
                          cap=float(cap or 0.0), interpret=interpret)
   act = shd.active()
   with jax.default_matmul_precision("default"):  # Mosaic rejects a 'highest' bf16 matmul
     if act is None:
-      return fn(q, k_BCKH, v_BCKH, bias_B1c)
+      return fn(q, k_BCKH, v_BCKH, mask_B1w)
     rules = act.rules_dict
     spec = lambda axes, shape: shd.logical_to_spec(axes, shape, act.mesh, rules)
     q_spec = spec(("activation_batch", "activation_heads", None), q.shape)
@@ -217,6 +236,6 @@ def attend(q: jax.Array, k_BCKH: jax.Array, v_BCKH: jax.Array, mask_BW: jax.Arra
     if q_spec[1] != k_spec[2]:  # kv heads the tensor axis cannot split: keep all heads whole
       q_spec = P(q_spec[0], None, None)
       k_spec = P(k_spec[0], None, None, None)
-    bias_spec = P(q_spec[0], None, None)
-    return jax.shard_map(fn, mesh=act.mesh, in_specs=(q_spec, k_spec, k_spec, bias_spec),
-                         out_specs=q_spec, check_vma=False)(q, k_BCKH, v_BCKH, bias_B1c)
+    mask_spec = P(q_spec[0], None, None)
+    return jax.shard_map(fn, mesh=act.mesh, in_specs=(q_spec, k_spec, k_spec, mask_spec),
+                         out_specs=q_spec, check_vma=False)(q, k_BCKH, v_BCKH, mask_B1w)
