@@ -9,7 +9,9 @@ cache buffers in place; see `kv_cache`).
 
 Activations are pinned at the embedding output and at every layer's output (rows on the batch
 axes: `sharding.constrain`, a no-op outside `sharding.activation_sharding`), so a sharded
-training step is FSDP. Without a cache on TPU, attention is the splash kernel (`splash.py`).
+training step is FSDP. Without a cache on TPU, attention is the splash kernel (`splash.py`);
+a one-token step over a cache in the `SLOTS` layout runs in the decode kernel
+(`decode_attention.py`).
 
 Build and call a module directly, or use it functionally through `transformer.forward`, which
 merges a params pytree into the module inside the caller's jit (traced away):
