@@ -47,10 +47,12 @@ def target_platform() -> str:
 
 
 def block_size(window: int, capacity: int) -> int:
-  """Slots per key block: the largest of `BLOCKS` whose blocks covering `window` stay inside the
-  buffer's `capacity` (the slots past the window that the last block reads are masked), or 0."""
+  """Slots per key block: the largest of `BLOCKS` no longer than the window (rounded up to 128)
+  whose blocks covering `window` stay inside the buffer's `capacity` (the slots past the window
+  that the last block reads are masked), or 0."""
+  cover = -(-window // BLOCKS[-1]) * BLOCKS[-1]
   for bk in BLOCKS:
-    if -(-window // bk) * bk <= capacity:
+    if bk <= cover and -(-window // bk) * bk <= capacity:
       return bk
   return 0
 

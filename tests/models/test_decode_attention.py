@@ -59,6 +59,17 @@ def test_kernel_equals_attend_kv_in_float32(capacity, w, window, cap):
   chex.assert_trees_all_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
+def test_a_window_shorter_than_one_block():
+  ours, theirs = _both(*_case(4, 384, 64, jnp.float32), window=jnp.int32(16), cap=0.0)
+  chex.assert_trees_all_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_key_blocks_cover_the_window_inside_the_buffer():
+  got = [da.block_size(w, c) for w, c in [(64, 4096), (300, 384), (768, 768), (3000, 4096),
+                                          (20480, 20480), (190, 200)]]
+  assert got == [128, 128, 256, 512, 512, 0], got
+
+
 @pytest.mark.parametrize("window,cap", [(None, 0.0), (48, 5.0)])
 def test_kernel_equals_attend_kv_in_bfloat16(window, cap):
   """bf16 inputs, float32 softmax: the two round the probabilities (theirs normalised, ours not)
