@@ -60,8 +60,10 @@ def block_size(window: int, capacity: int) -> int:
 def applies(t: int, layout: str, window: int, capacity: int, head_dim: int) -> bool:
   """Whether a [T]-token query block's attention over a KV cache runs in the kernel: on a TPU
   target, for one token (T = 1) over the `SLOTS` layout, when a key block fits the buffer and
-  the head dim fills whole lanes; under an activation context when the mesh has several devices
-  (a Pallas call outside `shard_map` would gather every shard). Read when a program is traced;
+  the head dim is 128 (one lane tile: then [B, C, K, H] and [B, C·K, H] share their bytes; at
+  256 the reshape is a relayout of the cache, 5x a step's bytes); under an activation context
+  when the mesh has several devices (a Pallas call outside `shard_map` would gather every
+  shard). Read when a program is traced;
   `SCOPE_JAX_DECODE_KERNEL=off` keeps `ops.attend_kv` everywhere (`auto`, the default)."""
   from scope_jax.models import kv_cache as kvc
   choice = os.environ.get(ENV, "auto")
@@ -71,7 +73,7 @@ def applies(t: int, layout: str, window: int, capacity: int, head_dim: int) -> b
   if choice == "off" or t != 1 or layout != kvc.SLOTS or target_platform() != "tpu":
     return False
   sharded_alone = shd.active() is None and ops._target()[1] > 1  # pylint: disable=protected-access
-  return not sharded_alone and block_size(window, capacity) > 0 and head_dim % 128 == 0
+  return not sharded_alone and block_size(window, capacity) > 0 and head_dim == 128
 
 
 def decode_mask(slot_B: jax.Array, valid_BW: jax.Array, q_pos_B: jax.Array | None = None,
@@ -162,7 +164,7 @@ def _local(q_BNH, k_BCKH, v_BCKH, mask_B1w, *, window: int, scale: float, cap: f
   _, c, kv, _ = k_BCKH.shape
   bk = block_size(window, c)
   nb = -(-window // bk)
-  # Slot-major rows of kv heads: [B, C, K, H] and [B, C·K, H] are the same bytes.
+  # Slot-major rows of kv heads: [B, C, K, H] and [B, C·K, H] are the same bytes (H = 128).
   k_BcH, v_BcH = k_BCKH.reshape(b, c * kv, h), v_BCKH.reshape(b, c * kv, h)
   heads_Nc = jnp.asarray(_head_bias(n, kv, bk))
   spread = jnp.asarray(_spread(kv))

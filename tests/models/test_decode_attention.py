@@ -111,6 +111,7 @@ def test_kernel_applies_only_to_one_token_over_slots_on_a_tpu(monkeypatch):
     assert not da.applies(2, kvc.SLOTS, 4096, 4096, 128)  # a prefill block
     assert not da.applies(1, kvc.HEADS, 4096, 4096, 128)
     assert not da.applies(1, kvc.SLOTS, 4096, 4096, 64)
+    assert not da.applies(1, kvc.SLOTS, 4096, 4096, 256)  # the reshape would relayout the cache
     assert not da.applies(1, kvc.SLOTS, 190, 200, 128)  # no key block fits the buffer
     monkeypatch.setenv(da.ENV, "off")
     assert not da.applies(*args)
