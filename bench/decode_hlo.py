@@ -7,7 +7,8 @@
 For each variant it prints the compiler's temporaries (`memory_analysis`), the bytes one call
 accesses (`cost_analysis`, the loop body counted once, so about one step) against the minimum
 of a step (the weights once, less the embedding table of which a step reads B rows, plus the
-KV window), and the whole-cache copies in the HLO (`cache_copies`).
+KV window), and the whole-cache copies in the HLO (`cache_copies`). On `SLOTS`, decode attention
+is the Pallas kernel (`models/decode_attention.py`); `SCOPE_JAX_DECODE_KERNEL=off` measures XLA's.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def decode_program(config: ModelConfig, mesh, *, slots: int, capacity: int, chun
     traced = slot_ops.decode.trace(
         config, spec, params, cache, logits, rows, put((b,), jnp.bool_), put((b,), jnp.int32),
         put((b,), jnp.int32), put((b,), jnp.int32), put((b,), jnp.int32), scalar, chunk=chunk,
-        window=window or capacity, dtype=dtype, shardings=(cache_sh, row_col), in_place=in_place)
+        window=window or capacity, dtype=dtype, shardings=(cache_sh, row_col), in_place=in_place,
+        activations=shd.activations(mesh, rules))  # as the engine traces it
   return traced, params, cache
 
 

@@ -15,7 +15,9 @@ chosen per target (`default_layout`) and read back from the buffers' shapes (`la
     step's keys wants. Compiled for v5p-8 (Qwen2.5-7B shapes, 2 layers, 64 slots × 4,096, chunk
     16; `python -m bench.decode_hlo --model 7b`), in-place decode on `HEADS` keeps 8 whole-buffer
     layout copies and 274 MiB of temporaries per chip for a 256 MiB cache; on `SLOTS` none and
-    35 MiB, and one call reads 1.19x a step's minimum bytes (1.64x on `HEADS`).
+    35 MiB, and one call reads 1.19x a step's minimum bytes (1.64x on `HEADS`) with XLA's
+    attention, 1.15x with the decode kernel (`decode_attention`, which at 16,384 slots also
+    spares XLA's two whole-buffer relayouts of the keys: 1.12x against 1.27x).
 One buffer per layer (not one [L, ...] array) lets the unrolled layers of a forward with a
 cache read and update their own buffers in place; slicing a layer out of a stacked buffer inside
 a layer scan copies it, every layer and every decode step.

@@ -9,7 +9,9 @@ cache buffers in place; see `kv_cache`).
 
 Activations are pinned at the embedding output and at every layer's output (rows on the batch
 axes: `sharding.constrain`, a no-op outside `sharding.activation_sharding`), so a sharded
-training step is FSDP. Without a cache on TPU, attention is the splash kernel (`splash.py`).
+training step is FSDP. Without a cache on TPU, attention is the splash kernel (`splash.py`);
+a one-token step over a cache in the `SLOTS` layout runs in the decode kernel
+(`decode_attention.py`).
 
 Build and call a module directly, or use it functionally through `transformer.forward`, which
 merges a params pytree into the module inside the caller's jit (traced away):
@@ -31,7 +33,7 @@ from flax import nnx
 
 from scope_jax import sharding as shd
 from scope_jax.models import kv_cache as kvc
-from scope_jax.models import moe, ops, splash
+from scope_jax.models import decode_attention, moe, ops, splash
 from scope_jax.models.config import ModelConfig
 
 Init = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
@@ -143,6 +145,9 @@ class Attention(nnx.Module):
       layout = kvc.layout_of(kv[0], *k.shape[2:])
       kv = (kvc.write_keys(kv[0], slots_BT, k, layout),
             kvc.write_values(kv[1], slots_BT, v, layout))
+      if decode_attention.applies(q.shape[1], layout, valid_BS.shape[1],
+                                  kv[0].shape[kvc.slot_axes(layout)[0]], q.shape[3]):
+        return self._decode(q, kv, slots_BT, valid_BS, positions, window), kv
       keys, values = kvc.read_window(*kv, valid_BS.shape[1], layout)
       keys, values = keys.astype(h_BTD.dtype), values.astype(h_BTD.dtype)
       specs = kvc.attention_specs(layout)
@@ -154,6 +159,17 @@ class Attention(nnx.Module):
                       window=window, scale=self.scale, cap=self.cap,
                       kv_specs=specs or ("BKHS", "BKSH"))
     return jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(out_BTNH.dtype)), kv
+
+
+  def _decode(self, q_B1NH, kv, slots_B1, valid_BW, positions, window):
+    """A one-token block's attention over the first W slots of the cache buffers `kv` (read in
+    place) in the TPU decode kernel, projected out: [B, 1, D]."""
+    q_pos, k_pos = positions if positions is not None else (None, None)
+    mask_BW = decode_attention.decode_mask(
+        slots_B1[:, 0], valid_BW, None if q_pos is None else q_pos[:, 0], k_pos, window)
+    out_BNH = decode_attention.attend(q_B1NH[:, 0], kv[0], kv[1], mask_BW, scale=self.scale,
+                                      cap=self.cap)
+    return jnp.einsum("BNH,NHD->BD", out_BNH, self.o[...].astype(out_BNH.dtype))[:, None]
 
 
 class MLP(nnx.Module):

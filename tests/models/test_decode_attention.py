@@ -1,0 +1,155 @@
+"""The TPU decode-attention kernel equals `ops.attend_kv` for one query token per row (run in
+Pallas's interpreter on the CPU): grouped-query heads, soft cap, a sliding window, rows with
+holes, different lengths and no key at all, windows that do or do not fill the last key block;
+it is chosen only for a TPU target; and compiled for a TPU slice, the engine's decode chunk
+reads about the minimum bytes with no whole-cache copy where XLA's attention relayouts keys."""
+
+import importlib.util
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scope_jax.models import decode_attention as da
+from scope_jax.models import kv_cache as kvc
+from scope_jax.models import ops
+
+pytest.importorskip("jax.experimental.pallas.tpu")
+
+K, G, H = 2, 3, 128
+
+
+def _case(seed, capacity, w, dtype):
+  """4 rows over a `capacity`-slot buffer read to `w` slots: full, holes, left padding, empty."""
+  rng = np.random.default_rng(seed)
+  b = 4
+  q = rng.normal(size=(b, K * G, H))
+  keys, values = rng.normal(size=(2, b, capacity, K, H))
+  cols = np.arange(w)
+  lengths = np.array([w, w * 2 // 3, w // 3, 0])
+  valid = cols[None] < lengths[:, None]
+  valid[1] &= rng.random(w) > 0.3  # holes
+  valid[2] &= cols >= w // 8  # left padding
+  slot = np.maximum(lengths - 1, 0)
+  valid[np.arange(3), slot[:3]] = True  # a query's own slot holds its key
+  pos = np.maximum(np.cumsum(valid, axis=1) - 1, 0).astype(np.int32)
+  cast = lambda x: jnp.asarray(x, dtype)
+  return (cast(q), cast(keys), cast(values), jnp.asarray(valid), jnp.asarray(slot, jnp.int32),
+          jnp.asarray(pos))
+
+
+def _both(q, keys, values, valid, slot, pos, *, window, cap, scale=0.09):
+  w = valid.shape[1]
+  q_pos = pos[jnp.arange(pos.shape[0]), slot]
+  mask = da.decode_mask(slot, valid, q_pos, pos, window)
+  ours = da.attend(q, keys, values, mask, scale=scale, cap=cap, interpret=True)
+  kw = dict(q_pos_BT=q_pos[:, None], k_pos_BS=pos, window=window) if window is not None else {}
+  theirs = ops.attend_kv(q[:, None], keys[:, :w], values[:, :w], slot[:, None], valid,
+                         scale=scale, cap=cap, kv_specs=kvc.attention_specs(kvc.SLOTS), **kw)
+  return ours, theirs[:, 0]
+
+
+@pytest.mark.parametrize("capacity,w", [(384, 300), (768, 768)])  # a ragged last block; 3 whole
+@pytest.mark.parametrize("window,cap", [(None, 0.0), (48, 0.0), (0, 5.0), (48, 5.0)])
+def test_kernel_equals_attend_kv_in_float32(capacity, w, window, cap):
+  case = _case(0, capacity, w, jnp.float32)
+  ours, theirs = _both(*case, window=None if window is None else jnp.int32(window), cap=cap)
+  chex.assert_trees_all_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_a_window_shorter_than_one_block():
+  ours, theirs = _both(*_case(4, 384, 64, jnp.float32), window=jnp.int32(16), cap=0.0)
+  chex.assert_trees_all_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_key_blocks_cover_the_window_inside_the_buffer():
+  got = [da.block_size(w, c) for w, c in [(64, 4096), (300, 384), (768, 768), (3000, 4096),
+                                          (20480, 20480), (190, 200)]]
+  assert got == [128, 128, 256, 512, 512, 0], got
+
+
+@pytest.mark.parametrize("window,cap", [(None, 0.0), (48, 5.0)])
+def test_kernel_equals_attend_kv_in_bfloat16(window, cap):
+  """bf16 inputs, float32 softmax: the two round the probabilities (theirs normalised, ours not)
+  and the output to bf16, so they agree to about one bf16 step at the outputs' scale (1, step 2^-7)."""
+  case = _case(1, 384, 300, jnp.bfloat16)
+  ours, theirs = _both(*case, window=None if window is None else jnp.int32(window), cap=cap)
+  assert ours.dtype == jnp.bfloat16
+  chex.assert_trees_all_close(ours.astype(jnp.float32), theirs.astype(jnp.float32),
+                              atol=2 ** -7, rtol=2 ** -7)
+
+
+def test_grouped_query_shapes_agree_and_masks_matter():
+  q, keys, values, valid, slot, pos = _case(2, 384, 256, jnp.float32)
+  mask = da.decode_mask(slot, valid)
+  flat = da.attend(q, keys, values, mask, interpret=True)
+  grouped = da.attend(q.reshape(4, K, G, H), keys, values, mask, interpret=True)
+  chex.assert_trees_all_close(flat, grouped, atol=0, rtol=0)
+  # The comparison can fail: dropping the mask changes every row but the full one.
+  loose = da.attend(q, keys, values, jnp.ones_like(mask), interpret=True)
+  diff = np.abs(np.asarray(loose - flat)).max(axis=(1, 2))
+  assert (diff[1:] > 1e-3).all(), diff
+
+
+def test_bad_inputs_say_what_to_fix():
+  q, keys, values, valid, slot, _ = _case(3, 384, 300, jnp.float32)
+  with pytest.raises(ValueError, match="boolean mask"):
+    da.attend(q, keys, values, valid.astype(jnp.float32), interpret=True)
+  with pytest.raises(ValueError, match="no key block"):
+    da.attend(q, keys[:, :200], values[:, :200], jnp.ones((4, 190), bool), interpret=True)
+  with pytest.raises(ValueError, match="sliding window"):
+    da.decode_mask(slot, valid, window=8)
+
+
+def test_kernel_applies_only_to_one_token_over_slots_on_a_tpu(monkeypatch):
+  args = (1, kvc.SLOTS, 4096, 4096, 128)
+  assert not da.applies(*args)  # this host's CPU
+  with ops.compiling_for("tpu", 1):
+    assert da.applies(*args) and da.applies(1, kvc.SLOTS, 300, 384, 128)
+    assert not da.applies(2, kvc.SLOTS, 4096, 4096, 128)  # a prefill block
+    assert not da.applies(1, kvc.HEADS, 4096, 4096, 128)
+    assert not da.applies(1, kvc.SLOTS, 4096, 4096, 64)
+    assert not da.applies(1, kvc.SLOTS, 4096, 4096, 256)  # the reshape would relayout the cache
+    assert not da.applies(1, kvc.SLOTS, 190, 200, 128)  # no key block fits the buffer
+    monkeypatch.setenv(da.ENV, "off")
+    assert not da.applies(*args)
+    monkeypatch.setenv(da.ENV, "on")
+    with pytest.raises(ValueError, match=da.ENV):
+      da.applies(*args)
+  monkeypatch.delenv(da.ENV)
+  with ops.compiling_for("tpu", 4):  # several devices but no activation sharding: no kernel
+    assert not da.applies(*args)
+
+
+@pytest.fixture
+def _no_persistent_cache():
+  """Programs compiled for compile-only TPU devices cannot be read back from the cache."""
+  before = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  yield
+  jax.config.update("jax_enable_compilation_cache", before)
+  jax.clear_caches()  # no trace made with the switch off outlives the test
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu")
+def test_tpu_decode_chunk_reads_the_window_once(monkeypatch, _no_persistent_cache):
+  """v5p-8, 16 rows × 16,384 slots, 2 layers of 7B-like attention (4 query heads over 2 kv
+  heads of 128 dims): with the kernel the chunk's bytes are within 1.2x a step's minimum and no
+  whole-cache copy; XLA's attention (the switch off) relayouts the keys and reads more."""
+  from bench import decode_hlo
+  from scope_jax import sharding as shd
+  from scope_jax.models.config import ModelConfig
+  from scope_jax.plan import topology
+  config = ModelConfig("qwen2", 1024, 256, 512, 2, 4, 2, 128, rope_theta=1e6, qkv_bias=True,
+                       max_position_embeddings=16384)
+  mesh = shd.make_mesh((1, -1, 1), topology.devices(topology.parse("v5p-8")))
+  kw = dict(slots=16, capacity=16384, chunk=4, layout=kvc.SLOTS, in_place=True)
+  got = decode_hlo.measure(config, mesh, **kw)
+  assert not got["copies"], got["copies"]
+  assert got["bytes"] <= 1.2 * got["minimum"], (got["bytes"], got["minimum"])
+  monkeypatch.setenv(da.ENV, "off")
+  jax.clear_caches()  # the switch is read when the program is traced
+  xla = decode_hlo.measure(config, mesh, **kw)
+  assert xla["copies"] and xla["bytes"] > got["bytes"], (xla["copies"], xla["bytes"])
