@@ -18,7 +18,8 @@ fsdp f, tensor t; c and p the compute and parameter dtypes' bytes):
 - train FLOPs: tokens · (6(N − N_out) + 6·L·heads·H·T) + response tokens · 6·N_out, with N_out
   the output projection (log-probs are needed on the response columns only) and the second term
   causal attention over T columns (scores and values, 2·2·T²/2 per head and layer forward,
-  times 3 with the backward);
+  times 3 with the backward); each frozen forward the step runs (a KL reference's, a teacher's)
+  adds a third of that (its forward, no backward), and its weights one more gather and read;
 - train interconnect, FSDP: per micro-batch an all-gather of the matmul weights for the forward
   and again for the backward (the gathered copy is not kept between them) and a reduce-scatter
   of their gradients, all in the compute dtype over fsdp: 3·(f−1)/f·N·c/t (an untied input
@@ -126,24 +127,28 @@ def _share(n: int) -> float:
 
 
 def train_minimum(s: Shapes, rows: int, cols: int, micro: int, chips: int,
-                  prompt: int = 0) -> tuple[float, float, float]:
+                  prompt: int = 0, forwards: int = 0) -> tuple[float, float, float]:
   """(FLOPs, HBM bytes, ICI bytes) per chip of one update at the analytic minimum (the first
-  `prompt` columns of each row need no log-probs)."""
+  `prompt` columns of each row need no log-probs; `forwards` frozen models' forwards, the KL
+  reference's or a teacher's, run inside the step)."""
   m, mesh = s.model, s.mesh
   d, f, t = mesh.get("data", 1), mesh.get("fsdp", 1), mesh.get("tensor", 1)
   c, p = _itemsize(s.dtype), _itemsize(s.param_dtype)
   params = m.num_params()
   out = 6.0 * output_weights(m)
   flops = rows * (cols * (train_flops_per_token(m, cols) - out) + (cols - prompt) * out) / chips
+  flops *= (3 + forwards) / 3  # a frozen forward is a third of a forward and backward
   gathered = params * c / t  # one chip's weights in the compute dtype, whole along fsdp
   moved = matmul_weights(m) * c / t  # of those, what FSDP gathers (not an untied lookup table)
   shard = params * p / (f * t)
   tokens = max(rows // max(micro, 1), 1) / (d * f) * cols  # a micro-batch's tokens on one chip
   activations = tokens * m.hidden_size * c
   reduces = 4 + (2 if s.remat != "none" else 0)
-  ici_micro = 3 * _share(f) * moved + 2 * _share(t) * reduces * m.num_layers * activations
+  reduces += 2 * forwards
+  ici_micro = (3 + forwards) * _share(f) * moved + 2 * _share(t) * reduces * m.num_layers * activations
   ici = micro * ici_micro + 2 * _share(d) * shard
-  hbm = micro * (3 * gathered + 2 * shard + 2 * m.num_layers * activations) + 7 * shard
+  hbm = (micro * ((3 + forwards) * gathered + 2 * shard + 2 * m.num_layers * activations)
+         + 7 * shard)
   return flops, hbm, ici
 
 
@@ -197,7 +202,8 @@ def estimate(c: analysis.Compiled, s: Shapes, sl: topology.Slice) -> Estimate:
   ici = sum(ici_kind.values())
   minimum = None
   if p.kind == "train":
-    minimum = train_minimum(s, p.rows, p.columns, p.micro_batches, chips, p.prompt_columns)
+    minimum = train_minimum(s, p.rows, p.columns, p.micro_batches, chips, p.prompt_columns,
+                            p.forwards)
   elif p.kind == "decode":
     minimum = decode_minimum(s, p.rows, p.columns, chips)
   elif p.kind == "prefill" and p.columns:

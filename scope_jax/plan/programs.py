@@ -55,6 +55,7 @@ class Program:
   columns: int = 0  # tokens per row (train: the update's columns; decode: the cache window)
   prompt_columns: int = 0  # train: of `columns`, the prompt's (no log-probs are needed there)
   micro_batches: int = 1  # train: micro-batches per update
+  forwards: int = 0  # train: frozen models' forwards inside the step (KL reference, teacher)
   steps: int = 1  # decode: steps per call (at most: a call stops when every row is done)
 
 
@@ -229,7 +230,7 @@ def train_programs(shapes: RunShapes) -> tuple[list[Program], dict[str, Any]]:
         lambda step=step, state=state, batch=batch, ref=ref, teacher=teacher:
             step.trace(state, batch, ref, teacher),
         tokens=rows * cols, rows=rows, columns=cols, prompt_columns=prompt_cols,
-        micro_batches=micro,
+        micro_batches=micro, forwards=len(extra),
         resident_inputs=bytes_per_chip((state, ref, teacher)),
         note=f"{rows} rows × {cols} tokens in {micro} micro-batches"
              + (f"; {' and '.join(extra)} forward inside" if extra else "")))

@@ -143,6 +143,7 @@ def test_train_minimum_by_hand():
   N = P - 256 * 64
   rows, cols, micro, chips = 16, 128, 2, 4
   flops, hbm, ici = est.train_minimum(s, rows, cols, micro, chips)
+  hbm_full = hbm
   assert flops == rows * cols * (6 * N + 6 * 2 * 4 * 16 * cols) / chips
   assert ici == micro * 3 * 0.75 * N * 2
   tokens = rows // micro / 4 * cols
@@ -151,6 +152,11 @@ def test_train_minimum_by_hand():
   flops, _, _ = est.train_minimum(s, rows, cols, micro, chips, prompt=96)
   out = 256 * 64
   assert flops == rows * (cols * (6 * (N - out) + 6 * 2 * 4 * 16 * cols) + 32 * 6 * out) / chips
+  # a KL reference's forward inside the step: a third more FLOPs, one more gather of the weights
+  ref_flops, ref_hbm, ref_ici = est.train_minimum(s, rows, cols, micro, chips, forwards=1)
+  chex.assert_trees_all_close(ref_flops, rows * cols * (8 * N + 8 * 2 * 4 * 16 * cols) / chips)
+  assert ref_ici == micro * 4 * 0.75 * N * 2
+  assert ref_hbm == hbm_full + micro * P * 2
 
 
 def test_step_times_and_mfu_from_the_three_counts():
