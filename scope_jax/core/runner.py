@@ -312,6 +312,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     rt.begin_step(step)
     t0 = time.perf_counter()
     metrics = method.step(step)
+    guard = getattr(method, "guard", None)  # model output its parsers could not read
+    if guard is not None:
+      metrics["parse_errors"] = float(guard.take())
     metrics.update(rt.role_metrics())
     metrics.update(rt.timer.metrics())
     metrics["time/step"] = time.perf_counter() - t0
