@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from scope_jax.core.method import Players, PolicyPlan, RolePlan
-from scope_jax.core.runtime import Runtime, optim_settings
+from scope_jax.core.runtime import Runtime
 from scope_jax.core.stages import Staged
 from scope_jax.methods.piplay import demos as piplay_demos
 from scope_jax.methods.piplay import prompts as P
@@ -105,11 +105,6 @@ class PiPlay(Staged):
     if s.attempts < 2:
       raise ValueError(f"piplay.attempts={s.attempts}: the difficulty reward needs at least 2 "
                        "student attempts per question.")
-    for name in ("examiner", "student"):
-      try:
-        optim_settings(c, s[f"{name}_optim"])
-      except ValueError as e:
-        raise ValueError(f"piplay.{name}_optim: {e}") from None
     for name in s.restart_optimizer:
       if name not in ("examiner", "student"):
         raise ValueError(f"piplay.restart_optimizer names {name!r}; the policies are 'examiner' "

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from scope_jax.core.method import Players, PolicyPlan, RolePlan
-from scope_jax.core.runtime import Runtime, optim_settings
+from scope_jax.core.runtime import Runtime
 from scope_jax.core.stages import Staged
 from scope_jax.methods.scope import demos as scope_demos
 from scope_jax.methods.scope import prompts as P
@@ -113,11 +113,6 @@ class Scope(Staged):
       if sampling and (len(sampling) != 2 or not 0.0 < sampling[1] <= 1.0):
         raise ValueError(f"scope.{name}={sampling} must be (temperature, top_p) with top_p in "
                          "(0, 1], or () for the Solver role's own settings.")
-    for name in ("challenger", "solver"):
-      try:
-        optim_settings(c, s[f"{name}_optim"])
-      except ValueError as e:
-        raise ValueError(f"scope.{name}_optim: {e}") from None
     if s.roles.challenger.max_turns < max(s.search_choices):
       raise ValueError(f"scope.roles.challenger.max_turns={s.roles.challenger.max_turns} is below "
                        f"the largest required search count {max(s.search_choices)}.")
