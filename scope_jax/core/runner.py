@@ -153,7 +153,7 @@ def check_policies(method, config: ml_collections.ConfigDict) -> None:
     try:
       optim_settings(config, plan.optim)
     except ValueError as e:
-      raise ValueError(f"policy {name!r}'s optimizer overrides: {e}") from None
+      raise ValueError(f"policy {name!r} optimizer overrides: {e}") from None
 
 
 def warn_trained_on_this_world(config: ml_collections.ConfigDict) -> None:

@@ -121,7 +121,7 @@ def test_optimizer_settings_go_to_the_optimizer_overrides():
     runner.validate(c)
   c = small_config()
   c.piplay.student_optim.learning_rate = 1e-6
-  with pytest.raises(ValueError, match="policy 'student's optimizer overrides: learning_rate is not an optimizer"):
+  with pytest.raises(ValueError, match="policy 'student' optimizer overrides: learning_rate is not an optimizer"):
     runner.validate(c)
 
 

@@ -118,7 +118,7 @@ def test_validation_names_the_fix(tmp_path):
     runner.validate(small_config(**{"scope.prompt_style": "short"}))
   with pytest.raises(ValueError, match="max_turns=1 is below the largest required search count 3"):
     runner.validate(small_config(**{"scope.roles.challenger.max_turns": 1}))
-  with pytest.raises(ValueError, match="policy 'solver's optimizer overrides: learning_rate is not an optimizer"):
+  with pytest.raises(ValueError, match="policy 'solver' optimizer overrides: learning_rate is not an optimizer"):
     runner.validate(small_config(**{"scope.solver_optim": {"learning_rate": 1e-6}}))
   paper = scope_config.get_config("paper")
   paper.model.tokenizer = str(tmp_path)
