@@ -10,7 +10,7 @@ reference, the sampler or engine — comes from the core.
 
 import numpy as np
 
-from scope_jax.core.method import Method, PolicyPlan, Players
+from scope_jax.core.method import Method, Players, PolicyPlan, RolePlan
 from scope_jax.retrieval import demo_corpus
 from scope_jax.rewards import match
 from scope_jax.rl import advantages as adv_lib
@@ -28,34 +28,31 @@ def copy_task(text: str, rng: np.random.Generator) -> tuple[str, str]:
 
 class CopyQA(Method):
   name = "copy_qa"  # the config section it reads
-  roles = ("answerer",)
   at_least_one = ("batch", "group_size")
 
   @classmethod
   def players(cls, c) -> Players:
-    """What `__init__` adds, for `scope_jax.plan`: one policy, updated on batch × G rows."""
-    return Players({"policy": PolicyPlan(c.copy_qa.batch * c.copy_qa.group_size)})
+    """One policy, updated on batch × G rows, plays the answerer."""
+    return Players({"policy": PolicyPlan(c.copy_qa.batch * c.copy_qa.group_size)},
+                   roles={"answerer": RolePlan("policy", final=("answer",))})
 
   def __init__(self, rt):
-    super().__init__(rt)
-    self.cfg = rt.config.copy_qa
+    super().__init__(rt)  # builds the players: rt.policies["policy"], self.roles["answerer"]
     self.passages = demo_corpus.demo_passages()
-    self.policy = rt.add_policy("policy")
-    self.answerer = rt.add_role("answerer", self.cfg.roles.answerer, policy=self.policy,
-                                final_tags=("answer",))
 
   def step(self, step: int) -> dict[str, float]:
     rng = np.random.default_rng([self.rt.config.seed, step])
     docs = [self.passages[int(i)] for i in rng.integers(len(self.passages), size=self.cfg.batch)]
     tasks = [copy_task(d.text, rng) for d in docs]
-    prompts = [self.answerer.prompt(PROMPT.format(text=d.text, cue=cue))
+    answerer = self.roles["answerer"]
+    prompts = [answerer.prompt(PROMPT.format(text=d.text, cue=cue))
                for d, (cue, _) in zip(docs, tasks)]
-    trajs = self.answerer.generate(prompts, num_samples=self.cfg.group_size)
+    trajs = answerer.generate(prompts, num_samples=self.cfg.group_size)
     rewards = np.array([match.exact_match(t.final("answer") or "", tasks[t.prompt_index][1])
                         for t in trajs])
     advantages = adv_lib.group_zscore(rewards.reshape(self.cfg.batch, -1)).reshape(-1)
     return {"answerer/reward": float(rewards.mean()),
-            **self.rt.train(self.policy, trajs, advantages)}
+            **self.rt.train("policy", trajs, advantages)}
 
 
 METHOD = CopyQA

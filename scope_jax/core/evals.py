@@ -86,29 +86,21 @@ def validate(config: ml_collections.ConfigDict, method_cls) -> None:
     raise ValueError(f"eval.prompt='role' asks in the {method_cls.answering_role}'s prompt; "
                      f"evaluate eval.role={e.role!r} with eval.prompt='benchmark'.")
   role = e.role or method_cls.answering_role
-  if role not in method_cls.roles:
+  roles = method_cls.role_names(config)
+  if role not in roles:
     raise ValueError(f"eval.role={role!r} is not a role of {method_cls.name}; choose one of "
-                     f"{', '.join(method_cls.roles)}.")
+                     f"{', '.join(roles)}.")
   frozen = frozen_roles(method_cls, config)
   if role in frozen:
-    trained = [r for r in method_cls.roles if r not in frozen]
+    trained = [r for r in roles if r not in frozen]
     raise ValueError(f"eval.role={role!r} is played by frozen params, which training never "
                      f"changes: evaluate a trained role ({', '.join(trained)}).")
 
 
 def frozen_roles(method_cls, config: ml_collections.ConfigDict) -> set[str]:
-  """The roles of `method_cls` that frozen params play, from its declared players: a role named
-  like frozen params, or, where the method trains several policies, a role no policy is named
-  after (the one-policy methods play every other role with that policy). A method that declares
-  no players has none here; its runtime still refuses a frozen role when it builds."""
-  try:
-    players = method_cls.players(config)
-  except NotImplementedError:
-    return set()
-  frozen = set(players.frozen) | set(players.tracked)
-  several = len(players.policies) > 1
-  return {r for r in method_cls.roles
-          if r in frozen or (several and r not in players.policies)}
+  """The roles of `method_cls` that frozen or tracked params play, as its players declare."""
+  players = method_cls.players(config)
+  return {r for r, plan in players.roles.items() if plan.by not in players.policies}
 
 
 def check_same_questions(root, sha256: str) -> None:

@@ -1,6 +1,7 @@
-"""What a method is to the runner: a class that declares its roles and the config fields it needs
-(checked before anything loads), declares its roles, policies and frozen params with the runtime
-in `__init__`, and then runs one self-play step at a time."""
+"""What a method is to the runner: a class that declares its players once (`players`: policies,
+frozen and tracked params, and the roles they play, which `Method.__init__` builds and the plan
+compiles) and the config fields it needs (checked before anything loads), and then runs one
+self-play step at a time."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import ml_collections
 import numpy as np
 
 from scope_jax.core.bounds import Bound
-from scope_jax.retrieval import search
+from scope_jax.core.guard import ParseGuard
+from scope_jax.retrieval import search as retrieval_search
+from scope_jax.world import search
 from scope_jax.rollout.types import Trajectory
 
 
@@ -30,26 +33,39 @@ def field(section: ml_collections.ConfigDict, dotted: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class PolicyPlan:
-  """A trained policy as `scope_jax.plan` compiles it: the rows of its largest update, its loss
-  overrides (as given to `Runtime.add_policy`), and whether its step distils from a teacher."""
+  """A trained policy: the rows of its largest update (what `scope_jax.plan` compiles), its loss
+  and optimizer overrides, and whether its step distils from a teacher."""
   rows: int
   loss: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   teacher: bool = False
+  optim: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolePlan:
+  """A role: the policy, frozen or tracked params that play it (`by`), whether it searches with the
+  run's search tool, the tags that end its answer, and whether its rollouts drop `<think>`."""
+  by: str
+  tool: bool = False
+  final: tuple[str, ...] = ()
+  strip_think: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class Players:
   """What a method holds on device: trained policies, frozen copies of the base model (judges),
-  and tracked params it moves itself (an EMA teacher). The KL reference is the runtime's."""
+  tracked params it moves itself (an EMA teacher), and the roles they play (each role's sampling
+  settings are `config.<method>.roles.<role>`). The KL reference is the runtime's."""
   policies: Mapping[str, PolicyPlan]
   frozen: tuple[str, ...] = ()
   tracked: tuple[str, ...] = ()
+  roles: Mapping[str, RolePlan] = dataclasses.field(default_factory=dict)
 
 
 class Method:
-  """One self-play method. Subclasses declare, as class attributes:
+  """One self-play method. Subclasses declare their players in `players(config)` and, as class
+  attributes:
 
-  roles: the entries `config.<method>.roles` must have (each role's sampling settings);
   at_least_one: fields of `config.<method>` (dotted for nested) that must be at least 1;
   choices: field → its valid values (every element, for a list-valued field);
   searches: its roles call the search tool (`config.retrieval` and `<method>.syntax` are checked);
@@ -62,7 +78,6 @@ class Method:
   """
 
   name: str = ""
-  roles: tuple[str, ...] = ()
   at_least_one: tuple[str, ...] = ()
   choices: Mapping[str, Sequence] = {}
   searches: bool = False
@@ -77,8 +92,24 @@ class Method:
   host_local_keys: tuple[str, ...] = ()  # host_state() entries that measure this host (wall
   # times): every other entry must be the same on every host of a multi-host run
 
-  def __init__(self, rt):
-    self.rt = rt
+  def __init__(self, rt, prompts=None):
+    """Builds the declared players on `rt`; roles with `tool` search the run's retrieval index
+    (built here, once). `prompts` gives each role its system message (`prompts.system(role)`).
+    `self.guard` runs the method's parsers; the runner counts its errors per step."""
+    self.rt, self.prompts = rt, prompts
+    self.cfg = rt.config.get(self.name)
+    self.guard = ParseGuard()
+    self.tool = None
+    try:
+      cast = self.players(rt.config)
+    except NotImplementedError:  # a method of one's own that adds its players itself
+      self.roles = {}
+      return
+    if any(r.tool for r in cast.roles.values()):
+      c = rt.config
+      self.passages, self.tool = search.from_config(c.retrieval, c.world.seed, c.world.corpus_seeds)
+    system = getattr(prompts, "system", lambda role: None)
+    self.roles = rt.add_players(cast, self.cfg.roles, tool=self.tool, system=system)
 
   # ------------------------------------------------------------------------ declarations
   @classmethod
@@ -86,7 +117,7 @@ class Method:
     """The declared checks, then `check`: fails fast, before anything loads. `data=False`
     (planning) skips the checks that data paths (retrieval index, encoders) are set."""
     section = config[cls.name]
-    for role in cls.roles:
+    for role in cls.role_names(config):
       if role not in section.get("roles", {}):
         raise ValueError(f"{cls.name}.roles needs a '{role}' entry (sampling settings).")
     for name in cls.at_least_one:
@@ -101,7 +132,7 @@ class Method:
       for v in values:
         check_choice(f"{cls.name}.{name}", v, valid)
     if cls.searches and data:
-      search.validate(config.retrieval)
+      retrieval_search.validate(config.retrieval)
     if cls.searches:
       check_choice(f"{cls.name}.syntax", section.syntax, cls.syntaxes)
     for role, settings in section.get("roles", {}).items():
@@ -116,9 +147,14 @@ class Method:
 
   @classmethod
   def players(cls, config: ml_collections.ConfigDict) -> Players:
-    """The policies, frozen and tracked params `__init__` adds under `config` (a wiring test
-    holds the two equal), with each update's rows: what `scope_jax.plan` compiles."""
+    """The method's one declaration of what it holds and who plays each role under `config`:
+    `Method.__init__` builds it, `scope_jax.plan` compiles its update rows."""
     raise NotImplementedError(f"{cls.__name__} does not declare its players.")
+
+  @classmethod
+  def role_names(cls, config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The roles `config.<method>.roles` must have an entry for (their sampling settings)."""
+    return tuple(cls.players(config).roles)
 
   @classmethod
   def check_data(cls, config: ml_collections.ConfigDict) -> None:

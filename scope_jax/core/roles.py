@@ -1,5 +1,4 @@
-"""A role: who plays it (a trained policy's sampler or frozen params'), its prompt templates and
-prompt limit, its sampling settings, an optional tool, and a seed stream.
+"""A role: who plays it (a trained policy's sampler or frozen params'), its prompt limit, its sampling settings, an optional tool, and a seed stream.
 
 `Role.generate` is the one way a method rolls out. It records the role's rollout metrics once,
 here, for every method: rows, tokens/s, response lengths, finish reasons, searches and invalid
@@ -11,7 +10,7 @@ from __future__ import annotations
 import collections
 import time
 import zlib
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import ml_collections
@@ -29,13 +28,12 @@ class Role:
 
   def __init__(self, name: str, settings: ml_collections.ConfigDict, *, sampler, tokenizer,
                max_prompt_tokens: int, max_context: int, seed: int = 0, tool=None,
-               final_tags: Sequence[str] = (), templates: Callable[[str], str] | None = None,
-               policy=None, timer=None, progress: bool = False, strip_think: bool = False,
-               system: str | None = None, frozen: str | None = None, syntax: str = "xml"):
+               final_tags: Sequence[str] = (), policy=None, timer=None, progress: bool = False,
+               strip_think: bool = False, system: str | None = None, frozen: str | None = None, syntax: str = "xml"):
     self.name, self.settings, self.sampler, self.tokenizer = name, settings, sampler, tokenizer
     self.max_prompt_tokens, self.max_context = max_prompt_tokens, max_context
     self.seed, self.tool, self.final_tags = seed, tool, tuple(final_tags)
-    self.templates, self.policy, self.timer, self.progress = templates, policy, timer, progress
+    self.policy, self.timer, self.progress = policy, timer, progress
     self.strip_think, self.system = strip_think, system  # system: a system message, if any
     self.frozen = frozen  # the name of the frozen params that play the role (None: a policy)
     self.syntax = syntax  # the search action its prompts ask for (rollout.parsers.SYNTAXES)
@@ -46,11 +44,6 @@ class Role:
     self._seconds = 0.0
 
   # ---------------------------------------------------------------------------- prompts
-  def template(self, name: str) -> str:
-    if self.templates is None:
-      raise ValueError(f"Role {self.name!r} has no prompt templates.")
-    return self.templates(name)
-
   def prompt(self, prompt: prompts_lib.Prompt | str, limit: int | None = None) -> list[int]:
     """Chat-templated token ids of a user prompt, its `fit` fields cut to the role's limit (or
     to `limit` tokens, when a caller needs less)."""
@@ -61,10 +54,6 @@ class Role:
                                        role=f"role {self.name!r}")
     self._cut += cut
     return render_chat(self.tokenizer, self._messages(text))
-
-  def render(self, name: str, *, fit: Sequence[str] = (), **fields) -> list[int]:
-    """`prompt` for the role's template `name`."""
-    return self.prompt(prompts_lib.Prompt(self.template(name), fields, tuple(fit)))
 
   def _messages(self, text: str) -> list[dict]:
     system = [{"role": "system", "content": self.system}] if self.system else []

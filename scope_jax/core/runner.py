@@ -35,7 +35,7 @@ from scope_jax.core import health as health_lib
 from scope_jax.core import smoke
 from scope_jax.core import warmup as warmup_lib
 from scope_jax.core.method import check_choice
-from scope_jax.core.runtime import CONTROLS, Runtime, loss_config, role_context
+from scope_jax.core.runtime import CONTROLS, Runtime, loss_config, optim_settings, role_context
 from scope_jax.models import hf_io
 from scope_jax.models import load as load_lib
 from scope_jax.models import transformer
@@ -142,7 +142,7 @@ def check_world(config: ml_collections.ConfigDict) -> None:
 
 def check_policies(method, config: ml_collections.ConfigDict) -> None:
   """Each declared policy's loss overrides name loss settings (an optimizer setting there, such
-  as `lr`, is a one-line error that says where it goes)."""
+  as `lr`, is a one-line error that says where it goes), its optimizer overrides optimizer ones."""
   try:
     players = method.players(config)
   except NotImplementedError:  # a method of one's own that declares no players
@@ -152,6 +152,10 @@ def check_policies(method, config: ml_collections.ConfigDict) -> None:
       loss_config(config, plan.loss)
     except (ValueError, TypeError) as e:
       raise ValueError(f"policy {name!r}: {e}") from None
+    try:
+      optim_settings(config, plan.optim)
+    except ValueError as e:
+      raise ValueError(f"policy {name!r} optimizer overrides: {e}") from None
 
 
 def warn_trained_on_this_world(config: ml_collections.ConfigDict) -> None:
@@ -288,6 +292,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     rt.begin_step(step)
     t0 = time.perf_counter()
     metrics = method.step(step)
+    guard = getattr(method, "guard", None)  # model output its parsers could not read
+    if guard is not None:
+      metrics["parse_errors"] = float(guard.take())
     metrics.update(rt.role_metrics())
     metrics.update(rt.timer.metrics())
     metrics["time/step"] = time.perf_counter() - t0

@@ -15,6 +15,7 @@ before an update, and the `train/` prefix of the update's metrics.
 
 from __future__ import annotations
 
+import atexit
 import zlib
 from typing import Any, Sequence
 
@@ -249,7 +250,7 @@ class Runtime:
     return self.frozen["reference"]
 
   def add_role(self, name: str, settings: ml_collections.ConfigDict, *, policy=None,
-               frozen: str | None = None, tool=None, final_tags=(), templates=None,
+               frozen: str | None = None, tool=None, final_tags=(),
                strip_think: bool = False, system: str | None = None) -> Role:
     """A role played by a trained `policy` or by the frozen params named `frozen`; a role with a
     tool searches in the run's syntax (`self.syntax`), the one its prompts ask for."""
@@ -267,12 +268,34 @@ class Runtime:
     role = Role(name, settings, sampler=sampler, tokenizer=self.tokenizer,
                 max_prompt_tokens=limit, max_context=role_context(self.config, settings),
                 seed=self.config.seed, tool=tool, final_tags=tuple(final_tags),
-                templates=templates, policy=policy, timer=self.timer,
+                policy=policy, timer=self.timer,
                 progress=console.progress_on(self.config.get("progress", True))
                 and jax.process_index() == 0,
                 strip_think=strip_think, system=system, frozen=frozen, syntax=self.syntax)
     self.roles[name] = role
     return role
+
+  def add_players(self, players, settings: ml_collections.ConfigDict, *, tool=None,
+                  system=lambda role: None) -> dict[str, Role]:
+    """Builds a method's declared `players` (`core.method.Players`): its policies with their loss
+    and optimizer overrides, frozen and tracked copies of the base model, and its roles, each with
+    its sampling `settings[role]`, `tool` if it searches, and its system message `system(role)`."""
+    for name, plan in players.policies.items():
+      self.add_policy(name, loss_overrides=dict(plan.loss), optim_overrides=dict(plan.optim))
+    for name in players.frozen:
+      self.add_frozen(name)
+    for name in players.tracked:
+      self.add_tracked(name)
+    return {name: self.add_role(name, settings[name], policy=self.policies.get(r.by),
+                                frozen=None if r.by in self.policies else r.by,
+                                tool=tool if r.tool else None, final_tags=r.final,
+                                strip_think=r.strip_think, system=system(name))
+            for name, r in players.roles.items()}
+
+  def own(self, resource):
+    """`resource`, closed when the process exits (a worker process such as the math checker)."""
+    atexit.register(resource.close)
+    return resource
 
   # ---------------------------------------------------------------------------- steps
   def begin_step(self, step: int) -> None:
@@ -287,12 +310,13 @@ class Runtime:
       out.update(role.metrics())
     return out
 
-  def train(self, policy: learner_lib.Policy, trajectories, advantages, *,
+  def train(self, policy: learner_lib.Policy | str, trajectories, advantages, *,
             loss: train_step.LossConfig | None = None, teacher: str | None = None,
             teacher_prompts=None) -> dict[str, float]:
-    """One update of `policy` with `loss` (default: the policy's own), its metrics under
+    """One update of `policy` (or the policy of that name) with `loss` (default: the policy's own), its metrics under
     `train/` (`<policy>/train/` when the run trains several policies). The KL reference is
     passed whenever the loss has β > 0; `teacher` names frozen params for distillation."""
+    policy = self.policies[policy] if isinstance(policy, str) else policy
     loss = loss or policy.loss
     engine_lib.free_caches()  # the rollouts are over: their KV caches' memory goes to training
     ref = self.reference() if loss.kl_beta > 0 else None

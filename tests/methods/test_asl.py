@@ -225,7 +225,7 @@ def _step(rt, m, step=0):
 def test_pg_step_gates_scores_and_stores(method):
   rt, m, seen, workdir, real = method
   real["train"] = True
-  before = leaves(m.policy.state.params)
+  before = leaves(m.rt.policies["policy"].state.params)
   metrics = _step(rt, m)
   a = rt.config.asl
   n = a.pg_batch * a.group_size
@@ -248,7 +248,7 @@ def test_pg_step_gates_scores_and_stores(method):
   for call in trajs[0].tool_calls:  # observations come from the bundled index
     assert call.error is None and call.result.startswith("Doc 1(Title: ")
   with pytest.raises(AssertionError):  # the policy trained
-    chex.assert_trees_all_equal(before, leaves(m.policy.state.params))
+    chex.assert_trees_all_equal(before, leaves(m.rt.policies["policy"].state.params))
   samples = (workdir / "samples.log").read_text()
   assert "validity judgments" in samples and "PM answers (GRM score)" in samples
 
@@ -413,7 +413,7 @@ def test_frozen_grm_ablation_skips_the_grm_phase_and_keeps_m0(tmp_path, monkeypa
   phases = [int(r["phase"]) for r in metrics_lib.read_jsonl(tmp_path / "metrics.jsonl")]
   assert 1 not in phases and 2 in phases  # PG → PM
   with pytest.raises(AssertionError):  # the shared policy trained; the judge did not
-    chex.assert_trees_all_equal(leaves(m.rt.frozen["grm"]), leaves(m.policy.state.params))
+    chex.assert_trees_all_equal(leaves(m.rt.frozen["grm"]), leaves(m.rt.policies["policy"].state.params))
 
 
 @pytest.mark.slow  # two scripted runs of 9 steps

@@ -87,8 +87,8 @@ def test_roles_record_rollout_metrics_and_repeat_their_seeds(tmp_path):
   rt = runtime.Runtime(spell_config_small(), str(tmp_path))
   method = spell.Spell(rt)
   rt.begin_step(3)
-  prompt = method.questioner.prompt("Write a question.")
-  first = method.questioner.generate([prompt], num_samples=2)
+  prompt = method.roles["questioner"].prompt("Write a question.")
+  first = method.roles["questioner"].generate([prompt], num_samples=2)
   m = rt.role_metrics()
   assert m["questioner/rollout/rows"] == 2.0
   assert m["questioner/rollout/tokens"] == sum(float(t.loss_mask.sum()) for t in first)
@@ -96,11 +96,11 @@ def test_roles_record_rollout_metrics_and_repeat_their_seeds(tmp_path):
   assert sum(m[f"questioner/rollout/finish_{r}"] for r in ("eos", "length", "stop")) == 1.0
   assert "responder/rollout/rows" not in m  # a role that did not play reports nothing
   rt.begin_step(3)  # a resumed run replays step 3 with the same seeds
-  again = method.questioner.generate([prompt], num_samples=2)
+  again = method.roles["questioner"].generate([prompt], num_samples=2)
   for a, b in zip(first, again):
     chex.assert_trees_all_equal(a.tokens, b.tokens)
   rt.begin_step(4)
-  other = method.questioner.generate([prompt], num_samples=2)
+  other = method.roles["questioner"].generate([prompt], num_samples=2)
   with pytest.raises(AssertionError):  # the next step samples other tokens
     chex.assert_trees_all_equal([a.tokens for a in first], [b.tokens for b in other])
 
@@ -110,8 +110,8 @@ def test_role_samplers_use_the_sampling_layout(tmp_path):
   holds the weights whole along fsdp (SAMPLING_RULES)."""
   rt = runtime.Runtime(spell_config_small(**{"mesh.shape": (1, 8, 1)}), str(tmp_path))
   method = spell.Spell(rt)
-  train_spec = method.policy.state.params["layers"]["q"].sharding.spec
-  sample_spec = method.questioner.sampler.params["layers"]["q"].sharding.spec
+  train_spec = method.rt.policies["policy"].state.params["layers"]["q"].sharding.spec
+  sample_spec = method.roles["questioner"].sampler.params["layers"]["q"].sharding.spec
   assert "fsdp" in jax.tree.leaves(tuple(train_spec))
   assert "fsdp" not in jax.tree.leaves(tuple(sample_spec))
 
@@ -127,8 +127,8 @@ def test_mesh_rules_on_the_command_line_change_the_sharding(tmp_path):
     values(argv)
     rt = runtime.Runtime(values.config, str(tmp_path / str(len(flags))))
     method = spell.Spell(rt)
-    return (tuple(method.policy.state.params["layers"]["gate"].sharding.spec),
-            tuple(method.questioner.sampler.params["layers"]["gate"].sharding.spec))
+    return (tuple(method.rt.policies["policy"].state.params["layers"]["gate"].sharding.spec),
+            tuple(method.roles["questioner"].sampler.params["layers"]["gate"].sharding.spec))
 
   assert gate_specs() == ((None, "fsdp", None), (None, None, None))
   assert gate_specs("--config.mesh.rules.train.embed=", "--config.mesh.rules.train.mlp=fsdp",
@@ -157,9 +157,9 @@ def test_generic_warm_up_fits_caches_and_reloads(tmp_path, monkeypatch):
   rt, method = runner.build(c, str(tmp_path / "a"))
   assert (tmp_path / "a" / "warm_start" / "model.safetensors").exists()
   assert len(list((tmp_path / "cache" / "warm_start").iterdir())) == 1
-  warmed = jax.tree.map(np.asarray, method.policy.state.params)
+  warmed = jax.tree.map(np.asarray, method.rt.policies["policy"].state.params)
   assert rt.base_params is None  # released: no frozen role or KL reference reads M0 here
-  chex.assert_trees_all_equal(warmed, jax.tree.map(np.asarray, method.questioner.sampler.params))
+  chex.assert_trees_all_equal(warmed, jax.tree.map(np.asarray, method.roles["questioner"].sampler.params))
   for workdir, source in (("a", "warmup/source_run"), ("b", "warmup/source_cache")):
     rt2 = runtime.Runtime(c, str(tmp_path / workdir))
     info = warmup.warm_start(rt2, spell.Spell(rt2))

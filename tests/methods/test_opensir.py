@@ -87,7 +87,7 @@ def stepped(tmp_path_factory):
     return train(policy, trajs, advs, **kw)
 
   rt.train = spy
-  before = np.asarray(method.policy.state.params["embed"]).copy()
+  before = np.asarray(method.rt.policies["policy"].state.params["embed"]).copy()
   rt.begin_step(0)
   metrics = method.step(0)
   return rt, method, metrics, seen, before
@@ -132,7 +132,7 @@ def test_scripted_step_runs_every_phase(stepped):
   assert m["pool/distinct_concepts"] == 1  # 'integer addition'
   chex.assert_tree_all_finite((m["train/loss"], m["train/kl"]))
   with pytest.raises(AssertionError):  # the policy trained
-    chex.assert_trees_all_close(before, np.asarray(method.policy.state.params["embed"]),
+    chex.assert_trees_all_close(before, np.asarray(method.rt.policies["policy"].state.params["embed"]),
                                 rtol=1e-5, atol=1e-8)
   assert len(seen["trajs"]) == len(seen["advs"]) == m["train/teacher_rows"] + m["train/student_rows"]
 

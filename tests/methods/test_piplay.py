@@ -122,7 +122,7 @@ def test_optimizer_settings_go_to_the_optimizer_overrides():
     runner.validate(c)
   c = small_config()
   c.piplay.student_optim.learning_rate = 1e-6
-  with pytest.raises(ValueError, match="piplay.student_optim: learning_rate is not an optimizer"):
+  with pytest.raises(ValueError, match="policy 'student' optimizer overrides: learning_rate is not an optimizer"):
     runner.validate(c)
 
 
@@ -138,23 +138,23 @@ def test_each_policy_trains_with_its_own_optimizer_and_the_student_restarts(tmp_
   c.piplay.examiner_optim = ml_collections.ConfigDict(dict(lr=5e-3))
   c.piplay.restart_optimizer = ("student",)
   m = piplay.PiPlay(runtime.Runtime(c, str(tmp_path)))
-  u_exam, exam_state = optimizers.adam_first_update(m.examiner)
-  u_stud, stud_state = optimizers.adam_first_update(m.student)
+  u_exam, exam_state = optimizers.adam_first_update(m.rt.policies["examiner"])
+  u_stud, stud_state = optimizers.adam_first_update(m.rt.policies["student"])
   chex.assert_trees_all_close(u_exam, np.full_like(u_exam, -5e-3), rtol=1e-4)
   chex.assert_trees_all_close(u_stud, np.full_like(u_stud, -c.optim.lr), rtol=1e-4)
-  m.examiner.state = m.examiner.state.replace(opt_state=exam_state)
-  m.student.state = m.student.state.replace(opt_state=stud_state, step=jnp.asarray(3, jnp.int32))
-  params = leaves(m.student.state.params)
+  m.rt.policies["examiner"].state = m.rt.policies["examiner"].state.replace(opt_state=exam_state)
+  m.rt.policies["student"].state = m.rt.policies["student"].state.replace(opt_state=stud_state, step=jnp.asarray(3, jnp.int32))
+  params = leaves(m.rt.policies["student"].state.params)
   monkeypatch.setattr(m, "examiner_step", lambda it, k, step: {})
   monkeypatch.setattr(m, "student_step", lambda it, k, step: {})
   m.step(2)  # iteration 0's first student step: nothing to restart
-  assert _moments(m.student.state.opt_state) > 0
+  assert _moments(m.rt.policies["student"].state.opt_state) > 0
   m.step(6)  # iteration 1's first student step
-  assert _moments(m.student.state.opt_state) == 0 and int(m.student.state.step) == 3
-  chex.assert_trees_all_equal(leaves(m.student.state.params), params)
-  assert _moments(m.examiner.state.opt_state) > 0  # the examiner's trainer goes on
+  assert _moments(m.rt.policies["student"].state.opt_state) == 0 and int(m.rt.policies["student"].state.step) == 3
+  chex.assert_trees_all_equal(leaves(m.rt.policies["student"].state.params), params)
+  assert _moments(m.rt.policies["examiner"].state.opt_state) > 0  # the examiner's trainer goes on
   m.step(4)  # an examiner phase start: not named, not restarted
-  assert _moments(m.examiner.state.opt_state) > 0
+  assert _moments(m.rt.policies["examiner"].state.opt_state) > 0
 
 
 def test_teacher_inputs_fit_the_teacher_context(tmp_path):
@@ -246,8 +246,8 @@ def test_schedule_and_lambda(tmp_path):
 def test_examiner_step_rewards_and_hop_keyed_update(tmp_path):
   rt = runtime.Runtime(small_config(), str(tmp_path))
   m = scripted(rt)
-  student_before = leaves(m.student.state.params)
-  examiner_before = leaves(m.examiner.state.params)
+  student_before = leaves(m.rt.policies["student"].state.params)
+  examiner_before = leaves(m.rt.policies["examiner"].state.params)
   seen = {}
   train = rt.train
 
@@ -261,7 +261,7 @@ def test_examiner_step_rewards_and_hop_keyed_update(tmp_path):
   rt.begin_step(0)
   metrics = m.step(0)
   qs = seen["qs"]
-  assert metrics["phase"] == 0 and metrics["examiner/train/applied"] == 1.0
+  assert metrics["stage"] == 0 and metrics["examiner/train/applied"] == 1.0
   for q in qs:  # the scripted examiner searched as asked and its answer is in the sources
     if q.valid:
       assert q.traj.num_searches == min(q.hops - 1, 2) and q.parts["ans"] == 1.0
@@ -273,9 +273,9 @@ def test_examiner_step_rewards_and_hop_keyed_update(tmp_path):
   for h in set(hops):  # advantages are z-scored within each hop group
     group = seen["advs"][np.asarray(hops) == h]
     assert abs(group.sum()) < 1e-4
-  chex.assert_trees_all_equal(student_before, leaves(m.student.state.params))
+  chex.assert_trees_all_equal(student_before, leaves(m.rt.policies["student"].state.params))
   with pytest.raises(AssertionError):
-    chex.assert_trees_all_equal(examiner_before, leaves(m.examiner.state.params))
+    chex.assert_trees_all_equal(examiner_before, leaves(m.rt.policies["examiner"].state.params))
 
 
 def test_student_step_teacher_sees_the_qcp_and_the_student_does_not(tmp_path, monkeypatch):
@@ -293,7 +293,7 @@ def test_student_step_teacher_sees_the_qcp_and_the_student_does_not(tmp_path, mo
   teacher_before = leaves(rt.frozen["teacher"])
   rt.begin_step(1)
   metrics = m.step(1)  # the first student step: builds the data set, then trains
-  assert metrics["phase"] == 1 and metrics["data/size"] >= 2
+  assert metrics["stage"] == 1 and metrics["data/size"] >= 2
   assert metrics["student/lambda"] == 0.3 and metrics["student/train/distill_loss"] > 0
   assert "student/train/teacher_logprob_gap" in metrics and "teacher/em" in metrics
   assert metrics["teacher/em"] > metrics["student/outcome/mean"]  # the QCP helps (scripted)
@@ -309,10 +309,10 @@ def test_student_step_teacher_sees_the_qcp_and_the_student_does_not(tmp_path, mo
     assert "Document:" not in student_prompt and "=====" not in student_prompt
     assert "n = " in teacher_prompt and "Document:" in teacher_prompt  # the QCP ...
     assert "<answer>" in teacher_prompt.split("=====")[1]  # ... down to the examiner's answer
-  record = m.datasets["0"][0]
+  record = m.sets["0"][0]
   assert record["privileged"].startswith("n = ")
   # the teacher moved by τ towards the updated student: ψ = 0.95 ψ0 + 0.05 θ
-  expect = [0.95 * a + 0.05 * b for a, b in zip(teacher_before, leaves(m.student.state.params))]
+  expect = [0.95 * a + 0.05 * b for a, b in zip(teacher_before, leaves(m.rt.policies["student"].state.params))]
   chex.assert_trees_all_close(leaves(rt.frozen["teacher"]), expect, atol=1e-6, rtol=1e-6)
 
 
@@ -322,15 +322,15 @@ def test_lambda_change_between_iterations_changes_the_loss(tmp_path):
   rt = runtime.Runtime(small_config(**{"piplay.examiner_steps": 1}), str(tmp_path))
   m = scripted(rt, malformed_every=0)
   rt.begin_step(1)
-  data = m.build_dataset(0, {})[:2]
+  data = m.build_set(0, {})[:2]
   trajs = m.solve([r["question"] for r in data], 3)
   teacher = m.teacher_prompts(data)
   advs = np.zeros(len(trajs), np.float32)
-  out, saved = {}, jax.tree.map(jnp.copy, m.student.state)
+  out, saved = {}, jax.tree.map(jnp.copy, m.rt.policies["student"].state)
   for it in (0, 1):
-    m.student.state = jax.tree.map(jnp.copy, saved)  # the same params for both (steps donate)
-    loss = dataclasses.replace(m.student.loss, distill_coef=m.distill_coef(it))
-    out[it] = rt.learner.train(m.student, trajs, advs, loss=loss,
+    m.rt.policies["student"].state = jax.tree.map(jnp.copy, saved)  # the same params for both (steps donate)
+    loss = dataclasses.replace(m.rt.policies["student"].loss, distill_coef=m.distill_coef(it))
+    out[it] = rt.learner.train(m.rt.policies["student"], trajs, advs, loss=loss,
                                teacher_params=rt.frozen["teacher"],
                                teacher_prompts=[teacher[t.prompt_index] for t in trajs])
   d = out[0]["distill_loss"]
@@ -389,7 +389,7 @@ def test_resume_in_both_phases_matches_an_uninterrupted_run(tmp_path, monkeypatc
   bits = lambda ps: [x.view(np.uint8) for x in leaves(ps)]
   chex.assert_trees_all_equal(bits(full["method"].rt.frozen["teacher"]),
                               bits(cut["method"].rt.frozen["teacher"]))
-  assert full["method"].datasets == cut["method"].datasets
+  assert full["method"].sets == cut["method"].sets
   record = run_record.read(str(tmp_path / "cut"))  # the teacher is saved and can be evaluated
   assert record.policies == ("examiner", "student", "teacher")
   assert record.roles["teacher"] == "teacher"
@@ -408,7 +408,7 @@ def test_checkpoint_restores_the_teacher_and_the_data_bit_identically(tmp_path):
   fresh_rt.load_device_state(state)
   fresh.load_host_state(host)
   bits = lambda ps: [x.view(np.uint8) for x in leaves(ps)]
-  assert step == 1 and fresh.datasets == m.datasets  # read back from data/iteration_0.jsonl
+  assert step == 1 and fresh.sets == m.sets  # read back from data/iteration_0.jsonl
   assert len(json.dumps(host)) < 2000  # the checkpoint keeps a digest, not the data set
   chex.assert_trees_all_equal(bits(rt.frozen["teacher"]), bits(fresh_rt.frozen["teacher"]))
   with pytest.raises(AssertionError):  # the restored teacher is not the base model
@@ -537,9 +537,9 @@ def test_cli_demo_runs_every_phase(tmp_path):
   TensorBoard."""
   out = _cli(tmp_path / "run", *QUICK_WARMUP)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert "Finished piplay (demo)" in out.stdout and "wall time per phase" in out.stdout
+  assert "Finished piplay (demo)" in out.stdout and "wall time per stage" in out.stdout
   records = metrics_lib.read_jsonl(tmp_path / "run" / "metrics.jsonl")
-  assert [r["phase"] for r in records] == [0, 1, 0, 1]
+  assert [r["stage"] for r in records] == [0, 1, 0, 1]
   assert "examiner/reward/mean" in records[0] and "data/size" in records[1]
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[-1] == "3"
   assert (tmp_path / "run" / "samples.log").exists() and (tmp_path / "run" / "tb").exists()
@@ -553,9 +553,9 @@ def test_cli_default_demo_trains_every_phase_on_its_own_output(tmp_path):
   out = _cli(tmp_path / "run")
   assert out.returncode == 0, out.stderr[-3000:]
   records = metrics_lib.read_jsonl(tmp_path / "run" / "metrics.jsonl")
-  examiner = [r for r in records if r["phase"] == 0]
+  examiner = [r for r in records if r["stage"] == 0]
   assert np.mean([r["examiner/valid_rate"] for r in examiner]) >= 0.5
-  student = [r for r in records if r["phase"] == 1]
+  student = [r for r in records if r["stage"] == 1]
   assert all(r["data/size"] > 0 and r["student/train/distill_loss"] > 0 for r in student)
   assert all("teacher/em" in r for r in student)
 
@@ -570,7 +570,7 @@ def test_cli_sigkill_and_resume_in_each_phase(tmp_path, kill_after, phase):
   assert "Resuming from checkpoint step" in resumed.stderr
   records = metrics_lib.read_jsonl(tmp_path / "cut" / "metrics.jsonl")
   assert [r["step"] for r in records] == [0, 1, 2, 3]
-  assert records[int(kill_after)]["phase"] == piplay.PHASES.index(phase)
+  assert records[int(kill_after)]["stage"] == piplay.PiPlay.stages.index(phase)
 
 
 def test_the_searcher_model_was_shown_the_learn_presets_own_tokens(tmp_path):

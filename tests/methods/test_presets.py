@@ -23,7 +23,7 @@ METHODS = ("spell", "scope", "opensir", "asl", "piplay")
 PARSED = {  # a metric > 0 when the method's main parser accepted the scripted output
     "spell": "questioner/parsed", "scope": "challenger/share_task",
     "opensir": "teacher/legal_rate", "asl": "pg/well_formed", "piplay": "examiner/valid_rate"}
-PHASES = {"scope": ("stage", {0, 1}), "asl": ("phase", {0, 1, 2}), "piplay": ("phase", {0, 1})}
+PHASES = {"scope": ("stage", {0, 1}), "asl": ("phase", {0, 1, 2}), "piplay": ("stage", {0, 1})}
 ABLATIONS = [  # switches that change a preset's code path
     ("spell", "paper", {"spell.reward_mapping": "reverse"}),
     ("scope", "paper", {"scope.per_turn_datums": True}),

@@ -118,7 +118,7 @@ def test_validation_names_the_fix(tmp_path):
     runner.validate(small_config(**{"scope.prompt_style": "short"}))
   with pytest.raises(ValueError, match="max_turns=1 is below the largest required search count 3"):
     runner.validate(small_config(**{"scope.roles.challenger.max_turns": 1}))
-  with pytest.raises(ValueError, match="scope.solver_optim: learning_rate is not an optimizer"):
+  with pytest.raises(ValueError, match="policy 'solver' optimizer overrides: learning_rate is not an optimizer"):
     runner.validate(small_config(**{"scope.solver_optim": {"learning_rate": 1e-6}}))
   paper = scope_config.get_config("paper")
   paper.model.tokenizer = str(tmp_path)
@@ -183,7 +183,7 @@ def test_challenger_step_uses_the_index_judge_and_solver(tmp_path):
   rt = runtime.Runtime(small_config(), str(tmp_path))
   m = scripted(rt)
   judge_before = leaves(m.rt.frozen["judge"])
-  challenger_before = leaves(m.challenger.state.params)
+  challenger_before = leaves(m.rt.policies["challenger"].state.params)
   b, g = 3, 2
   picks = m.stage1_prompts(0)[:b]
   cands = m.propose(picks, g)
@@ -209,7 +209,7 @@ def test_challenger_step_uses_the_index_judge_and_solver(tmp_path):
   chex.assert_tree_all_finite(metrics["challenger/train/loss"])
   assert metrics["challenger/train/kl"] >= 0
   with pytest.raises(AssertionError):  # the challenger trained
-    chex.assert_trees_all_equal(challenger_before, leaves(m.challenger.state.params))
+    chex.assert_trees_all_equal(challenger_before, leaves(m.rt.policies["challenger"].state.params))
   chex.assert_trees_all_equal(judge_before, leaves(m.rt.frozen["judge"]))
 
 
@@ -240,7 +240,7 @@ def test_task_set_filter_samples_the_solver_as_released(tmp_path):
     m = scope.Scope(rt)
     sampler = RecordingScopeSampler(rt.tokenizer)
     play_all_roles(rt, sampler)
-    m.build_task_set(0, {})
+    m.build_set(0, {})
     solver_calls = [(t, p) for texts, t, p in sampler.log if "Complete the task" in texts[0]]
     assert solver_calls and all(s == want for s in solver_calls), solver_calls
 
@@ -286,9 +286,9 @@ def test_stage1_as_released(tmp_path):
 def test_task_set_and_solver_step(tmp_path):
   rt = runtime.Runtime(small_config(), str(tmp_path))
   m = scripted(rt)
-  solver_before = leaves(m.solver.state.params)
+  solver_before = leaves(m.rt.policies["solver"].state.params)
   metrics = m.step(2)  # the first Stage-2 step builds the task set
-  tasks = m.task_sets["0"]
+  tasks = m.sets["0"]
   assert 1 <= len(tasks) <= 4 and metrics["taskset/size"] == len(tasks)
   assert "taskset/share_found_source" not in metrics  # reported only where it is checked
   assert all(0.2 <= t["g_bar"] <= 0.8 for t in tasks)
@@ -301,9 +301,9 @@ def test_task_set_and_solver_step(tmp_path):
       + 0.1 * metrics["solver/search/mean"], abs=1e-6)  # short answers: L = 1
   chex.assert_tree_all_finite(metrics["solver/train/loss"])
   with pytest.raises(AssertionError):  # the solver trained
-    chex.assert_trees_all_equal(solver_before, leaves(m.solver.state.params))
+    chex.assert_trees_all_equal(solver_before, leaves(m.rt.policies["solver"].state.params))
   m.step(3)  # same iteration: reuses the set
-  assert m.task_sets["0"] == tasks
+  assert m.sets["0"] == tasks
 
 
 def test_each_policy_trains_with_its_own_optimizer(tmp_path):
@@ -312,7 +312,7 @@ def test_each_policy_trains_with_its_own_optimizer(tmp_path):
   c = small_config(**{"optim.lr": 5e-3, "optim.weight_decay": 0.0})
   c.scope.solver_optim = ml_collections.ConfigDict(dict(warmup_steps=10))
   m = scope.Scope(runtime.Runtime(c, str(tmp_path)))
-  for policy, rate in ((m.challenger, -5e-3), (m.solver, 0.0)):
+  for policy, rate in ((m.rt.policies["challenger"], -5e-3), (m.rt.policies["solver"], 0.0)):
     u, _ = optimizers.adam_first_update(policy)
     chex.assert_trees_all_close(u, np.full_like(u, rate), rtol=1e-4, atol=1e-12)
 
@@ -342,7 +342,7 @@ def test_retrievable_tasks_gate_before_the_judge(tmp_path):
   assert any(own.question in t for texts, *_ in sampler.log for t in texts)
   assert not scope_config.get_config("paper").scope.retrievable_tasks  # the Judge's gates alone
   metrics = {}
-  m.build_task_set(0, metrics)
+  m.build_set(0, metrics)
   assert 0 <= metrics["taskset/share_found_source"] <= 1
 
 
@@ -353,7 +353,7 @@ def test_task_set_samples_each_document_several_times(tmp_path):
   rt = runtime.Runtime(c, str(tmp_path))
   m = scripted(rt)
   metrics = {}
-  tasks = m.build_task_set(0, metrics)
+  tasks = m.build_set(0, metrics)
   assert metrics["taskset/candidates"] == 3 * c.scope.task_set.candidates_per_round
   assert len({t["doc_id"] for t in tasks}) == len(tasks)
 
@@ -366,7 +366,7 @@ def test_task_set_keeps_few_tasks_per_rubric(tmp_path, monkeypatch):
     c = small_config(**{"scope.task_set.samples_per_document": 2,
                         "scope.task_set.max_per_rubric": cap})
     m = scripted(runtime.Runtime(c, str(tmp_path / f"cap{cap}")))
-    return m.build_task_set(0, {})
+    return m.build_set(0, {})
   assert len(build(0)) > 2 and len(build(2)) == 2 and len(build(1)) == 1
 
 
@@ -401,7 +401,7 @@ def test_per_turn_datums_for_thinking_models(tmp_path):
   seen = []
   real_train = rt.train
   rt.train = lambda policy, ts, advs, **kw: seen.append(ts) or real_train(policy, ts, advs, **kw)
-  m._train(m.solver, trajs, np.asarray([1.0, -1.0]))
+  m._train(m.rt.policies["solver"], trajs, np.asarray([1.0, -1.0]))
   assert len(seen[0]) == sum(len(t.generated_turns()) for t in trajs)  # one datum per turn
 
 
@@ -435,7 +435,7 @@ def test_judge_is_bit_identical_after_a_run(tmp_path, monkeypatch):
   chex.assert_trees_all_equal([a.view(np.uint8) for a in holder["judge_start"]],
                               [b.view(np.uint8) for b in end])
   assert m.rt.frozen["judge"] is m.rt.base_params is m.rt.frozen["judge"]  # one M0: Judge and KL ref
-  for policy in (m.challenger, m.solver):  # both trained policies moved away from M0
+  for policy in (m.rt.policies["challenger"], m.rt.policies["solver"]):  # both trained policies moved away from M0
     with pytest.raises(AssertionError):
       chex.assert_trees_all_equal(end, leaves(policy.state.params))
 

@@ -21,18 +21,16 @@ phase, the phase's reward curve, RNG) decides what comes next and is saved with 
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import numpy as np
 from absl import logging
 
-from scope_jax import metrics as metrics_lib
-from scope_jax.core.guard import ParseGuard
-from scope_jax.core.method import Method, Players, PolicyPlan
+from scope_jax.core.method import Method, Players, PolicyPlan, RolePlan
 from scope_jax.core.runtime import Runtime
 from scope_jax.methods.asl import bounds as asl_bounds
 from scope_jax.methods.asl import demos as asl_demos
 from scope_jax.methods.asl import prompts as P
+from scope_jax.methods.asl import report
 from scope_jax.methods.asl import rewards as R
 from scope_jax.rewards.match import normalize
 from scope_jax.rl import advantages as adv_lib
@@ -42,7 +40,6 @@ from scope_jax.world import search
 PHASES = ("pg", "grm", "pm")
 GRM_MODES = ("co_trained", "no_grm_phase", "frozen")
 PHASE_ENDS = ("plateau", "slope")  # the released rule, or a reward-slope threshold
-MAX_SAMPLE_CHARS = 1500
 
 
 @dataclasses.dataclass
@@ -95,12 +92,15 @@ class Asl(Method):
 
   @classmethod
   def players(cls, c) -> Players:
-    """One policy plays PG, GRM and PM (a phase's update: its batch × G); the frozen-GRM ablation
-    judges with the base model."""
+    """One policy plays PG, GRM and PM (a phase's update: its batch × G), each role searching;
+    the frozen-GRM ablation judges with the base model M0 instead."""
     a = c.asl
     rows = max(a.pg_batch, a.grm_batch, a.pm_batch) * a.group_size
-    return Players({"policy": PolicyPlan(rows)},
-                   frozen=("grm",) if a.grm_mode == "frozen" else ())
+    frozen = a.grm_mode == "frozen"
+    role = lambda by: RolePlan(by, tool=True, final=("answer",))
+    return Players({"policy": PolicyPlan(rows)}, frozen=("grm",) if frozen else (),
+                   roles={"pg": role("policy"), "pm": role("policy"),
+                          "grm": role("grm" if frozen else "policy")})
 
   @classmethod
   def check(cls, c) -> None:
@@ -135,26 +135,12 @@ class Asl(Method):
         raise ValueError(f"asl.roles.{name}.max_turns must be at least 1: every ASL role searches.")
 
   def __init__(self, rt: Runtime):
-    super().__init__(rt)
-    self.cfg = cfg = rt.config.asl
-    self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed,
-                                                  rt.config.world.corpus_seeds)
-    self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax)
+    super().__init__(rt, P.Prompts(rt.config.asl.prompt_style, rt.config.asl.syntax))
+    cfg = self.cfg
     self.topics = P.load_topics(cfg.topics, rt.config.world.seed)
-    self.verification = load_verification(cfg.verification_data) \
+    self.verification = report.load_verification(cfg.verification_data) \
         if cfg.verification_share > 0 else []
-    self.parse = ParseGuard()
     self.verdict = R.released_verdict if cfg.verdict_rule == "released" else R.parse_verdict
-    # One policy plays all three roles; the frozen-GRM ablation judges with M0 instead.
-    self.policy = rt.add_policy("policy")
-    if cfg.grm_mode == "frozen":
-      rt.add_frozen("grm")
-    grm = dict(frozen="grm") if cfg.grm_mode == "frozen" else dict(policy=self.policy)
-    tool = dict(tool=self.tool, final_tags=("answer",))
-    sys = lambda role: dict(system=self.prompts.system(role))
-    self.roles = {"pg": rt.add_role("pg", cfg.roles.pg, policy=self.policy, **tool, **sys("pg")),
-                  "pm": rt.add_role("pm", cfg.roles.pm, policy=self.policy, **tool, **sys("pm")),
-                  "grm": rt.add_role("grm", cfg.roles.grm, **grm, **tool, **sys("grm"))}
     self.rng = np.random.default_rng([rt.config.seed, 4])
     self.iteration, self.phase = 0, "pg"
     self.rewards: list[float] = []  # this phase's mean training reward per step
@@ -178,10 +164,15 @@ class Asl(Method):
     """k GRM verdicts per (question, completion); malformed ones are None (and counted)."""
     role = self.roles["grm"]
     trajs = role.generate([role.prompt(self.prompts.grm(q, c)) for q, c in pairs], num_samples=k)
-    verdicts = [self.parse(self.verdict, final_text(t), malformed=None) for t in trajs]
+    verdicts = self.verdicts(trajs)
+    return [verdicts[i * k:(i + 1) * k] for i in range(len(pairs))]
+
+  def verdicts(self, trajs: list[Trajectory]) -> list[int | None]:
+    """The GRM's verdict per rollout, None when malformed (both counted)."""
+    verdicts = [self.guard(self.verdict, final_text(t), malformed=None) for t in trajs]
     self._count("grm_verdicts", len(verdicts))
     self._count("grm_malformed", sum(v is None for v in verdicts))
-    return [verdicts[i * k:(i + 1) * k] for i in range(len(pairs))]
+    return verdicts
 
   def answer(self, questions: list[str], n: int) -> list[Trajectory]:
     role = self.roles["pm"]
@@ -204,21 +195,10 @@ class Asl(Method):
     metrics: dict[str, float] = {}
     self._skip_empty(metrics)
     phase = self.phase
-    if phase == "pg":
-      metrics.update(self.pg_step(step))
-    elif phase == "grm":
-      metrics.update(self.grm_step(step))
-    else:
-      metrics.update(self.pm_step(step))
+    metrics.update(getattr(self, f"{phase}_step")(step))
     self.rewards.append(metrics[f"{phase}/reward/mean"])
     metrics.update({"iteration": float(self.iteration), "phase": float(PHASES.index(phase)),
-                    "phase/step": float(len(self.rewards) - 1),
-                    "grm/verdicts": float(self.counts.get("grm_verdicts", 0)),
-                    "grm/malformed": float(self.counts.get("grm_malformed", 0)),
-                    "pm/no_answer": float(self.counts.get("pm_no_answer", 0)),
-                    "format_bonus/mean": float(self.counts.get("format_bonus_sum", 0.0)
-                                               / max(self.counts.get("format_bonus_n", 0), 1)),
-                    "parse_errors": float(self.parse.take())})
+                    "phase/step": float(len(self.rewards) - 1), **report.step_counts(self.counts)})
     if phase != "pg":
       s = R.slope(self.rewards, self.cfg.slope_window, self.cfg.slope_ema)
       if s is not None:
@@ -227,7 +207,7 @@ class Asl(Method):
     if done:
       metrics[f"{phase}/phase_length"] = float(len(self.rewards))
       self.advance(why, step)
-    metrics.update(self.store_metrics())
+    metrics.update(report.store_metrics(self))
     return metrics
 
   def phase_done(self) -> tuple[bool, str]:
@@ -294,7 +274,7 @@ class Asl(Method):
 
   def _train(self, trajs: list[Trajectory], rewards: np.ndarray) -> tuple[dict, np.ndarray]:
     advs = adv_lib.group_zscore(rewards, std=self.cfg.adv_std, eps=self.cfg.adv_eps).reshape(-1)
-    return self.rt.train(self.policy, trajs, advs), advs
+    return self.rt.train("policy", trajs, advs), advs
 
   # ---------------------------------------------------------------------------- PG phase
   def meta_prompts(self, n: int) -> list[dict]:
@@ -310,7 +290,7 @@ class Asl(Method):
     out = []
     for t in trajs:
       p = Proposal(metas[t.prompt_index], t)
-      p.task, p.error = self.parse(R.parse_task, final_text(t), malformed=(None, "parse_error"))
+      p.task, p.error = self.guard(R.parse_task, final_text(t), malformed=(None, "parse_error"))
       out.append(p)
     return out
 
@@ -339,8 +319,8 @@ class Asl(Method):
     rewards = np.asarray([p.reward + f for p, f in zip(props, fmt)]).reshape(
         len(metas), cfg.group_size)
     train, _ = self._train([p.traj for p in props], rewards)
-    self.rt.metrics.samples(step, [self._pg_record(p) for p in self._show(props)])
-    return {**self.pg_metrics(props, metas), **train}
+    self.rt.metrics.samples(step, report.pg_records(props, self.examples))
+    return {**report.pg_metrics(props, metas, self.counts), **train}
 
   def store_pg(self, props: list[Proposal]) -> None:
     """Valid pairs with r_PG > 0 and a question of the released shape join D_PM (one per
@@ -383,34 +363,18 @@ class Asl(Method):
     role = self.roles["grm"]
     trajs = role.generate([role.prompt(self.prompts.grm(x["question"], x["response"]))
                            for x in items], num_samples=g)
-    preds = [self.parse(self.verdict, final_text(t), malformed=None) for t in trajs]
-    self._count("grm_verdicts", len(preds))
-    self._count("grm_malformed", sum(p is None for p in preds))
+    preds = self.verdicts(trajs)
     if self.cfg.verdict_rule == "released":  # the stored label's words in the last <answer>
-      rewards = np.asarray([self.parse(R.released_grm_reward, final_text(t),
+      rewards = np.asarray([self.guard(R.released_grm_reward, final_text(t),
                                        items[t.prompt_index]["score"], malformed=0.0)
                             for t in trajs])
     else:
       rewards = np.asarray([R.grm_reward(p, items[t.prompt_index]["score"])
                             for t, p in zip(trajs, preds)])
-    m = metrics_lib.summarize(rewards, "grm/reward")  # agreement: what the phase's end reads
-    m["grm/agreement"] = float(rewards.mean())
-    for label in (0, 1):
-      rows = [r for t, r in zip(trajs, rewards) if items[t.prompt_index]["score"] == label]
-      if rows:
-        m[f"grm/agreement_on_{label}"] = float(np.mean(rows))
-    real = [r for t, r in zip(trajs, rewards) if items[t.prompt_index].get("real")]
-    if real:
-      m["grm/agreement_real"] = float(np.mean(real))
-    m["grm/items"] = float(len(items))
+    m = report.grm_metrics(items, trajs, rewards)
     bonus = np.asarray([self.format_bonus(t) for t in trajs])
     train, _ = self._train(trajs, (rewards + bonus).reshape(len(items), g))
-    self.rt.metrics.samples(step, [
-        {"phase": "grm", "question": items[t.prompt_index]["question"],
-         "answer judged": items[t.prompt_index]["response"],
-         "stored score": items[t.prompt_index]["score"],
-         "GRM output": t.response_text()[-MAX_SAMPLE_CHARS:], "GRM score": str(p)}
-        for t, p in list(zip(trajs, preds))[:2]])
+    self.rt.metrics.samples(step, report.grm_records(items, trajs, preds))
     return {**m, **train}
 
   # ---------------------------------------------------------------------------- PM phase
@@ -422,18 +386,10 @@ class Asl(Method):
     rewards = np.asarray([float(R.score(s)) for _, s in scored]).reshape(len(items), g)
     flags = [R.difficulty_flag(float(r.mean()), cfg.harder_at_half) for r in rewards]
     self.upsert_pg([dict(x, flag=f) for x, f in zip(items, flags)])
-    m = metrics_lib.summarize(rewards.reshape(-1), "pm/reward")
-    m["pm/accuracy"] = float(rewards.mean())  # as judged by the GRM
-    m["pm/flags_harder"] = float(flags.count(R.HARDER))
-    m["pm/flags_easier"] = float(flags.count(R.EASIER))
+    m = report.pm_metrics(rewards, flags)
     bonus = np.asarray([self.format_bonus(t) for t in trajs]).reshape(rewards.shape)
     train, _ = self._train(trajs, rewards + bonus)
-    self.rt.metrics.samples(step, [
-        {"phase": "pm", "question": items[t.prompt_index]["question"],
-         "reference answer": items[t.prompt_index]["answer"],
-         "PM output": t.response_text()[-MAX_SAMPLE_CHARS:], "PM answer": str(a),
-         "GRM score": str(s), "flag": flags[t.prompt_index]}
-        for t, (a, s) in list(zip(trajs, scored))[:2]])
+    self.rt.metrics.samples(step, report.pm_records(items, trajs, scored, flags))
     return {**m, **train}
 
   def upsert_pg(self, entries: list[dict]) -> None:
@@ -447,57 +403,7 @@ class Asl(Method):
     self.d_pg_next = []
     R.bounded_add(self.d_pg_next, list(merged.values()), self.cfg.stores.pg)
 
-  # ---------------------------------------------------------------------- metrics and state
-  def pg_metrics(self, props: list[Proposal], metas: list[dict]) -> dict[str, float]:
-    n = len(props)
-    formed = [p for p in props if p.task is not None]
-    valid = [p for p in formed if p.valid]
-    m = metrics_lib.summarize([p.reward for p in props], "pg/reward")
-    m.update({"pg/proposals": float(n), "pg/well_formed": len(formed) / n,
-              "pg/validity_rate": len(valid) / max(len(formed), 1),
-              "pg/valid": float(len(valid)), "pg/new_pairs": float(sum(p.new for p in props)),
-              "pg/meta_topic": float(sum("topic" in x for x in metas)),
-              "pg/meta_harder": float(sum(x.get("flag") == R.HARDER for x in metas)),
-              "pg/meta_easier": float(sum(x.get("flag") == R.EASIER for x in metas))})
-    for err in R.PG_ERRORS + ("parse_error",):
-      m[f"pg/malformed/{err}"] = float(sum(p.error == err for p in props))
-    m.update(metrics_lib.summarize([R.mean_score(p.validity) for p in formed], "pg/validity_s"))
-    m.update(metrics_lib.summarize([R.mean_score(p.scores) for p in props if p.scores],
-                                   "pg/pm_accuracy"))
-    edges = np.linspace(0.0, np.log(2.0) + 1e-9, 5)
-    hist, _ = np.histogram([p.reward for p in props if p.scores], bins=edges)
-    for i, count in enumerate(hist):
-      m[f"pg/reward_hist/bin{i}"] = float(count)
-    m["pg/dropped_pm"] = float(self.counts.get("dropped_pm", 0))
-    return m
-
-  def store_metrics(self) -> dict[str, float]:
-    return {"store/d_pg": float(len(self.d_pg)), "store/d_pg_next": float(len(self.d_pg_next)),
-            "store/d_pm": float(len(self.d_pm)), "store/d_grm": float(len(self.d_grm)),
-            "store/pm_target": float(self.pm_target())}
-
-  def _show(self, props: list[Proposal], k: int = 3) -> list[Proposal]:
-    """A few samples for samples.log: valid ones first, then well-formed, then the rest."""
-    order = sorted(props, key=lambda p: (not p.valid, p.task is None))
-    return order[:k]
-
-  def _pg_record(self, p: Proposal) -> dict:
-    rec = {"phase": "pg", "meta prompt": json.dumps(p.meta, ensure_ascii=False),
-           "searches": [c.queries for c in p.traj.tool_calls],
-           "PG output": p.traj.response_text()[-MAX_SAMPLE_CHARS:]}
-    if p.task is None:
-      rec["malformed"] = p.error
-    else:
-      rec.update({"question": p.task.question, "answer": p.task.answer,
-                  "validity judgments": str(p.validity), "valid": p.valid})
-      if p.scores:
-        rec["PM answers (GRM score)"] = "; ".join(f"{a} ({s})" for a, s in zip(p.answers,
-                                                                               p.scores))
-    rec["reward"] = f"{p.reward:.3f}"
-    if p.valid and len(self.examples) < 6:
-      self.examples.append({k: rec[k] for k in ("question", "answer", "reward")})
-    return rec
-
+  # ---------------------------------------------------------------------------- state
   def host_state(self) -> dict:
     return {"iteration": self.iteration, "phase": self.phase, "rewards": self.rewards,
             "history": self.history, "d_pg": self.d_pg, "d_pg_next": self.d_pg_next,
@@ -514,35 +420,7 @@ class Asl(Method):
     self.examples = list(state.get("examples", []))
 
   def summary(self) -> str:
-    phases = ", ".join(f"{h['iteration']}:{h['phase']}×{h['steps']}" for h in self.history)
-    lines = [f"  phases (iteration:phase×steps): {phases or 'none finished'}; now iteration "
-             f"{self.iteration} {self.phase} after {len(self.rewards)} steps",
-             f"  stores: D_PG {len(self.d_pg)} (+{len(self.d_pg_next)} next), D_PM "
-             f"{len(self.d_pm)}, D_GRM {len(self.d_grm)}"]
-    for ex in self.examples[:3]:
-      lines.append(f"  question {ex['question']!r} → {ex['answer']!r} (r_PG {ex['reward']})")
-    return "\n".join(lines)
-
-
-def load_verification(path: str) -> list[dict]:
-  """Real verification data (JSONL: question, response, score 0/1 or label correct/wrong)."""
-  out = []
-  with open(path, encoding="utf-8") as f:
-    for i, line in enumerate(f):
-      if not line.strip():
-        continue
-      row = json.loads(line)
-      label = row.get("score", row.get("label"))
-      score = {"correct": 1, "wrong": 0, "1": 1, "0": 0, 1: 1, 0: 0, True: 1, False: 0}.get(
-          label.lower() if isinstance(label, str) else label)
-      if score is None or "question" not in row or "response" not in row:
-        raise ValueError(f"{path}:{i + 1}: each line needs 'question', 'response' and 'score' "
-                         "(0/1) or 'label' (correct/wrong).")
-      out.append({"question": str(row["question"]), "response": str(row["response"]),
-                  "score": score})
-  if not out:
-    raise ValueError(f"{path} holds no verification examples.")
-  return out
+    return report.summary(self)
 
 
 METHOD = Asl

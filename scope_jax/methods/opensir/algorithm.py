@@ -14,23 +14,21 @@ Per step, for each of `units_per_step` units:
 
 from __future__ import annotations
 
-import atexit
-import base64
 import dataclasses
 
 import numpy as np
 from absl import logging
 from etils import epath
 
-from scope_jax import metrics as metrics_lib
-from scope_jax import prompts
-from scope_jax.core.guard import ParseGuard
-from scope_jax.core.method import Method, Players, PolicyPlan
+from scope_jax.core.method import Method, Players, PolicyPlan, RolePlan
 from scope_jax.core.runtime import Runtime
 from scope_jax.methods.opensir import bounds as opensir_bounds
 from scope_jax.methods.opensir import bootstrap
 from scope_jax.methods.opensir import demos as opensir_demos
+from scope_jax.methods.opensir import prompts as P
+from scope_jax.methods.opensir import report
 from scope_jax.methods.opensir import rewards as R
+from scope_jax.methods.opensir.pool import Pool
 from scope_jax.retrieval.service import load_encoder
 from scope_jax.rewards import mathcheck
 from scope_jax.rl import advantages as adv_lib
@@ -65,48 +63,9 @@ class Candidate:
     return R.combined(self.solv, self.div, *self.weights)
 
 
-class Pool:
-  """The problem pool: texts, concepts and L2-normalised embeddings [P, D], grown in place."""
-
-  def __init__(self, dim: int):
-    self.problems: list[str] = []
-    self.concepts: list[list[str]] = []
-    self.embeddings = np.zeros((0, dim), np.float32)
-
-  def __len__(self) -> int:
-    return len(self.problems)
-
-  def add(self, problems, concepts, embeddings_ND) -> None:
-    self.problems += list(problems)
-    self.concepts += [list(c) for c in concepts]
-    self.embeddings = np.concatenate([self.embeddings, np.asarray(embeddings_ND, np.float32)])
-
-  def distinct_concepts(self) -> int:
-    return len({c for cs in self.concepts for c in cs})
-
-  def to_json(self) -> dict:
-    """Texts and concepts; the embeddings go to the checkpoint as a float32 array beside it
-    (`host_state`'s `pool_embeddings`), not as JSON."""
-    return {"problems": self.problems, "concepts": self.concepts,
-            "dim": int(self.embeddings.shape[1])}
-
-  @classmethod
-  def from_json(cls, state: dict, embeddings_PD: np.ndarray | None = None) -> "Pool":
-    pool = cls(state["dim"])
-    if embeddings_PD is None:  # a checkpoint that carried them as base64 float32 bytes
-      raw = np.frombuffer(base64.b64decode(state["embeddings"]), "<f4")
-      embeddings_PD = raw.reshape(-1, state["dim"]).copy()
-    pool.add(state["problems"], state["concepts"], np.asarray(embeddings_PD, np.float32))
-    if len(pool.embeddings) != len(pool.problems):
-      raise ValueError(f"The checkpoint's pool has {len(pool.problems)} problems but "
-                       f"{len(pool.embeddings)} embeddings; it is not from this version.")
-    return pool
-
-
 class OpenSir(Method):
   name = "opensir"
   bounds, section_bound = opensir_bounds.RULES, opensir_bounds.SECTION  # ranges: core/bounds.py
-  roles = ("teacher", "student")
   answering_role = "student"  # held-out evaluation scores it (config.eval)
   world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
   at_least_one = ("units_per_step", "groups_per_unit", "group_size", "num_solutions",
@@ -120,7 +79,8 @@ class OpenSir(Method):
   def players(cls, c) -> Players:
     """One policy as teacher and student: per unit, a problem group and a solution group."""
     o = c.opensir
-    return Players({"policy": PolicyPlan(o.units_per_step * (o.group_size + o.num_solutions))})
+    return Players({"policy": PolicyPlan(o.units_per_step * (o.group_size + o.num_solutions))},
+                   roles={"teacher": RolePlan("policy"), "student": RolePlan("policy")})
 
   @classmethod
   def check(cls, c) -> None:
@@ -148,22 +108,14 @@ class OpenSir(Method):
     bootstrap.check_pool_file(c)
 
   def __init__(self, rt: Runtime):
-    super().__init__(rt)
-    self.cfg = cfg = rt.config.opensir
+    super().__init__(rt, P.Prompts())
+    cfg = self.cfg
     self.rng = np.random.default_rng(rt.config.seed)
-    self.parse = ParseGuard()
-    self.checker = mathcheck.MathChecker(timeout=cfg.math_timeout)
-    atexit.register(self.checker.close)
+    self.checker = rt.own(mathcheck.MathChecker(timeout=cfg.math_timeout))
     self.encoder = load_encoder(cfg.encoder, mesh=rt.mesh)
     self.pool = Pool(self.encoder.dim)
     self.pool.add([cfg.seed_problem], [[]], self.embed([cfg.seed_problem]))
     self.started = False  # the starting pool (opensir.initial_pool) is in place
-    self.policy = rt.add_policy("policy")
-    templates = lambda name: prompts.load("opensir", name)
-    self.teacher = rt.add_role("teacher", cfg.roles.teacher, policy=self.policy,
-                               templates=templates)
-    self.student = rt.add_role("student", cfg.roles.student, policy=self.policy,
-                               templates=templates)
     self.decode = lambda ids: rt.tokenizer.decode(list(ids), skip_special_tokens=False)
 
   def demonstrations(self, rng):
@@ -175,10 +127,10 @@ class OpenSir(Method):
 
   # ------------------------------------------------------------------------------ prompts
   def teacher_prompt(self, reference: str) -> list[int]:
-    return self.teacher.render("teacher", problem=reference, fit=("problem",))
+    return self.roles["teacher"].prompt(self.prompts.teacher(reference))
 
   def student_prompt(self, problem: str) -> list[int]:
-    return self.student.render("student", problem=problem, fit=("problem",))
+    return self.roles["student"].prompt(self.prompts.student(problem))
 
   def answer_prompt(self, question: str, kind: str):
     """A held-out math problem in the student's own prompt; None for any other type (the
@@ -191,7 +143,7 @@ class OpenSir(Method):
     cfg = self.cfg
     refs = [(u, k, self.pool.problems[int(self.rng.integers(len(self.pool)))])
             for u in range(cfg.units_per_step) for k in range(cfg.groups_per_unit)]
-    trajs = self.teacher.generate([self.teacher_prompt(r) for _, _, r in refs],
+    trajs = self.roles["teacher"].generate([self.teacher_prompt(r) for _, _, r in refs],
                                   num_samples=cfg.group_size)
     out = []
     for i, (u, k, ref) in enumerate(refs):
@@ -200,8 +152,8 @@ class OpenSir(Method):
         cand = Candidate(u, u * cfg.groups_per_unit + k, ref, traj,
                          weights=(cfg.selection_weights.solvability,
                                   cfg.selection_weights.diversity))
-        cand.problem = self.parse(R.parse_problem, text, malformed=None)
-        cand.fmt = self.parse(R.teacher_format, text, cand.problem, malformed=0.0)
+        cand.problem = self.guard(R.parse_problem, text, malformed=None)
+        cand.fmt = self.guard(R.teacher_format, text, cand.problem, malformed=0.0)
         out.append(cand)
     return out
 
@@ -209,12 +161,12 @@ class OpenSir(Method):
     """n student solutions per legal problem; majority answer, solve rate and student rewards."""
     legal = [c for c in cands if c.problem is not None]
     n = self.cfg.num_solutions
-    sols = self.student.generate([self.student_prompt(c.problem.text) for c in legal],
+    sols = self.roles["student"].generate([self.student_prompt(c.problem.text) for c in legal],
                                  num_samples=n)
     for i, c in enumerate(legal):
       c.solutions = sols[i * n:(i + 1) * n]
       texts = [t.response_text() for t in c.solutions]
-      c.answers = [self.parse(self.checker.final, t, malformed=None) for t in texts]
+      c.answers = [self.guard(self.checker.final, t, malformed=None) for t in texts]
       c.majority, c.rate = R.solve_rate(c.answers)
       c.student_rewards = [
           R.student_reward(a, c.majority, R.student_format(t), self.cfg.student_format_weight)
@@ -300,10 +252,10 @@ class OpenSir(Method):
     self.solve(cands)
     new_ND = self.score(cands)
     trajs, advs, groups, problems = self.select(cands)
-    self.rt.metrics.samples(step, self.sample_records(cands))
-    metrics = self.step_metrics(cands, groups, problems)
+    self.rt.metrics.samples(step, report.sample_records(cands))
+    metrics = report.step_metrics(cands, groups, problems, self.checker.counters)
     metrics.update(start)
-    metrics.update(self.rt.train(self.policy, trajs, advs))
+    metrics.update(self.rt.train("policy", trajs, advs))
     legal = [c for c in cands if c.problem is not None]
     self.pool.add([c.problem.text for c in legal], [c.problem.concepts for c in legal], new_ND)
     metrics["pool/size"] = float(len(self.pool))
@@ -312,61 +264,7 @@ class OpenSir(Method):
       logging.info("Step %d: no legal problem; the teacher trains on format alone.", step)
     return metrics
 
-  # ----------------------------------------------------------------------- metrics and state
-  def step_metrics(self, cands, groups, problems) -> dict[str, float]:
-    legal = [c for c in cands if c.problem is not None]
-    rated = [c for c in legal if c.rate is not None]
-    m: dict[str, float] = {"teacher/problems": float(len(cands)),
-                           "teacher/legal_rate": len(legal) / max(len(cands), 1),
-                           "student/rated_problems": float(len(rated))}
-    m.update(metrics_lib.summarize([c.reward for c in cands], "teacher/reward"))
-    m.update(metrics_lib.summarize([c.fmt for c in cands], "teacher/format"))
-    for part in ("solv", "div", "length"):
-      m.update(metrics_lib.summarize([getattr(c, part) or 0.0 for c in legal],
-                                     f"teacher/{part}"))
-    m.update(metrics_lib.summarize([c.rate for c in rated], "student/solve_rate"))
-    edges = np.linspace(0.0, 1.0, 6)
-    hist, _ = np.histogram([c.rate for c in rated], bins=edges)
-    for lo, hi, count in zip(edges[:-1], edges[1:], hist):
-      m[f"student/solve_rate_hist/{lo:.1f}-{hi:.1f}"] = float(count)
-    rewards = [r for c in legal for r in c.student_rewards]
-    m.update(metrics_lib.summarize(rewards, "student/reward"))
-    agree = [a is not None and a == c.majority for c in legal for a in c.answers]
-    m["student/accuracy"] = float(np.mean(agree)) if agree else 0.0  # vs the majority answer
-    answers = [a for c in legal for a in c.answers]
-    m["student/valid_answer_rate"] = float(np.mean([a is not None for a in answers])) \
-        if answers else 0.0
-    texts = [t.response_text() for c in legal for t in c.solutions]
-    m["student/format"] = float(np.mean([R.student_format(t) for t in texts])) if texts else 0.0
-    m["train/teacher_rows"] = float(sum(len(g) for g in groups))
-    m["train/student_rows"] = float(sum(len(p.solutions) for p in problems))
-    m.update(metrics_lib.summarize([c.c for g in groups for c in g if c.c is not None],
-                                   "train/teacher_c"))
-    m.update(metrics_lib.summarize([p.c for p in problems], "train/student_c"))
-    for key, value in self.checker.counters.items():
-      m[f"mathcheck/{key}"] = float(value)
-    m["parse_errors"] = self.parse.take()
-    return m
-
-  def sample_records(self, cands, k: int = 4) -> list[dict]:
-    legal = sorted((c for c in cands if c.problem is not None),
-                   key=lambda c: -(c.rate if c.rate is not None else -1))
-    out = []
-    for c in (legal or cands)[:k]:
-      rec = {"reference": c.reference, "teacher reward": f"{c.reward:.3f}",
-             "teacher output": c.traj.response_text()[-1500:]}
-      if c.problem is not None:
-        rec.update({"problem": c.problem.text, "concepts": ", ".join(c.problem.concepts),
-                    "majority answer": str(c.majority),
-                    "solve rate": "none valid" if c.rate is None else f"{c.rate:.3f}",
-                    "solv / div / length": f"{c.solv or 0:.3f} / {c.div or 0:.3f} / "
-                                           f"{c.length:.3f}",
-                    "solutions (answer)": "\n---\n".join(
-                        f"({a}) {t.response_text()[-300:]}"
-                        for t, a in zip(c.solutions[:3], c.answers))})
-      out.append(rec)
-    return out
-
+  # ---------------------------------------------------------------------------- state
   def host_state(self) -> dict:
     return {"pool": self.pool.to_json(), "pool_embeddings": self.pool.embeddings,
             "rng": self.rng.bit_generator.state, "started": self.started}
@@ -382,8 +280,7 @@ class OpenSir(Method):
     self.started = bool(state.get("started", True))  # earlier checkpoints had no bootstrap
 
   def summary(self) -> str:
-    return (f"  problem pool: {len(self.pool)} problems, {self.pool.distinct_concepts()} "
-            "distinct concepts")
+    return report.summary(self.pool)
 
 
 METHOD = OpenSir

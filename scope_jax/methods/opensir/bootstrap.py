@@ -90,14 +90,14 @@ def generate(method, size: int) -> tuple[list[R.Problem], dict[str, float]]:
   for _ in range(init.max_rounds):
     counts["rounds"] += 1
     refs = [pool[int(method.rng.integers(len(pool)))] for _ in range(init.candidates)]
-    trajs = method.teacher.generate([method.teacher_prompt(r) for r in refs])
-    problems = [method.parse(R.parse_problem, t.response_text(), malformed=None) for t in trajs]
+    trajs = method.roles["teacher"].generate([method.teacher_prompt(r) for r in refs])
+    problems = [method.guard(R.parse_problem, t.response_text(), malformed=None) for t in trajs]
     counts["candidates"] += len(problems)
     legal = [p for p in problems if p is not None]
     counts["illegal"] += len(problems) - len(legal)
-    sols = method.student.generate([method.student_prompt(p.text) for p in legal], num_samples=n)
+    sols = method.roles["student"].generate([method.student_prompt(p.text) for p in legal], num_samples=n)
     for i, p in enumerate(legal):
-      answers = [method.parse(method.checker.final, t.response_text(), malformed=None)
+      answers = [method.guard(method.checker.final, t.response_text(), malformed=None)
                  for t in sols[i * n:(i + 1) * n]]
       majority, rate = R.solve_rate(answers)
       why = rejection(p.text, majority, rate, band, init.min_chars)

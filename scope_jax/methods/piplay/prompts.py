@@ -53,8 +53,9 @@ class Prompts:
       text = prompts.render(text, search_instructions=search_instructions(self.syntax))
     return xml_syntax(text) if self.syntax == "xml" else text
 
-  def system(self) -> str | None:
-    """The tool's system prompt (Fig. 9) for the paper's prompts in the native syntax."""
+  def system(self, role: str = "") -> str | None:
+    """The tool's system prompt (Fig. 9), every role's, for the paper's prompts in the native
+    syntax."""
     if self.style == "paper" and self.syntax == "qwen":
       return prompts.load("piplay", "system_qwen")
     return None

@@ -18,32 +18,25 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-import time
 from typing import Sequence
 
-import jax
 import numpy as np
-from absl import logging
-from etils import epath
 
-from scope_jax import metrics as metrics_lib
-from scope_jax.core.guard import ParseGuard
-from scope_jax.core.method import Method, Players, PolicyPlan
-from scope_jax.core.runtime import Runtime, optim_settings
-from scope_jax.core.schedule import Schedule, StageClock, corpus_window
+from scope_jax.core.method import Players, PolicyPlan, RolePlan
+from scope_jax.core.runtime import Runtime
+from scope_jax.core.stages import Staged
 from scope_jax.methods.scope import bounds as scope_bounds
 from scope_jax.methods.scope import demos as scope_demos
 from scope_jax.methods.scope import prompts as P
+from scope_jax.methods.scope import report
 from scope_jax.methods.scope import rewards as R
+from scope_jax.methods.scope.report import GradeStats
 from scope_jax.retrieval.corpus import Passage
 from scope_jax.rl import advantages as adv_lib
 from scope_jax.rollout.datums import per_turn_datums
 from scope_jax.rollout.search_agent import stratified
 from scope_jax.rollout.types import Trajectory
 from scope_jax.world import search
-
-STAGES = ("challenger", "solver")
 
 
 @dataclasses.dataclass
@@ -71,20 +64,12 @@ class Candidate:
             "criteria": [[c.text, c.priority] for c in self.criteria or []], "g_bar": self.g_bar}
 
 
-@dataclasses.dataclass
-class GradeStats:
-  """Counters over one batch of gradings (malformed Judge output is counted, never raised)."""
-
-  no_answer: int = 0
-  discarded: int = 0  # fewer than half the criteria got a parsable verdict
-  verdicts: int = 0
-  malformed_verdicts: int = 0
-
-
-class Scope(Method):
+class Scope(Staged):
   name = "scope"
   bounds, section_bound = scope_bounds.RULES, scope_bounds.SECTION  # ranges: core/bounds.py
-  roles = ("challenger", "solver", "gate", "rubric", "grader")
+  stages = ("challenger", "solver")  # Stage 1, then Stage 2 on the task set
+  set_section, set_metrics, set_timer, set_folder, window_seed = (
+      "task_set", "taskset", "task_set", "tasks", 17)
   answering_role = "solver"  # held-out evaluation scores it (config.eval)
   at_least_one = ("challenger_steps", "solver_steps", "challenger_batch", "solver_batch",
                   "group_size")
@@ -96,16 +81,22 @@ class Scope(Method):
            "scope.challenger_batch": 2, "scope.solver_batch": 2, "scope.group_size": 2,
            "scope.solver_rollouts_train": 2, "scope.task_set.solver_rollouts": 2,
            "scope.task_set.candidates_per_round": 2, "scope.task_set.max_rounds": 1}
-  host_local_keys = ("stage_seconds",)  # this host's wall times, not a decision
 
   @classmethod
   def players(cls, c) -> Players:
-    """Challenger and Solver are two policies; the Judge is the frozen base model."""
+    """Challenger and Solver are two policies trained from M0; the Judge (gate, rubric and
+    grader roles) is M0 itself, frozen (so is the KL reference)."""
     s = c.scope
-    return Players({"challenger": PolicyPlan(s.challenger_batch * s.group_size,
-                                             dict(s.challenger_loss)),
-                    "solver": PolicyPlan(s.solver_batch * s.group_size, dict(s.solver_loss))},
-                   frozen=("judge",))
+    thinking = s.per_turn_datums  # rollouts match the per-turn datums
+    return Players(
+        {"challenger": PolicyPlan(s.challenger_batch * s.group_size, dict(s.challenger_loss),
+                                  optim=dict(s.challenger_optim)),
+         "solver": PolicyPlan(s.solver_batch * s.group_size, dict(s.solver_loss),
+                              optim=dict(s.solver_optim))},
+        frozen=("judge",),
+        roles={"challenger": RolePlan("challenger", True, ("task",), thinking),
+               "solver": RolePlan("solver", True, ("answer",), thinking),
+               **{name: RolePlan("judge") for name in ("gate", "rubric", "grader")}})
 
   @classmethod
   def check(cls, c) -> None:
@@ -125,41 +116,14 @@ class Scope(Method):
       if sampling and (len(sampling) != 2 or not 0.0 < sampling[1] <= 1.0):
         raise ValueError(f"scope.{name}={sampling} must be (temperature, top_p) with top_p in "
                          "(0, 1], or () for the Solver role's own settings.")
-    for name in ("challenger", "solver"):
-      try:
-        optim_settings(c, s[f"{name}_optim"])
-      except ValueError as e:
-        raise ValueError(f"scope.{name}_optim: {e}") from None
     if s.roles.challenger.max_turns < max(s.search_choices):
       raise ValueError(f"scope.roles.challenger.max_turns={s.roles.challenger.max_turns} is below "
                        f"the largest required search count {max(s.search_choices)}.")
 
   def __init__(self, rt: Runtime):
-    super().__init__(rt)
-    self.cfg = cfg = rt.config.scope
-    self.passages, self.tool = search.from_config(rt.config.retrieval, rt.config.world.seed,
-                                                  rt.config.world.corpus_seeds)
-    self.prompts = P.Prompts(cfg.prompt_style, cfg.syntax, cfg.max_doc_chars, cfg.task_form,
-                             cfg.max_criteria)
-    self.task_sets: dict[str, list[dict]] = {}  # iteration → the Solver's task set
-    self.clock = StageClock()
-    self.schedule = Schedule((("challenger", cfg.challenger_steps), ("solver", cfg.solver_steps)))
-    self.guard = ParseGuard()  # a parser error scores the sample as malformed, never ends the run
-    self.examples: list[dict] = []  # a few tasks, rubrics and grades for the final summary
-    # Challenger and Solver are trained from M0; the Judge is M0 itself, frozen (so is π_ref).
-    rt.add_frozen("judge")
-    self.challenger = rt.add_policy("challenger", loss_overrides=dict(cfg.challenger_loss),
-                                    optim_overrides=dict(cfg.challenger_optim))
-    self.solver = rt.add_policy("solver", loss_overrides=dict(cfg.solver_loss),
-                                optim_overrides=dict(cfg.solver_optim))
-    thinking = dict(strip_think=cfg.per_turn_datums)  # rollouts match the per-turn datums
-    self.roles = {
-        "challenger": rt.add_role("challenger", cfg.roles.challenger, policy=self.challenger,
-                                  tool=self.tool, final_tags=("task",), **thinking),
-        "solver": rt.add_role("solver", cfg.roles.solver, policy=self.solver, tool=self.tool,
-                              final_tags=("answer",), **thinking),
-        **{name: rt.add_role(name, cfg.roles[name], frozen="judge")
-           for name in ("gate", "rubric", "grader")}}
+    cfg = rt.config.scope
+    super().__init__(rt, P.Prompts(cfg.prompt_style, cfg.syntax, cfg.max_doc_chars, cfg.task_form,
+                                   cfg.max_criteria))
 
   def demonstrations(self, rng):
     return scope_demos.demonstrations(self, rng)
@@ -169,20 +133,7 @@ class Scope(Method):
     return self.prompts.solver(question, self.cfg.roles.solver.max_turns) \
         if kind == "qa_search" else None
 
-  # ------------------------------------------------------------------------------ schedule
-  def locate(self, step: int) -> tuple[int, str, int]:
-    """Global step → (iteration, stage, step within the stage)."""
-    return self.schedule.locate(step)
-
-  def _window(self, it: int) -> list[Passage]:
-    """This iteration's documents (disjoint across iterations while the corpus lasts): Stage 1
-    takes the front, the task set the rest."""
-    cfg = self.cfg
-    size = cfg.challenger_batch * cfg.challenger_steps + cfg.task_set.candidates_per_round * \
-        cfg.task_set.max_rounds
-    idx = corpus_window(len(self.passages), size, it, [self.rt.config.seed, 17])
-    return [self.passages[i] for i in idx]
-
+  # ------------------------------------------------------------------------------ prompts
   def _mix(self, it: int, phase: int, n: int) -> list[tuple[str, int]]:
     """(task type, required searches) for n prompts: types uniform, searches 4:3:2 (stratified)."""
     rng = np.random.default_rng([self.rt.config.seed, it, phase])
@@ -192,12 +143,11 @@ class Scope(Method):
             for t, s in zip(types, searches)]
 
   def stage1_prompts(self, it: int) -> list[tuple[Passage, str, int]]:
-    n = self.cfg.challenger_batch * self.cfg.challenger_steps
-    return [(d, t, k) for d, (t, k) in zip(self._window(it)[:n], self._mix(it, 1, n))]
+    docs = self.window(it)[0]
+    return [(d, t, k) for d, (t, k) in zip(docs, self._mix(it, 1, len(docs)))]
 
   def candidate_prompts(self, it: int) -> list[tuple[Passage, str, int]]:
-    n0 = self.cfg.challenger_batch * self.cfg.challenger_steps
-    docs = self._window(it)[n0:]
+    docs = self.window(it)[1]
     return [(d, t, k) for d, (t, k) in zip(docs, self._mix(it, 2, len(docs)))]
 
   # ------------------------------------------------------------------------------ roles
@@ -310,20 +260,8 @@ class Scope(Method):
     return [call.result for call in c.traj.tool_calls if call.error is None and call.result]
 
   # ------------------------------------------------------------------------------ stages
-  def step(self, step: int) -> dict[str, float]:
-    it, stage, k = self.locate(step)
-    start = time.perf_counter()
-    if stage == "challenger":
-      metrics = self.challenger_step(it, k, step)
-    else:
-      metrics = self.solver_step(it, k, step)
-    dt = time.perf_counter() - start - metrics.get("time/task_set", 0.0)  # counted on its own
-    self.clock.add(stage, dt)
-    metrics.update({"iteration": it, "stage": STAGES.index(stage), f"time/{stage}_step": dt,
-                    "parse_errors": float(self.guard.take())})
-    return metrics
-
   def challenger_step(self, it: int, k: int, step: int) -> dict[str, float]:
+    """Stage 1: G tasks per prompt, gated, rubric'd and graded on the Solver → R_C → update."""
     cfg = self.cfg
     b = cfg.challenger_batch
     picks = self.stage1_prompts(it)[k * b:(k + 1) * b]
@@ -336,81 +274,56 @@ class Scope(Method):
                                      formed or not cfg.rewards_as_released)
     rewards = np.asarray([c.reward for c in cands]).reshape(len(picks), cfg.group_size)
     advs = adv_lib.group_zscore(rewards, std=cfg.adv_std, eps=cfg.adv_eps).reshape(-1)
-    self.rt.metrics.samples(step, [self._record("challenger", c) for c in cands[:2]])
-    metrics = self.challenger_metrics(cands, stats)
-    metrics.update(self._train(self.challenger, [c.traj for c in cands], advs))
+    self.rt.metrics.samples(step, [report.record("challenger", c) for c in cands[:2]])
+    metrics = report.challenger_metrics(cands, stats, cfg.retrievable_tasks)
+    metrics.update(self._train("challenger", [c.traj for c in cands], advs))
     return metrics
 
   def solver_step(self, it: int, k: int, step: int) -> dict[str, float]:
+    """Stage 2: G Solver rollouts per task of the set → per-criterion grades → R_S → update."""
     cfg = self.cfg
-    metrics: dict[str, float] = {}
-    if str(it) not in self.task_sets:
-      tasks, metrics["time/task_set"] = self.clock.timed("task_set", self.build_task_set, it,
-                                                         metrics)
-      self.task_sets = {str(it): tasks}  # only the current one is kept
-    tasks = self.task_sets[str(it)]
-    metrics["taskset/size"] = len(tasks)
-    if not tasks:
-      logging.warning("Iteration %d has an empty task set: no Solver update at step %d (no "
-                      "candidate passed the gates with ḡ in [%s, %s]; see samples.log).", it, step,
-                      *cfg.task_set.window)
+    metrics, picked = self.set_batch(it, k, step)
+    if not picked:
       return metrics
-    b = cfg.solver_batch
-    order = np.random.default_rng([self.rt.config.seed, it, 3]).permutation(len(tasks))
-    picked = [tasks[order[(k * b + j) % len(tasks)]] for j in range(b)]
     criteria = [[R.Criterion(t, p) for t, p in task["criteria"]] for task in picked]
     trajs = self.solve([t["question"] for t in picked], cfg.group_size)
     stats = GradeStats()
     grades = self.grade([(picked[t.prompt_index]["question"], criteria[t.prompt_index], t)
                          for t in trajs], stats)
     parts = [self.solver_parts(t, g) for t, g in zip(trajs, grades)]
-    rewards = np.asarray([p["reward"] for p in parts]).reshape(b, cfg.group_size)
+    rewards = np.asarray([p["reward"] for p in parts]).reshape(len(picked), cfg.group_size)
     advs = adv_lib.group_zscore(rewards, std=cfg.adv_std, eps=cfg.adv_eps).reshape(-1)
-    self.rt.metrics.samples(step, [self._solver_record(picked[t.prompt_index], t, p)
+    self.rt.metrics.samples(step, [report.solver_record(picked[t.prompt_index], t, p)
                                    for t, p in list(zip(trajs, parts))[:2]])
-    metrics.update(self.solver_metrics(trajs, parts, stats))
-    metrics.update(self._train(self.solver, trajs, advs))
+    metrics.update(report.solver_metrics(trajs, parts, stats))
+    metrics.update(self._train("solver", trajs, advs))
     return metrics
 
-  def build_task_set(self, it: int, metrics: dict) -> list[dict]:
-    """Difficulty-filtered tasks from the current Challenger over fresh documents (App. G)."""
-    cfg, ts = self.cfg, self.cfg.task_set
-    target = ts.size or cfg.solver_batch * cfg.solver_steps
+  def build_set(self, it: int, metrics: dict) -> list[dict]:
+    """The task set: difficulty-filtered tasks from the current Challenger over fresh documents,
+    at most one per document (App. G)."""
+    ts = self.cfg.task_set
     lo, hi = ts.window
-    pool = self.candidate_prompts(it)
-    tasks, seen, cands_all = [], set(), []
-    per_rubric = collections.Counter()  # tasks kept per rubric (`max_per_rubric`)
+    seen, per_rubric = set(), collections.Counter()  # tasks kept per rubric (`max_per_rubric`)
     stats = GradeStats()
-    rounds = 0
-    while len(tasks) < target and rounds < ts.max_rounds:
-      picks = pool[rounds * ts.candidates_per_round:(rounds + 1) * ts.candidates_per_round]
+
+    def take(picks, tasks):
       cands = self.propose(picks, ts.samples_per_document)
       self.evaluate(cands, ts.solver_rollouts, stats, ts.solver_sampling)
       for c in cands:
         key = R.rubric_key(c.criteria)
         if c.gate and c.g_bar is not None and R.in_difficulty_window(c.g_bar, lo, hi) \
-            and c.doc.id not in seen and len(tasks) < target \
+            and c.doc.id not in seen and len(tasks) < self.set_target() \
             and (not ts.max_per_rubric or per_rubric[key] < ts.max_per_rubric):
           seen.add(c.doc.id)
           per_rubric[key] += 1
           tasks.append(c.task_record())
-      cands_all += cands
-      rounds += 1
-    n = max(len(cands_all), 1)
-    metrics.update({"taskset/candidates": len(cands_all), "taskset/rounds": rounds,
-                    "taskset/share_gate_passed": sum(c.gate for c in cands_all) / n,
-                    "taskset/share_in_window": len(tasks) / n})
-    if cfg.retrievable_tasks:
-      metrics["taskset/share_found_source"] = sum(bool(c.found_source) for c in cands_all) / n
-    metrics.update(metrics_lib.summarize([c.g_bar for c in cands_all if c.g_bar is not None],
-                                         "taskset/g_bar"))
-    metrics.update(metrics_lib.summarize([t["g_bar"] for t in tasks], "taskset/kept_g_bar"))
-    if len(tasks) < target:
-      logging.warning("Task set for iteration %d has %d of %d tasks after %d rounds of %d "
-                      "candidates (raise scope.task_set.max_rounds to search longer).", it,
-                      len(tasks), target, rounds, ts.candidates_per_round)
-    self._write_task_set(it, tasks)
-    self.examples = ([self._record("task_set", c) for c in cands_all if c.question][:3]
+      return cands
+
+    tasks, cands, counts = self.rounds(it, self.candidate_prompts(it), take)
+    metrics.update(counts)
+    metrics.update(report.task_set_metrics(cands, tasks, self.cfg.retrievable_tasks))
+    self.examples = ([report.record("task_set", c) for c in cands if c.question][:3]
                      or self.examples)
     return tasks
 
@@ -423,104 +336,14 @@ class Scope(Method):
             "format": fmt, "search": R.search_reward(traj.num_searches), "answer_tokens": n,
             "searches": traj.num_searches, "answered": float(bool(answer))}
 
-  def _train(self, policy, trajs: Sequence[Trajectory], advs: np.ndarray) -> dict[str, float]:
+  def _train(self, policy: str, trajs: Sequence[Trajectory], advs: np.ndarray) -> dict[str, float]:
     if self.cfg.per_turn_datums:
       pairs = [(d, a) for t, a in zip(trajs, advs) for d in per_turn_datums(t, self.rt.tokenizer)]
       trajs, advs = [p[0] for p in pairs], [p[1] for p in pairs]
     return self.rt.train(policy, trajs, advs)
 
-  # ------------------------------------------------------------------------------ metrics
-  def challenger_metrics(self, cands: Sequence[Candidate], stats: GradeStats) -> dict[str, float]:
-    n = max(len(cands), 1)
-    m = metrics_lib.summarize([c.reward for c in cands], "challenger/reward")
-    m.update(metrics_lib.summarize([c.fmt for c in cands], "challenger/format"))
-    m.update(metrics_lib.summarize([R.f_diff(c.g_bar) for c in cands if c.gate and c.g_bar is not None],
-                                   "challenger/difficulty"))
-    m.update(metrics_lib.summarize([c.g_bar for c in cands if c.g_bar is not None],
-                                   "challenger/g_bar"))
-    m.update(metrics_lib.summarize([c.traj.num_searches for c in cands], "challenger/searches"))
-    m.update(metrics_lib.summarize([len(c.traj.response_tokens) for c in cands], "challenger/length"))
-    asked = [c for c in cands if c.question and c.fmt > 0]
-    m["challenger/share_task"] = len(asked) / n
-    m["challenger/share_gate_passed"] = sum(c.gate for c in cands) / n
-    if self.cfg.retrievable_tasks:
-      m["challenger/share_found_source"] = (sum(bool(c.found_source) for c in asked)
-                                            / max(len(asked), 1))
-    m["challenger/share_gate_malformed"] = sum(c.gate_malformed for c in asked) / max(len(asked), 1)
-    gated = [c for c in cands if c.gate]
-    if gated:
-      m["challenger/share_rubric_malformed"] = sum(c.criteria is None for c in gated) / len(gated)
-    rolls = [t for c in cands for t in c.rollouts]
-    m.update(metrics_lib.summarize([t.num_searches for t in rolls], "challenger/solver_searches"))
-    m.update(_grade_metrics(stats, "challenger/judge"))
-    return m
-
-  def solver_metrics(self, trajs, parts, stats: GradeStats) -> dict[str, float]:
-    m: dict[str, float] = {}
-    for key in ("reward", "rubric", "length_penalty", "format", "search", "answer_tokens",
-                "searches", "answered"):
-      m.update(metrics_lib.summarize([p[key] for p in parts], f"solver/{key}"))
-    m.update(metrics_lib.summarize([len(t.response_tokens) for t in trajs], "solver/length"))
-    m.update(_grade_metrics(stats, "solver/judge"))
-    return m
-
-  def _record(self, stage: str, c: Candidate) -> dict:
-    rec = {"stage": stage, "document": f"{c.doc.id} {c.doc.title}", "task type": c.task_type,
-           "required searches": c.required, "format": f"{c.fmt:.3f}",
-           "searches": [call.queries for call in c.traj.tool_calls] if c.traj else [],
-           "challenger output": c.traj.response_text()[-1500:] if c.traj else "",
-           "question": c.question, "found source": c.found_source, "gate passed": c.gate,
-           "reward": f"{c.reward:.3f}"}
-    if c.criteria is not None or c.rubric_text:
-      rec["rubric"] = "\n".join(f"[{x.priority}] {x.text}" for x in c.criteria or []) or (
-          "(malformed) " + c.rubric_text[-400:])
-      rec["grades"] = ", ".join("discarded" if g is None else f"{g:.2f}" for g in c.grades)
-      rec["g_bar"] = "none" if c.g_bar is None else f"{c.g_bar:.3f}"
-    return rec
-
-  def _solver_record(self, task: dict, traj: Trajectory, parts: dict) -> dict:
-    return {"stage": "solver", "question": task["question"],
-            "rubric": "\n".join(f"[{p}] {t}" for t, p in task["criteria"]),
-            "searches": [call.queries for call in traj.tool_calls],
-            "solver output": traj.response_text()[-1500:],
-            "reward parts": json.dumps({k: round(float(v), 3) for k, v in parts.items()})}
-
-  def _write_task_set(self, it: int, tasks: list[dict]) -> None:
-    if jax.process_index() != 0:
-      return
-    out = epath.Path(self.rt.workdir) / "tasks"
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / f"iteration_{it}.jsonl").open("w") as f:
-      for t in tasks:
-        f.write(json.dumps(t, ensure_ascii=False) + "\n")
-
-  # ------------------------------------------------------------------------------ state
-  def host_state(self) -> dict:
-    return {"task_sets": self.task_sets, "stage_seconds": self.clock.seconds,
-            "examples": self.examples}
-
-  def load_host_state(self, state: dict) -> None:
-    self.task_sets = state.get("task_sets", {})
-    self.clock.seconds = state.get("stage_seconds", {})
-    self.examples = state.get("examples", [])
-
   def summary(self) -> str:
-    lines = [self.clock.summary()]
-    sizes = {k: len(v) for k, v in self.task_sets.items()}
-    if sizes:
-      lines.append(f"  task set (iteration: size): {sizes}")
-    for ex in self.examples[:2]:
-      lines.append(f"  task [{ex.get('task type')}] {ex.get('question')!r}")
-      lines.append("    rubric: " + (ex.get("rubric") or "").replace("\n", " | "))
-      lines.append(f"    grades: {ex.get('grades')} (ḡ {ex.get('g_bar')})")
-    return "\n".join(lines)
-
-
-def _grade_metrics(stats: GradeStats, prefix: str) -> dict[str, float]:
-  m = {f"{prefix}/no_answer": float(stats.no_answer), f"{prefix}/discarded": float(stats.discarded)}
-  if stats.verdicts:
-    m[f"{prefix}/share_malformed_verdicts"] = stats.malformed_verdicts / stats.verdicts
-  return m
+    return "\n".join([self.set_sizes(), *report.summary(self.examples)])
 
 
 METHOD = Scope

@@ -11,27 +11,24 @@ Per step, following Algorithm 1 (ALGORITHMS §1):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 from absl import logging
 
-from scope_jax import metrics as metrics_lib
-from scope_jax import prompts
 from scope_jax import rollout
-from scope_jax.core.guard import ParseGuard
-from scope_jax.core.method import Method, Players, PolicyPlan
+from scope_jax.core.method import Method, Players, PolicyPlan, RolePlan
 from scope_jax.core.runtime import Runtime
 from scope_jax.methods.spell import bounds as spell_bounds
 from scope_jax.methods.spell import clusters as clusters_lib
 from scope_jax.methods.spell import demos as spell_demos
+from scope_jax.methods.spell import prompts as P
+from scope_jax.methods.spell import report
 from scope_jax.methods.spell import rewards as R
 from scope_jax.methods.spell.difficulty import MAPPINGS
-from scope_jax.rewards import judges, match
+from scope_jax.methods.spell.prompts import STYLES, split_document_question
+from scope_jax.rewards import match
 from scope_jax.rl import advantages as adv_lib
 from scope_jax.rollout.types import Trajectory
-
-STYLES = {"paper": "spell", "compact": "spell_compact"}  # prompt style → template directory
 
 
 @dataclasses.dataclass
@@ -53,19 +50,9 @@ class Question:
   ver_rewards: list[list[float]] = dataclasses.field(default_factory=list)
 
 
-def split_document_question(question: str) -> tuple[str, str] | None:
-  """("<documents>", "<question>") of "Document: <documents>\nQuestion: <question>"; None when
-  the text is not written so."""
-  head, sep, text = str(question).rpartition("\nQuestion: ")
-  if not sep or not head.startswith("Document: "):
-    return None
-  return head[len("Document: "):], text.strip()
-
-
 class Spell(Method):
   name = "spell"
   bounds, section_bound = spell_bounds.RULES, spell_bounds.SECTION  # ranges: core/bounds.py
-  roles = ("questioner", "responder", "verifier")
   answering_role = "responder"  # held-out evaluation scores it (config.eval)
   world_demonstrations = True  # warmup.world_seed: demonstrations from other worlds
   at_least_one = ("questions_per_step", "group_size", "docs_per_question", "max_generation_rounds")
@@ -84,7 +71,8 @@ class Spell(Method):
     G judgments of each response."""
     s = c.spell
     return Players({"policy": PolicyPlan(s.questions_per_step * (1 + s.group_size
-                                                                 + s.group_size ** 2))})
+                                                                 + s.group_size ** 2))},
+                   roles={r: RolePlan("policy") for r in ("questioner", "responder", "verifier")})
 
   @classmethod
   def check(cls, c) -> None:
@@ -101,8 +89,8 @@ class Spell(Method):
                        "verifiers' agreement falls between them, e.g. (0.51, 0.99).")
 
   def __init__(self, rt: Runtime):
-    super().__init__(rt)
-    self.cfg = cfg = rt.config.spell
+    super().__init__(rt, P.Prompts(rt.config.spell.prompt_style))
+    cfg = self.cfg
     self.passages, self.clusters = clusters_lib.from_config(rt.config.data, rt.config.seed,
                                                             rt.config.world.seed,
                                                             rt.config.world.corpus_seeds)
@@ -116,14 +104,6 @@ class Spell(Method):
                        "(doc_math needs clusters of mostly numeric documents); add doc_qa or doc_mc.")
     self.memory = clusters_lib.HistoryMemory(cfg.history_size)
     self.rng = np.random.default_rng(rt.config.seed)
-    self.parse = ParseGuard()  # a parser error scores the sample as malformed, never ends the run
-    # One policy plays the three roles.
-    self.policy = rt.add_policy("policy")
-    own = lambda name: prompts.load(STYLES[cfg.prompt_style], name)
-    judge = lambda name: judges.template(judges.ANSWER_MATCH, cfg.prompt_style)  # the verifier's
-    self.questioner, self.responder, self.verifier = (
-        rt.add_role(name, cfg.roles[name], policy=self.policy, templates=templates)
-        for name, templates in (("questioner", own), ("responder", own), ("verifier", judge)))
 
   def demonstrations(self, rng):
     return spell_demos.demonstrations(self, rng)
@@ -143,25 +123,16 @@ class Spell(Method):
     return clusters_lib.render_context([self.by_id[d] for d in doc_ids], self.cfg.max_doc_chars)
 
   def questioner_prompt(self, cluster: int, task: str, new_ids: list[str]) -> list[int]:
+    """Over the new documents, or, when the cluster has history, over the history's documents
+    too with its questions as examples."""
     history = self.memory.get(str(cluster))
-    fields: dict[str, Any] = {}
-    if history:
-      doc_ids = self.memory.context_doc_ids(str(cluster), new_ids)
-      name = f"questioner_{task}_history"
-      fields["examples"] = "\n".join(
-          f"### Example {i}:\nQuestion: {e.question}\nAnswer: {e.answer}"
-          for i, e in enumerate(history, 1))
-    else:
-      doc_ids, name = list(new_ids), f"questioner_{task}"
-    if task == "doc_mc":
-      fields["correct_letter"] = "ABCD"[int(self.rng.integers(4))]
-    return self.questioner.render(name, context=self.context(doc_ids), fit=("context",), **fields)
+    doc_ids = self.memory.context_doc_ids(str(cluster), new_ids) if history else list(new_ids)
+    letter = "ABCD"[int(self.rng.integers(4))] if task == "doc_mc" else None
+    return self.roles["questioner"].prompt(
+        self.prompts.questioner(task, self.context(doc_ids), history, letter))
 
   def responder_prompt(self, task: str, proposal: R.Proposal, context: str) -> list[int]:
-    fields = {"context": context, "question": proposal.question}
-    if task == "doc_mc":
-      fields.update({f"choice_{k}": v for k, v in proposal.options.items()})
-    return self.responder.render(f"responder_{task}", fit=("context", "question"), **fields)
+    return self.roles["responder"].prompt(self.prompts.responder(task, proposal, context))
 
   def verifier_prompt(self, proposal: R.Proposal, response: Trajectory) -> list[int] | None:
     """The verifier's prompt for one response, or None when the response states no final answer
@@ -173,8 +144,8 @@ class Spell(Method):
       if not self.cfg.verify_unanswered:
         return None
       answer = text[-300:]
-    return self.verifier.render("verifier", problem=proposal.display(), answer_1=proposal.answer,
-                                answer_2=answer, fit=("answer_2", "problem", "answer_1"))
+    return self.roles["verifier"].prompt(
+        self.prompts.verifier(proposal.display(), proposal.answer, answer))
 
   # ------------------------------------------------------------------------------ phases
   def propose(self, n: int) -> list[Question]:
@@ -188,11 +159,11 @@ class Spell(Method):
       m = min(self.cfg.docs_per_question, len(members))
       new_ids = [self.passages[i].id for i in self.rng.choice(members, m, replace=False)]
       picks.append((c, task, new_ids, self.questioner_prompt(c, task, new_ids)))
-    trajs = self.questioner.generate([p[3] for p in picks])
+    trajs = self.roles["questioner"].generate([p[3] for p in picks])
     out = []
     for (c, task, new_ids, _), traj in zip(picks, trajs):
       q = Question(c, task, new_ids, traj)
-      q.proposal = self.parse(R.parse_proposal, traj.response_text(), task, malformed=None)
+      q.proposal = self.guard(R.parse_proposal, traj.response_text(), task, malformed=None)
       if q.proposal is None:
         q.status, q.reward = "bad_format", R.BAD_FORMAT
       out.append(q)
@@ -208,10 +179,10 @@ class Spell(Method):
                       for i in self.clusters[q.cluster])):
         q.status, q.reward = "ungrounded", R.UNGROUNDED
     live = [q for q in questions if q.status == "ok"]
-    texts = self.responder.texts([self.responder_prompt(q.task, q.proposal, "Empty")
+    texts = self.roles["responder"].texts([self.responder_prompt(q.task, q.proposal, "Empty")
                                   for q in live])
     for q, text in zip(live, texts):
-      if self.parse(R.rule_score, text, q.proposal.answer, q.task, malformed=0.0) >= 1.0:
+      if self.guard(R.rule_score, text, q.proposal.answer, q.task, malformed=0.0) >= 1.0:
         q.status, q.reward = "ungrounded", R.UNGROUNDED
 
   def respond_and_verify(self, questions: list[Question]) -> None:
@@ -220,16 +191,16 @@ class Spell(Method):
       return
     g = self.cfg.group_size
     cluster_ids = lambda q: [self.passages[i].id for i in self.clusters[q.cluster]]
-    responses = self.responder.generate(
+    responses = self.roles["responder"].generate(
         [self.responder_prompt(q.task, q.proposal, self.context(cluster_ids(q))) for q in live],
         num_samples=g)
     for k, q in enumerate(live):
       q.responses = responses[k * g:(k + 1) * g]
-      q.rule = [self.parse(R.rule_score, t.response_text(), q.proposal.answer, q.task,
+      q.rule = [self.guard(R.rule_score, t.response_text(), q.proposal.answer, q.task,
                            malformed=0.0) for t in q.responses]
     prompts = [self.verifier_prompt(q.proposal, t) for q in live for t in q.responses]
     asked = [p for p in prompts if p is not None]
-    generated = iter(self.verifier.generate(asked, num_samples=g) if asked else [])
+    generated = iter(self.roles["verifier"].generate(asked, num_samples=g) if asked else [])
     for k, q in enumerate(live):
       for i in range(g):
         if prompts[k * g + i] is None:  # no answer to judge: no vote, no verifier group
@@ -238,7 +209,7 @@ class Spell(Method):
           q.ver_rewards.append([])
           continue
         row = [next(generated) for _ in range(g)]
-        judged = [self.parse(R.parse_verdict, t.response_text(), malformed=None) for t in row]
+        judged = [self.guard(R.parse_verdict, t.response_text(), malformed=None) for t in row]
         vote = R.majority(judged)
         q.verdicts.append(row)
         q.votes.append(vote)
@@ -271,10 +242,10 @@ class Spell(Method):
                       cfg.questions_per_step, rounds, cfg.generation_batch or
                       cfg.questions_per_step)
     trajs, advs, counts = self.select_and_advantage(questions)
-    self.rt.metrics.samples(step, self.sample_records(questions))  # before the update
-    metrics = self.step_metrics(questions, counts, rounds)
+    self.rt.metrics.samples(step, report.sample_records(questions))  # before the update
+    metrics = report.step_metrics(questions, counts, rounds, self.memory)
     metrics["fill_shortfall"] = float(short)
-    metrics.update(self.rt.train(self.policy, trajs, advs))
+    metrics.update(self.rt.train("policy", trajs, advs))
     if not trajs:
       logging.info("Step %d: no group had reward variance; no update.", step)
     return metrics
@@ -337,49 +308,7 @@ class Spell(Method):
               "train/verifier_candidates": candidates}
     return trajs, advs, counts
 
-  # ----------------------------------------------------------------------- metrics and state
-  def step_metrics(self, questions, counts, rounds) -> dict[str, float]:
-    n = max(len(questions), 1)
-    m: dict[str, float] = dict(counts)
-    m["rounds"] = rounds
-    m["questioner/proposals"] = len(questions)
-    m["questioner/parsed"] = sum(q.proposal is not None for q in questions)
-    m["questioner/grounded"] = sum(q.status in ("ok", "zero_variance") for q in questions)
-    m.update(metrics_lib.summarize([q.reward for q in questions], "questioner/reward"))
-    for status in ("bad_format", "ungrounded", "zero_variance"):
-      m[f"questioner/share_{status}"] = sum(q.status == status for q in questions) / n
-    answered = [q for q in questions if q.res_rewards]
-    m["responder/groups"] = len(answered)
-    m.update(metrics_lib.summarize([1 - np.mean(q.res_rewards) for q in answered],
-                                   "questioner/difficulty"))
-    m.update(metrics_lib.summarize([r for q in answered for r in q.res_rewards], "responder/reward"))
-    m.update(metrics_lib.summarize([r for q in answered for r in q.rule], "responder/rule"))
-    ver = [r for q in answered for rows in q.ver_rewards for r in rows]
-    m["verifier/votes"] = sum(bool(r) for q in answered for r in q.ver_rewards)
-    m["verifier/skipped_unanswered"] = sum(not r for q in answered for r in q.ver_rewards)
-    m.update(metrics_lib.summarize(ver, "verifier/reward"))
-    if ver:
-      m["verifier/agreement"] = float(np.mean([r == 1.0 for r in ver]))
-      m["verifier/share_invalid"] = float(np.mean([r < 0 for r in ver]))
-      m["verifier/share_yes_votes"] = float(np.mean([v for q in answered
-                                                     for v, r in zip(q.votes, q.ver_rewards) if r]))
-    m["memory/clusters_with_history"] = len(self.memory.to_json())
-    m["parse_errors"] = self.parse.take()
-    return m
-
-  def sample_records(self, questions, k: int = 2) -> list[dict]:
-    out = []
-    for q in questions[:k]:
-      rec = {"task": q.task, "status": q.status, "questioner reward": f"{q.reward:.3f}",
-             "questioner output": q.traj.response_text()[-1500:]}
-      if q.responses:
-        rec["responses (reward)"] = "\n---\n".join(
-            f"({r:.2f}) {t.response_text()[-400:]}" for t, r in zip(q.responses[:3], q.res_rewards))
-        rec["verdicts"] = "\n---\n".join(t.response_text()[-200:] for t in
-                                          next((v for v in q.verdicts if v), [])[:3])
-      out.append(rec)
-    return out
-
+  # ---------------------------------------------------------------------------- state
   def host_state(self) -> dict:
     return {"memory": self.memory.to_json(), "rng": self.rng.bit_generator.state}
 
@@ -388,7 +317,7 @@ class Spell(Method):
     self.rng.bit_generator.state = state["rng"]
 
   def summary(self) -> str:
-    return f"  history memory: {len(self.memory.to_json())} clusters with solvable questions"
+    return report.summary(self.memory)
 
 
 def _has_variance(q: Question) -> bool:

@@ -107,6 +107,15 @@ def chance_answers(entity, doc_text: str, gold: str) -> list[str]:
   return wrong_answers(entity, doc_text, gold)
 
 
+def role_prompts(spell):
+  """(questioner(template, **fields), verifier(problem, answer_1, answer_2)): token ids of the
+  questioner's template `name` with its context cut to fit, and of the verifier's prompt."""
+  questioner = lambda name, **fields: spell.roles["questioner"].prompt(
+      spell.prompts.template(name, ("context",), **fields))
+  verifier = lambda *answers: spell.roles["verifier"].prompt(spell.prompts.verifier(*answers))
+  return questioner, verifier
+
+
 def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
   """Formats only, from `warmup.worlds` other worlds (seeds from `warmup.world_seed`): per
   one-hop question about one of their documents, the questioner writes that question and its
@@ -121,6 +130,7 @@ def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
   own = cfg.warmup  # this method's knobs (spell.warmup.*)
   eos = rt.tokenizer.decode([rt.eos_ids[0]], skip_special_tokens=False)
   demo = lambda prompt, text: sft.demonstration(prompt, [("generated", text + eos)], rt.tokenizer)
+  questioner, verifier = role_prompts(spell)
   taken = set(World(rt.config.world.seed).entities.by_name())
   answers = chance_answers if own.answers == "chance" else wrong_answers
   worlds = max(int(w.get("worlds", 1)), 1)
@@ -144,7 +154,7 @@ def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
       proposal = {"question": q["question"], "answer": gold}
       if own.answer_first:  # the label read off the document, then its question
         proposal = {"answer": gold, "question": q["question"]}
-      out.append(demo(spell.questioner.render(name, context=context, fit=("context",), **fields),
+      out.append(demo(questioner(name, context=context, **fields),
                       json.dumps(proposal, ensure_ascii=False)))
       asked.append((q["question"], gold))
       parsed = R.Proposal(q["question"], gold)
@@ -156,8 +166,7 @@ def world_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
                       f"The correct answer is {answer}."))
       other = answer if answer != gold else wrong[int(rng.integers(len(wrong)))]
       second, verdict = (gold, "[[YES]]") if len(out) % 2 else (other, "[[NO]]")
-      prompt = spell.verifier.render("verifier", problem=parsed.display(), answer_1=gold,
-                                     answer_2=second, fit=("answer_2", "problem", "answer_1"))
+      prompt = verifier(parsed.display(), gold, second)
       out.append(demo(prompt, f"Decision: {verdict}"))
   return out
 
@@ -170,6 +179,7 @@ def copy_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
   limit = cfg.max_doc_chars or None
   out: list[Trajectory] = []
   demo = lambda prompt, text: sft.demonstration(prompt, [("generated", text + eos)], rt.tokenizer)
+  questioner, verifier = role_prompts(spell)
   attempts = 0
   while len(out) < 12 * rt.config.warmup.documents and attempts < 50 * rt.config.warmup.documents:
     attempts += 1
@@ -198,7 +208,7 @@ def copy_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
       name += "_history"
       fields["examples"] = f"### Example 1:\nQuestion: {_question(others[0][0])}\n" \
                            f"Answer: {others[0][1]}"
-    out.append(demo(spell.questioner.render(name, fit=("context",), **fields),
+    out.append(demo(questioner(name, **fields),
                     json.dumps(proposal, ensure_ascii=False)))
     parsed = R.Proposal(proposal["question"], proposal["answer"],
                         proposal.get("options"))
@@ -212,7 +222,6 @@ def copy_demonstrations(spell, rng: np.random.Generator) -> list[Trajectory]:
       wrong_answer = others[int(rng.integers(len(others)))][1] if others else "unknown"
     pairs = ((parsed.answer, "[[YES]]"), (wrong_answer, "[[NO]]"))
     for answer, verdict in pairs[len(out) // 3 % 2:][:1]:
-      prompt = spell.verifier.render("verifier", problem=parsed.display(), answer_1=parsed.answer,
-                                     answer_2=answer, fit=("answer_2", "problem", "answer_1"))
+      prompt = verifier(parsed.display(), parsed.answer, answer)
       out.append(demo(prompt, f"Decision: {verdict}"))
   return out
