@@ -1,8 +1,7 @@
-"""The staged skeleton that SCOPE and π-Play share: within each iteration, stages take turns (one
+"""The staged skeleton two methods share (a task set, a data set): within each iteration, stages take turns (one
 runner step per stage step, so checkpoints land inside and between stages); the first stage's
 policy writes from the front of the iteration's document window; before the last stage's first
-step, that policy writes a set in rounds from the rest of the window (SCOPE's task set, π-Play's
-data set), of which each last-stage step trains on a seeded batch. The set is written once to
+step, that policy writes a set in rounds from the rest of the window, of which each last-stage step trains on a seeded batch. The set is written once to
 `<workdir>/<set_folder>/iteration_<t>.jsonl`; checkpoints keep its digest and the wall time
 spent in each stage (this host's)."""
 

@@ -93,10 +93,11 @@ def test_the_verifier_asks_in_the_shared_answer_match_format(tmp_path):
   from scope_jax import prompts  # pylint: disable=import-outside-toplevel
   from scope_jax.rewards import judges  # pylint: disable=import-outside-toplevel
   method = spell.Spell(runtime.Runtime(small_config(), str(tmp_path)))
-  assert method.verifier.template("verifier") == judges.template(judges.ANSWER_MATCH, "paper")
-  assert method.responder.template("responder_doc_qa") == prompts.load("spell",
-                                                                        "responder_doc_qa")
-  assert "[[YES]]" in method.verifier.template("verifier")
+  verifier = method.prompts.verifier("P", "A1", "A2")
+  assert verifier.template == judges.template(judges.ANSWER_MATCH, "paper")
+  assert "[[YES]]" in verifier.template
+  responder = method.prompts.template("responder_doc_qa")
+  assert responder.template == prompts.load("spell", "responder_doc_qa")
 
 
 def test_bad_override_and_empty_corpus(tmp_path):
