@@ -3,6 +3,9 @@ that README is this script's output.
 
     python tools/plan_presets.py --out=/tmp/plans --jobs=2         # all ten, one process each
     python tools/plan_presets.py --out=/tmp/plans --presets=asl:paper
+    python tools/plan_presets.py --out=/tmp/train --programs=train_step      # partial plans
+    python tools/plan_presets.py --out=/tmp/decode --programs=engine/decode
+    python tools/plan_presets.py --targets=/tmp/train,/tmp/decode        # the roofline table
 
 Each preset runs `python -m scope_jax.plan ... --json=<out>/<method>_<preset>.json`; the
 markdown table is printed from those files at the end (and by `--table_only`). A preset whose
@@ -88,15 +91,62 @@ def row(spec: str, p: dict) -> str:
   return "| " + " | ".join(cells) + " |"
 
 
+def _worst(programs: list[dict], kind: str, key: str, minimum: str) -> dict | None:
+  """The program of `kind` farthest above its minimum in `key` (the one a target must hold)."""
+  done = [q for q in programs if q["kind"] == kind and not q.get("error") and q.get(minimum)]
+  return max(done, key=lambda q: q[key] / q[minimum], default=None)
+
+
+def targets(dirs: list[pathlib.Path]) -> None:
+  """Per preset, the compiler estimates against the roofline targets, from the plans in `dirs`
+  (later directories win): train FLOPs and ICI bytes over their minimums, the update's
+  overlapped time over its floor and MFU (every train step's worst), and decode HBM bytes per
+  step over the minimum (the engine's chunk program)."""
+  plans: dict[str, dict] = {}
+  for d in dirs:
+    for path in sorted(d.glob("*.json")):
+      new, old = json.loads(path.read_text()), plans.get(path.stem, {})
+      names = {q["name"] for q in new["programs"]}  # a later plan's program replaces an earlier's
+      new["programs"] = [q for q in old.get("programs", []) if q["name"] not in names] + \
+          new["programs"]
+      new["update_peak"] = max(new["update_peak"], old.get("update_peak", 0))
+      plans[path.stem] = new
+  print("| preset | slice | train FLOPs / minimum | train ICI / minimum | update overlapped "
+        "(/ floor) | MFU | update peak | decode HBM bytes / minimum | decode step |")
+  print("|---|---|---|---|---|---|---|---|---|")
+  for stem, p in plans.items():
+    progs = p["programs"]
+    flops = _worst(progs, "train", "flops", "flops_minimum")
+    ici = _worst(progs, "train", "ici_bytes_per_chip", "ici_bytes_per_chip_minimum")
+    time = _worst(progs, "train", "step_seconds_overlapped", "step_seconds_floor")
+    decode = next((q for q in progs if q["name"] == "engine/decode" and not q.get("error")), None)
+    ratio = lambda q, a, b: f"{q[a] / q[b]:.2f}×" if q else "—"
+    cells = [stem.replace("_", ":", 1), p["slice"], ratio(flops, "flops", "flops_minimum"),
+             ratio(ici, "ici_bytes_per_chip", "ici_bytes_per_chip_minimum"),
+             f"{time['step_seconds_overlapped']:,.0f} s ({ratio(time, 'step_seconds_overlapped', 'step_seconds_floor')})"
+             if time else "—", _est(time, "mfu", 100, "{:.0f}%") if time else "—",
+             f"{p['update_peak'] / GIB:.1f} GiB" if flops else "—",
+             ratio(decode, "hbm_bytes", "hbm_bytes_minimum"),
+             _est(decode, "step_seconds_overlapped", 1e3, "{:.1f} ms") if decode else "—"]
+    print("| " + " | ".join(cells) + " |")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", type=pathlib.Path, required=True)
+  parser.add_argument("--out", type=pathlib.Path)
   parser.add_argument("--presets", default=",".join(SLICES))
   parser.add_argument("--table_only", action="store_true")
   parser.add_argument("--jobs", type=int, default=1, help="presets planned at once")
   parser.add_argument("--programs", default="",
                       help="plan only these programs (a partial plan: no verdict), e.g. train_step")
+  parser.add_argument("--targets", default="",
+                      help="comma-separated plan directories: print the roofline targets table")
   args = parser.parse_args()
+  if args.targets:
+    targets([pathlib.Path(d) for d in args.targets.split(",")])
+    return
+  if args.out is None:
+    sys.exit("Error: --out is required (the directory the plans are written to).")
   args.out.mkdir(parents=True, exist_ok=True)
   specs = [s.strip() for s in args.presets.split(",") if s.strip()]
   unknown = [s for s in specs if s not in SLICES]

@@ -316,6 +316,39 @@ def test_plan_presets_prints_no_stale_row_and_fails_when_a_plan_fails(tmp_path, 
   assert not (tmp_path / "asl_paper.json").exists()
 
 
+def test_plan_presets_targets_table_merges_partial_plans(tmp_path, monkeypatch, capsys):
+  """--targets reads a train plan and a decode plan of one preset: the worst train step's
+  ratios, its update time over the floor, the train plan's update peak, the decode ratio."""
+  import importlib.util
+  import json
+  import sys
+  spec = importlib.util.spec_from_file_location(
+      "plan_presets", os.path.join(ROOT, "tools", "plan_presets.py"))
+  tool = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tool)
+
+  def train(name, flops, ici):
+    return {"name": name, "kind": "train", "flops": flops, "flops_minimum": 100.0,
+            "ici_bytes_per_chip": ici, "ici_bytes_per_chip_minimum": 10.0,
+            "step_seconds_overlapped": flops / 10, "step_seconds_floor": 10.0, "mfu": 0.5}
+
+  (tmp_path / "t").mkdir()
+  (tmp_path / "d").mkdir()
+  (tmp_path / "t" / "asl_paper.json").write_text(json.dumps(
+      {"slice": "v5p-8", "update_peak": 70 * GIB,
+       "programs": [train("train_step/a", 120.0, 11.0), train("train_step/b", 130.0, 10.5)]}))
+  decode = {"name": "engine/decode", "kind": "decode", "hbm_bytes": 103.0,
+            "hbm_bytes_minimum": 100.0, "step_seconds_overlapped": 0.012}
+  (tmp_path / "d" / "asl_paper.json").write_text(json.dumps(
+      {"slice": "v5p-8", "update_peak": 30 * GIB, "programs": [decode]}))
+  monkeypatch.setattr(sys, "argv", ["plan_presets.py",
+                                    f"--targets={tmp_path / 't'},{tmp_path / 'd'}"])
+  tool.main()
+  row = capsys.readouterr().out.splitlines()[-1]
+  assert row == ("| asl:paper | v5p-8 | 1.30× | 1.10× | 13 s (1.30×) | 50% | 70.0 GiB | 1.03× | "
+                 "12.0 ms |"), row
+
+
 def test_parameter_counts_read_as_people_write_them():
   assert [report.count(n) for n in (838_000, 494_032_768, 7_615_616_512, 999)] == [
       "838K", "494M", "7.62B", "999"]
