@@ -32,6 +32,7 @@ from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
 from scope_jax import sharding as shd
+from scope_jax.models import kv_cache as kvc
 from scope_jax.models import ops
 
 BLOCKS = (512, 256, 128)  # key-block sizes tried, largest first (slots per grid step)
@@ -65,7 +66,6 @@ def applies(t: int, layout: str, window: int, capacity: int, head_dim: int) -> b
   when the mesh has several devices (a Pallas call outside `shard_map` would gather every
   shard). Read when a program is traced;
   `SCOPE_JAX_DECODE_KERNEL=off` keeps `ops.attend_kv` everywhere (`auto`, the default)."""
-  from scope_jax.models import kv_cache as kvc
   choice = os.environ.get(ENV, "auto")
   if choice not in ("auto", "off"):
     raise ValueError(f"{ENV}={choice!r} is not a choice: use 'auto' (the decode kernel on TPU) "

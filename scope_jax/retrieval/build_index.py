@@ -24,8 +24,10 @@ from absl import app, flags
 from scope_jax import distributed
 from scope_jax import sharding as shd
 from scope_jax.retrieval import corpus as corpus_lib
+from scope_jax.retrieval import sharded_build
 from scope_jax.retrieval.index import INDEX_KINDS, DenseIndex
 from scope_jax.retrieval.service import load_encoder
+from scope_jax.retrieval.sharded_build import choose_pipeline
 
 _CORPUS = flags.DEFINE_string("corpus", None, "JSONL corpus ({id,title,text} or Search-R1 form): "
                               "a file, a glob or a comma-separated list of them.")
@@ -42,35 +44,6 @@ _PIPELINE = flags.DEFINE_enum("pipeline", "auto", ("auto", "stream", "memory"),
                               "tensorflow-text is installed and the encoder is a BERT checkpoint.")
 _FORMAT = flags.DEFINE_enum("format", "jsonl", ("jsonl", "tfrecord"),
                             "Shard file format (tfrecord: the streaming pipeline only).")
-
-
-def has_tensorflow_text() -> bool:
-  try:
-    import tensorflow  # noqa: F401
-    import tensorflow_text  # noqa: F401
-  except ImportError:
-    return False
-  return True
-
-
-def choose_pipeline(choice: str, encoder, process_count: int, file_format: str) -> str:
-  """'stream' or 'memory' for --pipeline=`choice`; a choice that cannot run is a one-line error."""
-  streams = hasattr(encoder, "lower_case") and (encoder.path / "vocab.txt").exists()
-  if choice == "auto":
-    choice = "stream" if (streams and has_tensorflow_text()) or process_count > 1 else "memory"
-  if choice == "memory" and process_count > 1:
-    raise ValueError(f"--pipeline=memory builds in one process, but this run has {process_count}; "
-                     "use --pipeline=stream (pip install 'scope_jax[tf]') or run one process.")
-  if choice == "memory" and file_format != "jsonl":
-    raise ValueError("--format=tfrecord needs --pipeline=stream (pip install 'scope_jax[tf]').")
-  if choice == "stream" and not streams:
-    raise ValueError(f"--pipeline=stream needs a BERT encoder with a vocab.txt (E5, MiniLM); "
-                     f"{encoder.identity.get('name')!r} is not one: use --pipeline=memory on one "
-                     "process.")
-  if choice == "stream" and not has_tensorflow_text():
-    raise ValueError("--pipeline=stream needs tensorflow-text: pip install 'scope_jax[tf]' (or "
-                     "use --pipeline=memory on one process).")
-  return choice
 
 
 def load_passages(patterns: list[str]) -> list[corpus_lib.Passage]:
@@ -101,7 +74,6 @@ def main(argv):
     index = DenseIndex.build(load_passages(patterns), encoder, _OUT.value, kind=_KIND.value,
                              chunk_size=_CHUNK.value)
   else:
-    from scope_jax.retrieval import sharded_build
     index = sharded_build.build(patterns, encoder, _OUT.value, kind=_KIND.value,
                                 batch_size=_BATCH.value, chunk_size=_CHUNK.value,
                                 file_format=_FORMAT.value)

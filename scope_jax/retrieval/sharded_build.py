@@ -262,3 +262,32 @@ def build(patterns: Sequence[str], encoder, out, *, kind: str = "flat", nlist: i
     index.save(out)
   distributed.wait_all("build_index:merged", BARRIER_TIMEOUT_S)
   return index
+
+
+def has_tensorflow_text() -> bool:
+  try:
+    import tensorflow  # noqa: F401
+    import tensorflow_text  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+def choose_pipeline(choice: str, encoder, process_count: int, file_format: str) -> str:
+  """'stream' or 'memory' for --pipeline=`choice`; a choice that cannot run is a one-line error."""
+  streams = hasattr(encoder, "lower_case") and (encoder.path / "vocab.txt").exists()
+  if choice == "auto":
+    choice = "stream" if (streams and has_tensorflow_text()) or process_count > 1 else "memory"
+  if choice == "memory" and process_count > 1:
+    raise ValueError(f"--pipeline=memory builds in one process, but this run has {process_count}; "
+                     "use --pipeline=stream (pip install 'scope_jax[tf]') or run one process.")
+  if choice == "memory" and file_format != "jsonl":
+    raise ValueError("--format=tfrecord needs --pipeline=stream (pip install 'scope_jax[tf]').")
+  if choice == "stream" and not streams:
+    raise ValueError(f"--pipeline=stream needs a BERT encoder with a vocab.txt (E5, MiniLM); "
+                     f"{encoder.identity.get('name')!r} is not one: use --pipeline=memory on one "
+                     "process.")
+  if choice == "stream" and not has_tensorflow_text():
+    raise ValueError("--pipeline=stream needs tensorflow-text: pip install 'scope_jax[tf]' (or "
+                     "use --pipeline=memory on one process).")
+  return choice

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from scope_jax import sharding as shd
-from scope_jax.retrieval import build_index, sharded_build, tf_pipeline
+from scope_jax.retrieval import sharded_build, tf_pipeline
 from scope_jax.retrieval.corpus import load_corpus
 from scope_jax.retrieval.encoder import TextEncoder
 from scope_jax.retrieval.index import DenseIndex
 
-needs_tf = pytest.mark.skipif(not build_index.has_tensorflow_text(),
+needs_tf = pytest.mark.skipif(not sharded_build.has_tensorflow_text(),
                               reason="the streaming pipeline needs the 'tf' extra "
                                      "(pip install 'scope_jax[tf]')")
 
@@ -206,17 +206,17 @@ def _single_part(files, encoder, out):
 def test_pipeline_choice(setup, monkeypatch):
   """Streaming wherever tensorflow-text is installed; without it one process still builds."""
   encoder = TextEncoder(setup[0])
-  monkeypatch.setattr(build_index, "has_tensorflow_text", lambda: False)
-  assert build_index.choose_pipeline("auto", encoder, 1, "jsonl") == "memory"
+  monkeypatch.setattr(sharded_build, "has_tensorflow_text", lambda: False)
+  assert sharded_build.choose_pipeline("auto", encoder, 1, "jsonl") == "memory"
   with pytest.raises(ValueError, match="--pipeline=stream needs tensorflow-text: pip install"):
-    build_index.choose_pipeline("auto", encoder, 2, "jsonl")
+    sharded_build.choose_pipeline("auto", encoder, 2, "jsonl")
   with pytest.raises(ValueError, match="--pipeline=memory builds in one process, but this run "
                                        "has 2"):
-    build_index.choose_pipeline("memory", encoder, 2, "jsonl")
+    sharded_build.choose_pipeline("memory", encoder, 2, "jsonl")
   with pytest.raises(ValueError, match="--format=tfrecord needs --pipeline=stream"):
-    build_index.choose_pipeline("auto", encoder, 1, "tfrecord")
-  monkeypatch.setattr(build_index, "has_tensorflow_text", lambda: True)
-  assert build_index.choose_pipeline("auto", encoder, 1, "jsonl") == "stream"
+    sharded_build.choose_pipeline("auto", encoder, 1, "tfrecord")
+  monkeypatch.setattr(sharded_build, "has_tensorflow_text", lambda: True)
+  assert sharded_build.choose_pipeline("auto", encoder, 1, "jsonl") == "stream"
 
 
 @needs_tf
