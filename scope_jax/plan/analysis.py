@@ -95,37 +95,49 @@ def _sub_jaxprs(value):
   return []
 
 
-def matmul_flops(jaxpr, trips: bool = True) -> float:
-  """FLOPs of every `dot_general` and `ragged_dot` in a jaxpr (2 per multiply-add, global
-  shapes; a ragged row meets only its own group's weights), through every
-  nested jaxpr: a scan's body times its length (`trips`; else once, as the compiler counts), the
-  costlier branch of a cond, a while body once (its trip count is data)."""
+def _walk(jaxpr, cost, trips: bool) -> float:
+  """Sum of `cost(eqn)` (None: look inside its nested jaxprs) over a jaxpr: a scan's body times
+  its length (`trips`; else once, as the compiler counts), the costlier branch of a cond, a
+  while body once (its trip count is data)."""
   total = 0.0
   for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    if name == "pallas_call":  # a kernel's body is per grid step: see `kernel_flops`
+    own = cost(eqn)
+    if own is not None:
+      total += own
       continue
-    if name == "dot_general":
-      (contract, _), _ = eqn.params["dimension_numbers"]
-      lhs = eqn.invars[0].aval.shape
-      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
+    costs = [_walk(j, cost, trips) for v in eqn.params.values() for j in _sub_jaxprs(v)]
+    if not costs:
       continue
-    if name == "ragged_dot_general":  # each row against its own group's weights only
-      (contract, _), _ = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
-      lhs = eqn.invars[0].aval.shape
-      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
-      continue
-    subs = [j for v in eqn.params.values() for j in _sub_jaxprs(v)]
-    if not subs:
-      continue
-    costs = [matmul_flops(j, trips) for j in subs]
-    if name == "cond":
+    if eqn.primitive.name == "cond":
       total += max(costs)
-    elif name == "scan" and trips:
+    elif eqn.primitive.name == "scan" and trips:
       total += eqn.params["length"] * sum(costs)
     else:
       total += sum(costs)
   return total
+
+
+def _dot_flops(eqn) -> float | None:
+  """A `dot_general`'s or `ragged_dot`'s FLOPs (a ragged row meets only its own group's
+  weights); 0 for a Pallas call (see `kernel_flops`); None for anything else."""
+  name = eqn.primitive.name
+  if name == "pallas_call":  # a kernel's body is per grid step
+    return 0.0
+  if name == "dot_general":
+    numbers = eqn.params["dimension_numbers"]
+  elif name == "ragged_dot_general":
+    numbers = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
+  else:
+    return None
+  (contract, _), _ = numbers
+  lhs = eqn.invars[0].aval.shape
+  return 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
+
+
+def matmul_flops(jaxpr, trips: bool = True) -> float:
+  """FLOPs of every `dot_general` and `ragged_dot` in a jaxpr (2 per multiply-add, global
+  shapes), through every nested jaxpr with their trip counts (`_walk`)."""
+  return _walk(jaxpr, _dot_flops, trips)
 
 
 def _causal_blocks(blocks: int) -> int:
@@ -150,29 +162,18 @@ def _pallas_flops(eqn) -> float:
   return body * math.prod(grid)
 
 
+def _uncounted_kernel_flops(eqn) -> float | None:
+  if eqn.primitive.name != "pallas_call":
+    return None
+  return _pallas_flops(eqn) if eqn.params.get("cost_estimate") is None else 0.0
+
+
 def kernel_flops(jaxpr, trips: bool = True) -> float:
   """FLOPs of the Pallas kernels in a jaxpr that carry no cost estimate (the compiler counts a
   custom call's estimate, as megablox gives one, and nothing for the others: splash attention),
-  through nested jaxprs with their trip counts as `matmul_flops` does. Inside `shard_map` the
-  shapes are a chip's, so these are per-chip FLOPs."""
-  total = 0.0
-  for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    if name == "pallas_call":
-      if eqn.params.get("cost_estimate") is None:
-        total += _pallas_flops(eqn)
-      continue
-    subs = [j for v in eqn.params.values() for j in _sub_jaxprs(v)]
-    if not subs:
-      continue
-    costs = [kernel_flops(j, trips) for j in subs]
-    if name == "cond":
-      total += max(costs)
-    elif name == "scan" and trips:
-      total += eqn.params["length"] * sum(costs)
-    else:
-      total += sum(costs)
-  return total
+  through nested jaxprs with their trip counts (`_walk`). Inside `shard_map` the shapes are a
+  chip's, so these are per-chip FLOPs."""
+  return _walk(jaxpr, _uncounted_kernel_flops, trips)
 
 
 def loop_factor(jaxpr) -> float:
