@@ -161,6 +161,29 @@ def demo_rollout(c: ml_collections.ConfigDict) -> None:
   c.rollout.min_window = 1024
 
 
+def demo_sizes(c: ml_collections.ConfigDict) -> None:
+  """The rows and contexts every demo preset runs with on one CPU."""
+  c.learner.micro_batch_rows = 8
+  c.rollout.max_context = 2048
+  c.rollout.max_prompt_tokens = 1536
+
+
+def paper_model(c: ml_collections.ConfigDict, source: str, *, retrieval: bool = True) -> None:
+  """What every paper preset sets for its model: `source` (a random-init `preset:` until
+  `hf:<path>` names the real weights), the tokenizer left to the user, bfloat16 compute with full
+  remat, π_old from the trainer (as verl and TRL do: ratio 1 at the first update) and 4 rows per
+  micro-batch; with `retrieval`, the corpus and encoder (E5) left to the user too."""
+  c.model.source = source
+  c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
+  c.model.dtype = "bfloat16"
+  c.model.remat = "full"
+  c.learner.recompute_old_logp = True
+  c.learner.micro_batch_rows = 4
+  if retrieval:
+    c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
+    c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
+
+
 def world_learn(c: ml_collections.ConfigDict, gold_set: str, max_new_tokens: int) -> None:
   """What every `learn` preset shares: the bundled demo model re-warmed on four other worlds
   (formats right, this world's facts unknown), a constant rate with no warm-up or decay, and

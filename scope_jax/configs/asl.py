@@ -162,21 +162,12 @@ def demo(c: ml_collections.ConfigDict) -> None:
   c.optim.weight_decay = 0.0
   c.loss.entropy_coef = 0.0
   c.loss.temperature = 1.0  # the roles' sampling temperature
-  c.learner.micro_batch_rows = 8
-  c.rollout.max_context = 2048
-  c.rollout.max_prompt_tokens = 1536
+  base.demo_sizes(c)
 
 
 def paper(c: ml_collections.ConfigDict) -> None:
   """The `paper` preset: App. D for Qwen2.5-7B-Instruct."""
-  c.model.source = "preset:qwen2.5-7b"  # replace with hf:<path> for the real weights
-  c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
-  c.model.dtype = "bfloat16"
-  c.model.remat = "full"
-  c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
-  c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
-  c.learner.micro_batch_rows = 4
+  base.paper_model(c, "preset:qwen2.5-7b")  # replace with hf:<path> for the real weights
 
 
 def learn(c: ml_collections.ConfigDict) -> None:

@@ -106,23 +106,16 @@ def demo(c: ml_collections.ConfigDict) -> None:
   c.optim.warmup_steps = 0
   c.optim.grad_clip = 1.0
   c.loss.kl_beta = 0.0  # the demo skips the reference forward
-  c.learner.micro_batch_rows = 8
-  c.rollout.max_context = 2048
-  c.rollout.max_prompt_tokens = 1536
+  base.demo_sizes(c)
 
 
 def paper(c: ml_collections.ConfigDict, model: str = "preset:llama3.2-3b") -> None:
   """The `paper` preset: the released settings for Llama-3.2-3B-Instruct (and Qwen-2.5-3B)."""
-  c.model.source = model  # replace with hf:<path> for the real weights
-  c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
-  c.model.dtype = "bfloat16"
-  c.model.remat = "full"
+  base.paper_model(c, model, retrieval=False)  # hf:<path> for the real weights
   c.opensir.encoder = ""  # required: the Linq-Embed-Mistral checkpoint directory (the paper's)
   c.opensir.initial_pool.size = 512  # the released run's starting pool
   c.opensir.loss_unit = "unit"  # TRL's micro-batch token-mean (with recompute_old_logp)
   c.mesh.shape = (1, -1, 1)
-  c.learner.micro_batch_rows = 4
 
 
 def paper_gemma2(c: ml_collections.ConfigDict) -> None:

@@ -135,22 +135,13 @@ def demo(c: ml_collections.ConfigDict) -> None:
   c.optim.warmup_steps = 0
   c.optim.weight_decay = 0.0
   c.loss.temperature = 0.5  # the policies' sampling temperature
-  c.learner.micro_batch_rows = 8
-  c.rollout.max_context = 2048
-  c.rollout.max_prompt_tokens = 1536
+  base.demo_sizes(c)
 
 
 def paper(c: ml_collections.ConfigDict) -> None:
   """The `paper` preset: App. A for Qwen3-4B and Qwen3-8B (thinking prompts)."""
   s = c.piplay
-  c.model.source = "preset:qwen3-4b"  # replace with hf:<path> for real weights
-  c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
-  c.model.dtype = "bfloat16"
-  c.model.remat = "full"
-  c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
-  c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
-  c.learner.micro_batch_rows = 4
+  base.paper_model(c, "preset:qwen3-4b")  # replace with hf:<path> for the real weights
   # Max turns: Dr.Zero's 5 assistant turns in all (a 5th that searches ends the row) are 4
   # searches and a search-free 5th turn here.
   # Tool output: Dr.Zero's `max_tool_response_length: 512` is counted in characters (verl's

@@ -157,21 +157,12 @@ def demo(c: ml_collections.ConfigDict) -> None:
   c.optim.lr = 1e-4
   c.optim.weight_decay = 0.0
   c.loss.temperature = 0.5  # the policies' sampling temperature
-  c.learner.micro_batch_rows = 8
-  c.rollout.max_context = 2048
-  c.rollout.max_prompt_tokens = 1536
+  base.demo_sizes(c)
 
 
 def paper(c: ml_collections.ConfigDict, model: str = "qwen2.5-7b") -> None:
   """The `paper` preset: Table 9 for Qwen2.5-7B-Instruct (XML <search> syntax)."""
-  c.model.source = f"preset:{model}"  # replace with hf:<path> for real weights
-  c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
-  c.model.dtype = "bfloat16"
-  c.model.remat = "full"
-  c.retrieval.corpus = ""  # required with retrieval.index (or retrieval.url)
-  c.retrieval.encoder = ""  # required: the E5-base-v2 checkpoint directory
-  c.learner.micro_batch_rows = 4
+  base.paper_model(c, f"preset:{model}")  # replace with hf:<path> for the real weights
 
 
 def paper_qwen3(c: ml_collections.ConfigDict) -> None:

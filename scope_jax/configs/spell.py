@@ -107,9 +107,7 @@ def demo(c: ml_collections.ConfigDict) -> None:
   base.demo_warmup(c)
   base.demo_rollout(c)
   c.optim.lr = 1e-4
-  c.learner.micro_batch_rows = 8
-  c.rollout.max_context = 2048
-  c.rollout.max_prompt_tokens = 1536
+  base.demo_sizes(c)
 
 
 def small(c: ml_collections.ConfigDict) -> None:
@@ -135,19 +133,14 @@ def small(c: ml_collections.ConfigDict) -> None:
 
 def paper(c: ml_collections.ConfigDict, model: str = "preset:qwen2.5-7b") -> None:
   """The `paper` preset: the released run's settings for Qwen2.5-7B-Instruct and larger."""
-  c.model.source = model  # replace with hf:<path> for the real weights
-  c.model.tokenizer = ""  # required: the checkpoint's local (or gs://) directory
-  c.learner.recompute_old_logp = True  # π_old from the trainer, as verl/TRL do (ratio 1 at first)
+  base.paper_model(c, model, retrieval=False)  # hf:<path> for the real weights
   c.spell.verifier_selection = "released"  # 16 consistent groups against 128 × 8 responses
   c.spell.fill_rule = "variance"  # released: 128 groups with variance, from rounds of 480
   c.spell.generation_batch = 480  # (GEN_BS) ...
   c.spell.max_generation_rounds = 10  # ... up to 10 of them (max_num_gen_batches)
   c.spell.adv_std = "unbiased"  # torch.std in all three roles' advantages
   c.optim.weight_decay = 0.01  # verl's AdamW default, which the released script keeps
-  c.model.dtype = "bfloat16"
-  c.model.remat = "full"
   c.mesh.shape = (1, -1, 1)
-  c.learner.micro_batch_rows = 4
 
 
 def paper_qwen3_moe(c: ml_collections.ConfigDict) -> None:
