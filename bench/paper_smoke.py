@@ -144,7 +144,16 @@ def main(argv=None):
   parser.add_argument("--samples", action="store_true", help="print each run's samples.log")
   parser.add_argument("--overwrite", action="store_true",
                       help="delete the earlier runs of these presets under --out first")
+  parser.add_argument("--smoke_warmup", type=int, default=0,
+                      help="steps of the format warm-up on each preset's own call syntax "
+                           "(config.smoke_warmup; 0 = none): compare searches per rollout "
+                           "with and without it by running twice with two --out")
   args = parser.parse_args(argv)
+  if args.smoke_warmup < 0:
+    print(f"Error: --smoke_warmup={args.smoke_warmup}: give a number of steps (0 = none).",
+          file=sys.stderr)
+    return 2
+  extra = (f"--config.smoke_warmup={args.smoke_warmup}",) if args.smoke_warmup else ()
   out = pathlib.Path(args.out)
   specs = args.presets.split(",")
   try:
@@ -154,7 +163,7 @@ def main(argv=None):
     return 2
   results = []
   for spec in specs:
-    r = run(spec, out)
+    r = run(spec, out, extra)
     results.append(r)
     print(f"{spec}: exit {r['rc']}, {len(r['rows'])} steps, {r['wall']:.0f} s", flush=True)
     if r["rc"]:
