@@ -194,7 +194,7 @@ def topk_reverse_kl(student_logp_NV, teacher_logp_NV, k: int, *, tail: bool = Tr
                     support: str = "student", renormalize: bool = True, kl_clip: float = 0.0):
   """Top-K reverse KL(π_S ‖ π_T) per row over a support S of token ids.
 
-  S: the K most likely ids under the student ('student', the released π-Play), the teacher
+  S: the K most likely ids under the student ('student', the default), the teacher
   ('teacher'), or the union of both sets ('union', up to 2K ids, a duplicate counted once).
   tail=True: Σ_{i∈S} p_S,i (log p_S,i − log p_T,i) + m_S (log m_S − log m_T),
              m_X = 1 − Σ_{i∈S} p_X,i (the rest of the vocabulary as one extra bin).

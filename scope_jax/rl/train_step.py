@@ -4,7 +4,9 @@ micro-batches, AdamW, and a non-finite guard.
 The loss normalisers (token or sequence counts) are computed once from the whole batch's masks, so
 each micro-batch contributes sum/count and the gradients simply add: 1 or M micro-batches give the
 same update. The reference forward runs only when β > 0, the teacher forward only when λ > 0,
-both under stop_gradient.
+both under stop_gradient. Rollout correction weights each token's policy loss by the
+trainer/sampler probability ratio (truncated); its mask mode first drops the tokens whose ratio
+is out of range from the whole batch's loss mask (one extra forward), before those counts.
 """
 
 from __future__ import annotations
