@@ -11,8 +11,9 @@ import numpy as np
 import optax
 import pytest
 
+from scope_jax import sharding as shd
 from scope_jax.core import runtime
-from scope_jax.models import init_params, tiny_config
+from scope_jax.models import init_params, tiny_config, transformer
 from scope_jax.rl import losses
 from scope_jax.rl.batch import make_batch
 from scope_jax.rl.train_step import (LossConfig, compute_logprobs, init_train_state,
@@ -212,6 +213,27 @@ def test_mask_drops_tokens_from_the_loss_and_its_normaliser(level, agg):
   for k in ("rollout_corr/k3_kl", "rollout_corr/ppl_ratio", "num_tokens"):
     _close(m1[k], m4[k], rtol=1e-6, atol=0)
   assert float(m1["num_tokens"]) == keep.sum()
+
+
+def test_mask_mode_on_a_sharded_mesh_equals_one_device():
+  """The rejection's forward runs per micro-batch on each device's own rows and its log-probs
+  come back in row order: an FSDP mesh gives the single-device update."""
+  params = init_params(CFG, jax.random.key(0))
+  batch, _, _ = _mismatched_batch(params, "sequence")
+  lc = LossConfig(chunk=8, old_logp_from_trainer=True, rollout_corr_mode="mask",
+                  rollout_corr_level="sequence")
+  single, ms = _run(lc, 2, batch, params)
+  mesh = shd.make_mesh((1, 2, 4))
+  capture = optax.GradientTransformation(
+      lambda p: jax.tree.map(jnp.zeros_like, p),
+      lambda g, s, p=None: (jax.tree.map(jnp.zeros_like, g), g))
+  step = make_train_step(CFG, lc, capture, micro_batches=2, mesh=mesh)
+  sharded_params = transformer.shard_params(jax.tree.map(jnp.copy, params), CFG, mesh)
+  new, mm = step(init_train_state(sharded_params, capture),
+                 place_batch(jax.tree.map(np.asarray, batch), mesh))
+  _assert_grads_equal(single, jax.tree.map(np.asarray, new.opt_state))
+  for k in ("loss", "num_tokens", "rollout_corr/masked_frac", "rollout_corr/k3_kl"):
+    _close(ms[k], mm[k], rtol=1e-5, atol=0)
 
 
 def test_with_the_samplers_old_logp_only_rejection_acts():
