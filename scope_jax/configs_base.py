@@ -69,6 +69,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.chunk = 256  # sequence chunk for log-probs (never [B, T, V] at once)
   c.loss.norm_length = 0  # Dr.GRPO's constant length (0 = max_context − max_prompt_tokens)
   c.loss.router_aux_coef = 0.0  # MoE load-balancing loss added to the RL loss (HF: 1e-3; 0 = off)
+  # Rollout correction (verl's): w = π_trainer/π_sampler per token (or per sequence: the product);
+  # truncate multiplies each token's policy loss by min(w, C), mask drops the tokens (sequences)
+  # with w outside [1/C, C] from the loss and its normaliser. 'auto' is truncate when the sampler
+  # computes in bfloat16/float16 (rollout.dtype), off when in float32.
+  c.loss.rollout_correction = ml_collections.ConfigDict(dict(
+      mode="auto",  # auto | off | truncate | mask
+      level="token",  # token | sequence
+      threshold=2.0))  # C > 1
 
   c.learner = ml_collections.ConfigDict()  # how an update runs (rl/learner.py), not what it computes
   c.learner.micro_batch_rows = 8  # rows per micro-batch (gradient accumulation; memory only)
@@ -108,6 +116,7 @@ def base_config() -> ml_collections.ConfigDict:
   # teacher's log-probs are a per-token reward); the control a learning claim is measured against
 
   c.rollout = ml_collections.ConfigDict()
+  c.rollout.dtype = ""  # the samplers' compute dtype: '' = model.dtype | float32 | bfloat16
   c.rollout.max_context = 8192  # prompt + response tokens per sequence
   c.rollout.max_prompt_tokens = 6144  # longer prompts keep their last tokens
   # The slot engine keeps each row's KV cache across turns and refills free slots as rows end

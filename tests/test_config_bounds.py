@@ -98,6 +98,11 @@ def test_every_numeric_field_is_checked(method, preset):
     ("eval.num_samples", 0, "eval.num_samples=0 must be at least 1"),
     ("model.param_dtype", "float17", "model.param_dtype='float17' is not valid"),
     ("eval.temperature", -0.5, "eval.temperature=-0.5 must be at least 0"),
+    ("rollout.dtype", "float16", "^rollout.dtype='float16' is not valid"),
+    ("loss.rollout_correction.mode", "clip", "^loss.rollout_correction.mode='clip' is not valid"),
+    ("loss.rollout_correction.level", "geometric", "^loss.rollout_correction.level='geometric'"),
+    ("loss.rollout_correction.threshold", 1.0,
+     r"^loss.rollout_correction.threshold=1.0 must be above 1 \(weights are kept within"),
 ])
 def test_the_values_a_careless_user_types(path, value, match):
   config = _module("spell").get_config("demo")

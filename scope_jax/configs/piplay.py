@@ -63,9 +63,11 @@ def paper_base() -> ml_collections.ConfigDict:
   # Per-policy LossConfig overrides. KL: loss.kl_beta for both, 0 as in the paper (Table 6 also
   # lists 1e-3 for the student): --config.loss.kl_beta=1e-3 trains both against M0.
   s.examiner_loss = ml_collections.ConfigDict()
+  # Distillation as released: K = 50 ids of the student's distribution (App. B, Table 9), the
+  # rest of the vocabulary as one tail bin, no cap on a token's KL; (1/|y|) Σ_t KL_t per row.
   s.student_loss = ml_collections.ConfigDict(dict(  # ε = 0.2
-      eps_low=0.2, eps_high=0.2, distill_topk=50, distill_tail=True,
-      distill_agg_mode="seq-mean-token-mean"))  # K = 50 (App. B, Table 9); (1/|y|) Σ_t KL_t
+      eps_low=0.2, eps_high=0.2, distill_topk=50, distill_tail=True, distill_support="student",
+      distill_renormalize=True, distill_kl_clip=0.0, distill_agg_mode="seq-mean-token-mean"))
   # Per-policy optimizer overrides of `optim` (Tables 5–6: the examiner's lr 5e-7, max grad norm
   # 0.1 for both as in Dr.Zero's scripts; the tables also list lr 1e-6 and norm 1.0).
   s.examiner_optim = ml_collections.ConfigDict()

@@ -76,7 +76,9 @@ RULES: Rules = (
     ("*loss.router_aux_coef", NONNEGATIVE),
     ("*loss.entropy_coef", NONNEGATIVE), ("*loss.chunk", SIZE),
     ("learner.micro_batch_rows", SIZE), ("*loss.norm_length", COUNT),
-    ("*loss.distill_topk", COUNT),
+    ("*loss.distill_topk", COUNT), ("*loss.distill_kl_clip", NONNEGATIVE),
+    ("*loss.rollout_correction.threshold", Bound(1, open_low=True, why="weights are kept within "
+                                                 "[1/C, C]: C must be above 1, e.g. 2.0")),
     # The model (a random-init preset) and the warm-up.
     ("model.tiny.rope_theta", POSITIVE), ("model.tiny.*", SIZE),
     ("warmup.lr", POSITIVE), ("warmup.steps", COUNT),

@@ -88,6 +88,7 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
   check_choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
   check_choice("model.remat", config.model.remat, tuple(transformer.REMAT_POLICIES))
   check_choice("model.dtype", config.model.dtype, ("float32", "bfloat16"))
+  check_choice("rollout.dtype", config.rollout.get("dtype", ""), ("", "float32", "bfloat16"))
   check_choice("model.param_dtype", config.model.get("param_dtype", "float32"),
                ("float32", "bfloat16"))
   if len(tuple(config.mesh.shape)) not in (3, 4):

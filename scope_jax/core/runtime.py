@@ -34,7 +34,7 @@ from scope_jax.core.roles import Role
 from scope_jax.models import transformer
 from scope_jax.models.load import load_model
 from scope_jax.rl import learner as learner_lib
-from scope_jax.rl import optim, train_step
+from scope_jax.rl import losses, optim, train_step
 from scope_jax.sampling import Engine, Sampler
 from scope_jax.sampling import engine as engine_lib
 
@@ -56,10 +56,50 @@ def method_syntax(config: ml_collections.ConfigDict) -> str:
   return config.get(config.method, {}).get("syntax", "xml")
 
 
+RC_MODES = ("auto",) + losses.RC_MODES
+LOW_PRECISION = ("bfloat16", "float16")
+
+
+def sampler_dtype(config: ml_collections.ConfigDict) -> str:
+  """The samplers' compute dtype: `rollout.dtype`, or the model's when it is empty."""
+  return config.rollout.get("dtype", "") or config.model.dtype
+
+
+def rollout_correction_fields(config: ml_collections.ConfigDict, rc) -> dict:
+  """`loss.rollout_correction` as LossConfig fields; mode 'auto' is truncate when the sampler
+  computes in a low precision (its log-probs then differ from the trainer's at the same
+  params), off when it computes in float32."""
+  rc = dict(rc or {})
+  unknown = sorted(set(rc) - {"mode", "level", "threshold"})
+  if unknown:
+    raise ValueError(f"loss.rollout_correction.{unknown[0]} is not a setting; use mode, level, "
+                     "threshold.")
+  mode = rc.get("mode", "auto")
+  if mode not in RC_MODES:
+    raise ValueError(f"loss.rollout_correction.mode={mode!r} is not valid; use one of "
+                     f"{', '.join(RC_MODES)}.")
+  if mode == "auto":
+    mode = "truncate" if sampler_dtype(config) in LOW_PRECISION else "off"
+  threshold = rc.get("threshold", 2.0)
+  if not 1.0 < threshold < float("inf"):
+    raise ValueError(f"loss.rollout_correction.threshold={threshold} must be above 1 (weights "
+                     "are kept within [1/C, C]; e.g. 2.0).")
+  level = rc.get("level", "token")
+  if level not in losses.RC_LEVELS:
+    raise ValueError(f"loss.rollout_correction.level={level!r} is not valid; use one of "
+                     f"{', '.join(losses.RC_LEVELS)}.")
+  return dict(rollout_corr_mode=mode, rollout_corr_level=level, rollout_corr_threshold=threshold)
+
+
 def loss_config(config: ml_collections.ConfigDict, overrides=None) -> train_step.LossConfig:
   """The run's `LossConfig` (`config.loss`) with role overrides. Dr.GRPO's constant length
-  defaults to the response budget (max_context − max_prompt_tokens)."""
+  defaults to the response budget (max_context − max_prompt_tokens); the rollout correction's
+  section becomes its `rollout_corr_*` fields (a policy's override merges into it)."""
   overrides = dict(overrides or {})
+  direct = sorted(k for k in overrides if k.startswith("rollout_corr_"))
+  if direct:
+    raise ValueError(f"{direct[0]} is set through the rollout_correction section: give "
+                     "rollout_correction=dict(mode=..., level=..., threshold=...) instead.")
   unknown = sorted(set(overrides) - set(config.loss) - set(train_step.LossConfig.__annotations__))
   if unknown:
     where = " (an optimizer setting: give it in the policy's optimizer overrides)" \
@@ -70,6 +110,10 @@ def loss_config(config: ml_collections.ConfigDict, overrides=None) -> train_step
     raise ValueError(f"{', '.join(unknown)} is not a loss setting{where}; loss settings: "
                      f"{', '.join(sorted(config.loss))}.")
   fields = dict(config.loss.to_dict(), **overrides)
+  rc = dict(config.loss.get("rollout_correction", {}))
+  rc.update(dict(overrides.get("rollout_correction", {})))
+  fields.pop("rollout_correction", None)
+  fields.update(rollout_correction_fields(config, rc))
   fields["dual_clip"] = fields.get("dual_clip") or None
   if not fields.get("norm_length"):
     fields["norm_length"] = max(config.rollout.max_context - config.rollout.max_prompt_tokens, 1)
@@ -164,7 +208,7 @@ class Runtime:
     """What plays `params` (in the sampling layout: weights whole along fsdp): the slot engine,
     or the turn-by-turn sampler when `rollout.engine` is off."""
     r = self.config.rollout
-    common = dict(dtype=self.dtype, mesh=self.mesh, rules=self.sampling_rules,
+    common = dict(dtype=jnp.dtype(sampler_dtype(self.config)), mesh=self.mesh, rules=self.sampling_rules,
                   decode=lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=False),
                   max_context=r.max_context, pad_id=self.pad_id, eos_ids=self.eos_ids)
     if r.get("engine", False):

@@ -175,6 +175,11 @@ class RunShapes:
   def dtype(self):
     return jnp.dtype(self.config.model.dtype)
 
+  @property
+  def sampler_dtype(self):
+    """The samplers' compute dtype (`rollout.dtype`, default the model's)."""
+    return jnp.dtype(rt_lib.sampler_dtype(self.config))
+
   def params(self, rules) -> Any:
     return param_structs(self.model, self.mesh, rules, self.param_dtype)
 
@@ -182,7 +187,8 @@ class RunShapes:
     """What a sampler plays: the trained params as `transformer.sampling_params` lays them out
     (a leaf the sampling layout moves is copied in the compute dtype where the forward casts it)."""
     shardings, dtypes = transformer.sampling_layout(
-        self.model, self.params(self.train_rules), self.mesh, self.sampling_rules, self.dtype)
+        self.model, self.params(self.train_rules), self.mesh, self.sampling_rules,
+        self.sampler_dtype)
     return jax.tree.map(lambda a, s, dt: struct(a.shape, dt, s),
                         self.params(self.train_rules), shardings, dtypes)
 
@@ -254,7 +260,7 @@ def engine_programs(shapes: RunShapes) -> tuple[list[Program], int]:
   capacity = length_bucket(r.max_context)
   layout = target_layout(mesh)
   cache_sh, row_col = engine_lib.cache_shardings(model, mesh, rules, capacity, layout)
-  empty = jax.eval_shape(lambda: slot_ops.empty(model, slots, capacity, shapes.dtype,
+  empty = jax.eval_shape(lambda: slot_ops.empty(model, slots, capacity, shapes.sampler_dtype,
                                                 shardings=None, layout=layout))
   pinned = shd.activations(mesh, rules)
   cache = jax.tree.map(lambda a, s: struct(a.shape, a.dtype, s), empty[0], cache_sh)
@@ -271,12 +277,12 @@ def engine_programs(shapes: RunShapes) -> tuple[list[Program], int]:
     return slot_ops.decode.trace(
         model, spec, params, cache, logits, None, row(jnp.bool_), row(jnp.int32), row(jnp.int32),
         row(jnp.int32), row(jnp.int32), scalar, chunk=chunk, window=capacity,
-        dtype=shapes.dtype, shardings=(cache_sh, row_col), activations=pinned)
+        dtype=shapes.sampler_dtype, shardings=(cache_sh, row_col), activations=pinned)
 
   prefill = lambda: slot_ops.prefill.trace(
       model, params, cache, logits, put((shards, per), jnp.int32), put((p_rows,), jnp.int32),
       put((p_rows, block), jnp.int32), put((p_rows, block), jnp.int32), window=capacity,
-      dtype=shapes.dtype, shardings=(cache_sh, row_col), activations=pinned)
+      dtype=shapes.sampler_dtype, shardings=(cache_sh, row_col), activations=pinned)
   held = bytes_per_chip((params, cache, logits))
   programs = [
       Program("engine/prefill", "prefill", prefill, tokens=p_rows * block, resident_inputs=held,
@@ -329,7 +335,8 @@ def sampler_programs(shapes: RunShapes) -> tuple[list[Program], int]:
   rep = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shd.replicated(mesh))
   prefill_args = (model, params, put((rows, width), jnp.int32), put((rows, width), jnp.int32))
   pinned = shd.activations(mesh, rules)
-  prefill_kw = dict(capacity=width + new, dtype=shapes.dtype, cache_dtype=shapes.dtype,
+  prefill_kw = dict(capacity=width + new, dtype=shapes.sampler_dtype,
+                    cache_dtype=shapes.sampler_dtype,
                     layout=target_layout(mesh), activations=pinned)
   logits, cache = _outputs(lambda p, t, m: sampler_lib._prefill(model, p, t, m, **prefill_kw),
                            *prefill_args[1:])
@@ -348,7 +355,7 @@ def sampler_programs(shapes: RunShapes) -> tuple[list[Program], int]:
               note=f"{rows} prompts × {width} tokens"),
       Program("sampler/decode_step", "decode",
               lambda: sampler_lib._decode.trace(model, spec, params, state, scalar(jnp.int32),
-                                                scalar(jnp.float32), dtype=shapes.dtype,
+                                                scalar(jnp.float32), dtype=shapes.sampler_dtype,
                                                 activations=pinned),
               tokens=rows, resident_inputs=bytes_per_chip((params, state)), rows=rows,
               columns=width + new,

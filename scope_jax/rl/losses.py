@@ -107,6 +107,78 @@ def kl_penalty(logp, ref_logp, kind: str):
   raise ValueError(f"Unknown KL estimator {kind!r}; valid: {', '.join(KL_KINDS)}.")
 
 
+# --------------------------------------------------------------------- rollout correction
+# Importance sampling between the sampler (KV-cache decode, often bfloat16) and the trainer,
+# following verl's rollout correction (verl/trainer/ppo/mismatch_helper.py, `rollout_is_mode`
+# truncate | mask, `rollout_is_level` token | sequence; the same rules in
+# verl/trainer/ppo/rollout_corr_helper.py): w = exp(clip(log π_trainer − log π_sampler, ±20)),
+# per token, or per sequence as exp of the masked sum of the token log-ratios on every token.
+
+RC_MODES = ("off", "truncate", "mask")
+RC_LEVELS = ("token", "sequence")
+
+
+def rollout_log_weights(trainer_logp, sampler_logp, mask, level: str):
+  """log w [B, T]: the token log-ratio log π_trainer − log π_sampler, or (level 'sequence') the
+  row's masked sum of them on every token; clipped to ±20 (verl's SAFETY_BOUND), 0 off the mask
+  (where either log-prob may be anything, even NaN)."""
+  on = mask > 0
+  log_ratio = jnp.where(on, trainer_logp - sampler_logp, 0.0).astype(jnp.float32)
+  if level == "sequence":
+    log_ratio = jnp.broadcast_to(log_ratio.sum(-1, keepdims=True), log_ratio.shape)
+  elif level != "token":
+    raise ValueError(f"Unknown rollout correction level {level!r}; valid: {', '.join(RC_LEVELS)}.")
+  return jnp.where(on, jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)
+
+
+def rollout_keep(log_w, mask, threshold: float):
+  """Masked IS's rejection (verl's rule): a token (or, with sequence weights, its whole row) is
+  kept when 1/C ≤ w ≤ C, both ends included; 1 kept, 0 rejected, 0 off the mask."""
+  w = jnp.exp(log_w)
+  return ((w >= 1.0 / threshold) & (w <= threshold) & (mask > 0)).astype(jnp.float32)
+
+
+def rollout_is_weight(log_w, mode: str, threshold: float):
+  """The weight on each token's policy loss: truncate (TIS) min(w, C); mask (MIS) w itself, kept
+  tokens being within [1/C, C] (the rejection is in the loss mask, `rollout_keep`); off 1."""
+  if mode == "truncate":
+    return jnp.minimum(jnp.exp(log_w), threshold)
+  if mode == "mask":
+    return jnp.exp(log_w)
+  if mode == "off":
+    return jnp.ones_like(log_w)
+  raise ValueError(f"Unknown rollout correction mode {mode!r}; valid: {', '.join(RC_MODES)}.")
+
+
+def rollout_stats_rows(trainer_logp, sampler_logp, mask, weight, *, level: str,
+                       threshold: float):
+  """Per-row sums of the sampler–trainer mismatch metrics (verl's names), for sum/count means.
+
+  k3: Σ_t k3 with r = π_trainer/π_sampler, k3 = r − log r − 1 (verl's k3_kl, an estimate of
+  KL(π_sampler ‖ π_trainer)); ppl_ratio: verl's per-sequence exp(mean_t log π_sampler −
+  mean_t log π_trainer) (= trainer PPL / sampler PPL), counted once per non-empty row;
+  high / low: loss tokens (level token) or rows (level sequence) with w > C / w < 1/C;
+  weight: Σ_t of `weight` [B, T], the weight applied to each token's policy loss (0 where it
+  is rejected); tokens, rows: the counts (all over `mask`).
+  """
+  m = (mask > 0).astype(jnp.float32)
+  log_w = rollout_log_weights(trainer_logp, sampler_logp, mask, level)
+  w = jnp.exp(log_w)
+  lr = jnp.where(m > 0, jnp.clip(trainer_logp - sampler_logp, -LOG_RATIO_CLAMP,
+                                 LOG_RATIO_CLAMP), 0.0)
+  tokens_B = m.sum(-1)
+  row_B = (tokens_B > 0).astype(jnp.float32)
+  high_BT, low_BT = (w > threshold) & (m > 0), (w < 1.0 / threshold) & (m > 0)
+  if level == "sequence":  # one decision per row
+    high_B, low_B = high_BT.any(-1) * row_B, low_BT.any(-1) * row_B
+  else:
+    high_B, low_B = high_BT.sum(-1), low_BT.sum(-1)
+  return {"rc_k3": ((jnp.exp(lr) - lr - 1.0) * m).sum(-1),
+          "rc_ppl_ratio": row_B * jnp.exp(-lr.sum(-1) / jnp.maximum(tokens_B, 1.0)),
+          "rc_high": high_B.astype(jnp.float32), "rc_low": low_B.astype(jnp.float32),
+          "rc_weight": (weight * m).sum(-1), "rc_tokens": tokens_B, "rc_rows": row_B}
+
+
 # ------------------------------------------------------------------------- distillation
 
 def _log_one_minus_exp(log_mass):
@@ -115,28 +187,73 @@ def _log_one_minus_exp(log_mass):
   return jnp.where(x > -0.693, jnp.log(-jnp.expm1(x)), jnp.log1p(-jnp.exp(x)))
 
 
-def topk_reverse_kl(student_logp_NV, teacher_logp_NV, k: int, *, tail: bool = True):
-  """Top-K reverse KL(π_S ‖ π_T) per row, with K taken from the student's distribution.
+DISTILL_SUPPORTS = ("student", "teacher", "union")
 
-  tail=True (with the tail mass): Σ_{i∈topK} p_S,i (log p_S,i − log p_T,i)
-                             + m_S (log m_S − log m_T),  m_X = 1 − Σ_{i∈topK} p_X,i.
-  tail=False: both distributions renormalised over the top-K ids (Tunix/MaxText semantics).
-  K = V gives the exact full reverse KL. The teacher should arrive under stop_gradient.
+
+def topk_reverse_kl(student_logp_NV, teacher_logp_NV, k: int, *, tail: bool = True,
+                    support: str = "student", renormalize: bool = True, kl_clip: float = 0.0):
+  """Top-K reverse KL(π_S ‖ π_T) per row over a support S of token ids.
+
+  S: the K most likely ids under the student ('student', the default), the teacher
+  ('teacher'), or the union of both sets ('union', up to 2K ids, a duplicate counted once).
+  tail=True: Σ_{i∈S} p_S,i (log p_S,i − log p_T,i) + m_S (log m_S − log m_T),
+             m_X = 1 − Σ_{i∈S} p_X,i (the rest of the vocabulary as one extra bin).
+  tail=False, renormalize=True: both distributions renormalised over S (Tunix/MaxText).
+  tail=False, renormalize=False: the plain partial sum Σ_{i∈S} p_S,i (log p_S,i − log p_T,i).
+  (With the tail, `renormalize` changes nothing: the K + 1 bins already sum to 1.)
+  kl_clip > 0: each row's value is capped at kl_clip, with no gradient beyond it.
+  K = V gives the exact full reverse KL for every support. The teacher should arrive under
+  stop_gradient; the support is chosen without gradient.
   """
-  k = min(k, student_logp_NV.shape[-1])
-  s_top, idx = jax.lax.top_k(jax.lax.stop_gradient(student_logp_NV), k)
-  s_top = jnp.take_along_axis(student_logp_NV, idx, axis=-1)
-  t_top = jnp.take_along_axis(teacher_logp_NV, idx, axis=-1)
-  if not tail:
-    s_norm = jax.nn.log_softmax(s_top, axis=-1)
-    t_norm = jax.nn.log_softmax(t_top, axis=-1)
-    return jnp.sum(jnp.exp(s_norm) * (s_norm - t_norm), axis=-1)
-  head = jnp.sum(jnp.exp(s_top) * (s_top - t_top), axis=-1)
-  if k == student_logp_NV.shape[-1]:
-    return head
-  log_ms = _log_one_minus_exp(jax.nn.logsumexp(s_top, axis=-1))
-  log_mt = _log_one_minus_exp(jax.nn.logsumexp(t_top, axis=-1))
-  return head + jnp.exp(log_ms) * (log_ms - log_mt)
+  if support not in DISTILL_SUPPORTS:
+    raise ValueError(f"Unknown distillation support {support!r}; valid: "
+                     f"{', '.join(DISTILL_SUPPORTS)}.")
+  v = student_logp_NV.shape[-1]
+  k = min(k, v)
+  if support == "union" and k < v:
+    kl = _union_reverse_kl(student_logp_NV, teacher_logp_NV, k, tail, renormalize)
+  else:  # K = V: every support is the whole vocabulary (the student's order, as released)
+    chooser = teacher_logp_NV if support == "teacher" and k < v else student_logp_NV
+    _, idx = jax.lax.top_k(jax.lax.stop_gradient(chooser), k)
+    s_top = jnp.take_along_axis(student_logp_NV, idx, axis=-1)
+    t_top = jnp.take_along_axis(teacher_logp_NV, idx, axis=-1)
+    if not tail and renormalize:
+      s_norm = jax.nn.log_softmax(s_top, axis=-1)
+      t_norm = jax.nn.log_softmax(t_top, axis=-1)
+      kl = jnp.sum(jnp.exp(s_norm) * (s_norm - t_norm), axis=-1)
+    else:
+      kl = jnp.sum(jnp.exp(s_top) * (s_top - t_top), axis=-1)
+      if tail and k < v:
+        log_ms = _log_one_minus_exp(jax.nn.logsumexp(s_top, axis=-1))
+        log_mt = _log_one_minus_exp(jax.nn.logsumexp(t_top, axis=-1))
+        kl = kl + jnp.exp(log_ms) * (log_ms - log_mt)
+  if kl_clip > 0:  # the cap is a constant: no gradient where it binds
+    kl = jnp.where(kl > kl_clip, jnp.float32(kl_clip), kl)
+  return kl
+
+
+def _union_reverse_kl(student_logp_NV, teacher_logp_NV, k: int, tail: bool, renormalize: bool):
+  """`topk_reverse_kl` over the union of both top-K sets: a [N, V] support mask built by
+  scattering both index sets (a shared id is set twice, counted once), then masked sums."""
+  n = student_logp_NV.shape[0]
+  _, idx_s = jax.lax.top_k(jax.lax.stop_gradient(student_logp_NV), k)
+  _, idx_t = jax.lax.top_k(jax.lax.stop_gradient(teacher_logp_NV), k)
+  rows = jnp.arange(n)[:, None]
+  in_NV = jnp.zeros(student_logp_NV.shape, bool).at[rows, idx_s].set(True).at[rows, idx_t].set(True)
+  neg = jnp.float32(-jnp.inf)
+  s_in = jnp.where(in_NV, student_logp_NV, neg)
+  t_in = jnp.where(in_NV, teacher_logp_NV, neg)
+  if not tail and renormalize:
+    s_norm = s_in - jax.nn.logsumexp(s_in, axis=-1, keepdims=True)
+    t_norm = t_in - jax.nn.logsumexp(t_in, axis=-1, keepdims=True)
+    return jnp.sum(jnp.where(in_NV, jnp.exp(s_norm) * (s_norm - t_norm), 0.0), axis=-1)
+  kl = jnp.sum(jnp.where(in_NV, jnp.exp(student_logp_NV) * (student_logp_NV - teacher_logp_NV),
+                         0.0), axis=-1)
+  if tail:
+    log_ms = _log_one_minus_exp(jax.nn.logsumexp(s_in, axis=-1))
+    log_mt = _log_one_minus_exp(jax.nn.logsumexp(t_in, axis=-1))
+    kl = kl + jnp.exp(log_ms) * (log_ms - log_mt)
+  return kl
 
 
 def full_reverse_kl(student_logp_NV, teacher_logp_NV):
@@ -159,12 +276,14 @@ def _softcap(logits, cap: float):
 def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
                 chunk: int = 256, teacher_hidden_BTD=None, teacher_unembed_VD=None,
                 distill_topk: int = 0, distill_tail: bool = True, with_entropy: bool = True,
-                softcap: float = 0.0):
+                softcap: float = 0.0, distill_support: str = "student",
+                distill_renormalize: bool = True, distill_kl_clip: float = 0.0):
   """Per-token log-prob of `targets`, entropy and (optionally) top-K reverse KL to a teacher.
 
   Logits are formed one chunk of T at a time inside a rematerialised scan, so neither the forward
   nor the backward pass holds [B, T, V]. Log-probs use logits / temperature (the sampler's
-  convention). Returns a dict of [B, T] float32 arrays: 'logp', 'entropy', 'distill', and
+  convention); the distillation options are `topk_reverse_kl`'s. Returns a dict of [B, T]
+  float32 arrays: 'logp', 'entropy', 'distill', and
   with a teacher 'teacher_logp' (the teacher's log-prob of the same target token, for the
   teacher–student gap on sampled tokens).
   """
@@ -202,7 +321,9 @@ def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
       t_logp = jax.lax.stop_gradient(jax.nn.log_softmax(t_logits, axis=-1))
       v = logp_BCV.shape[-1]
       out["distill"] = topk_reverse_kl(logp_BCV.reshape(-1, v), t_logp.reshape(-1, v),
-                                       distill_topk or v, tail=distill_tail).reshape(y_BC.shape)
+                                       distill_topk or v, tail=distill_tail,
+                                       support=distill_support, renormalize=distill_renormalize,
+                                       kl_clip=distill_kl_clip).reshape(y_BC.shape)
       out["teacher_logp"] = jnp.take_along_axis(t_logp, y_BC[..., None], axis=-1)[..., 0]
     else:
       out["distill"] = jnp.zeros_like(out["logp"])

@@ -4,7 +4,9 @@ micro-batches, AdamW, and a non-finite guard.
 The loss normalisers (token or sequence counts) are computed once from the whole batch's masks, so
 each micro-batch contributes sum/count and the gradients simply add: 1 or M micro-batches give the
 same update. The reference forward runs only when β > 0, the teacher forward only when λ > 0,
-both under stop_gradient.
+both under stop_gradient. Rollout correction weights each token's policy loss by the
+trainer/sampler probability ratio (truncated); its mask mode first drops the tokens whose ratio
+is out of range from the whole batch's loss mask (one extra forward), before those counts.
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ class LossConfig:
   kl_kind: str = "k3"  # k1 | k2 | k3 | k3+
   distill_coef: float = 0.0  # λ; 0 skips the teacher forward entirely
   distill_topk: int = 100  # K (≥ V means the exact full reverse KL)
-  distill_tail: bool = True  # the tail-mass term; False renormalises over the top-K
+  distill_tail: bool = True  # the rest of the vocabulary as one extra bin
+  distill_support: str = "student"  # top-K ids of: student | teacher | union (of both sets)
+  distill_renormalize: bool = True  # tail off: renormalise both over the support (else plain sum)
+  distill_kl_clip: float = 0.0  # cap on each token's KL, no gradient beyond it (0 = off)
   distill_agg_mode: str = "seq-mean-token-mean"  # (1/|y|) Σ_t KL_t, averaged over sequences
   temperature: float = 1.0  # logits / T, as in the sampler
   chunk: int = 256  # sequence chunk for log-probs / distillation
@@ -44,6 +49,11 @@ class LossConfig:
   router_aux_coef: float = 0.0  # HF's MoE load-balancing loss coefficient (0: off; HF uses 1e-3)
   entropy_coef: float = 0.0  # verl's entropy bonus: loss −= coef · entropy (agg_mode), e.g. 1e-3
   old_logp_from_trainer: bool = False  # π_old = this step's own log-probs (ratio 1), not the sampler's
+  # Rollout correction (losses.RC_*): w = π_trainer/π_sampler per token or per sequence; truncate
+  # weights the policy loss by min(w, C), mask drops tokens (rows) with w outside [1/C, C].
+  rollout_corr_mode: str = "off"  # off | truncate | mask
+  rollout_corr_level: str = "token"  # token | sequence
+  rollout_corr_threshold: float = 2.0  # C > 1
 
   def __post_init__(self):
     for mode in (self.agg_mode, self.distill_agg_mode):
@@ -51,6 +61,20 @@ class LossConfig:
         raise ValueError(f"Unknown aggregation mode {mode!r}; valid: {', '.join(losses.AGG_MODES)}.")
     if self.kl_kind not in losses.KL_KINDS:
       raise ValueError(f"Unknown KL estimator {self.kl_kind!r}; valid: {', '.join(losses.KL_KINDS)}.")
+    if self.distill_support not in losses.DISTILL_SUPPORTS:
+      raise ValueError(f"Unknown distill_support {self.distill_support!r}; valid: "
+                       f"{', '.join(losses.DISTILL_SUPPORTS)}.")
+    if not self.distill_kl_clip >= 0:
+      raise ValueError(f"distill_kl_clip={self.distill_kl_clip} must be at least 0 (0 = no cap).")
+    if self.rollout_corr_mode not in losses.RC_MODES:
+      raise ValueError(f"Unknown rollout correction mode {self.rollout_corr_mode!r}; valid: "
+                       f"{', '.join(losses.RC_MODES)}.")
+    if self.rollout_corr_level not in losses.RC_LEVELS:
+      raise ValueError(f"Unknown rollout correction level {self.rollout_corr_level!r}; valid: "
+                       f"{', '.join(losses.RC_LEVELS)}.")
+    if not 1.0 < self.rollout_corr_threshold < float("inf"):
+      raise ValueError(f"rollout correction threshold={self.rollout_corr_threshold} must be above 1 "
+                       "(weights are kept within [1/C, C]; e.g. 2.0).")
 
 
 @flax.struct.dataclass
@@ -114,7 +138,9 @@ def sequence_stats(config: ModelConfig, params, tokens, mask, *, lc: LossConfig,
                                       return_hidden=True, dtype=dtype)
     kwargs = dict(teacher_hidden_BTD=jax.lax.stop_gradient(t_hidden[:, start - 1:-1]),
                   teacher_unembed_VD=jax.lax.stop_gradient(transformer.unembedding(config, t_params)),
-                  distill_topk=lc.distill_topk, distill_tail=lc.distill_tail)
+                  distill_topk=lc.distill_topk, distill_tail=lc.distill_tail,
+                  distill_support=lc.distill_support, distill_renormalize=lc.distill_renormalize,
+                  distill_kl_clip=lc.distill_kl_clip)
   # Hidden t − 1 predicts token t: statistics about tokens start … T − 1, then left-padded.
   stats = losses.token_stats(hidden[:, start - 1:-1], transformer.unembedding(config, params),
                              tokens[:, start:], temperature=lc.temperature, chunk=lc.chunk,
@@ -153,6 +179,8 @@ def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, c
   old_logp = jax.lax.stop_gradient(logp) if lc.old_logp_from_trainer else mb.old_logp
   pg, clipped = losses.policy_loss(logp, old_logp, mb.advantages, eps_low=lc.eps_low,
                                    eps_high=lc.eps_high, dual_clip=lc.dual_clip)
+  rc_weight = _rollout_weight(jax.lax.stop_gradient(logp), mb.old_logp, m, lc)
+  pg = pg * rc_weight
   rows = lambda per_token, mode: losses.aggregate_rows(per_token, m, mode, lc.norm_length)[0]
   parts_B = {"pg_loss": rows(pg, lc.agg_mode) / counts["agg"]}
   if lc.kl_beta > 0:
@@ -170,6 +198,10 @@ def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, c
   gap_BT = jnp.abs(logp - mb.old_logp)  # trainer vs sampler, whichever π_old the ratio uses
   sums_B |= {"entropy": (stats["entropy"] * m).sum(-1), "clip_frac": (clipped * m).sum(-1),
              "logp": (logp * m).sum(-1), "logprob_gap": (gap_BT * m).sum(-1)}
+  if lc.rollout_corr_mode != "mask":  # mask mode: measured before its rejection (`_reject`)
+    sums_B |= losses.rollout_stats_rows(jax.lax.stop_gradient(logp), mb.old_logp, m, rc_weight,
+                                        level=lc.rollout_corr_level,
+                                        threshold=lc.rollout_corr_threshold)
   if lc.entropy_coef > 0:  # verl: pg_loss − entropy_coeff · agg(entropy), the same aggregation
     parts_B["entropy_loss"] = rows(stats["entropy"], lc.agg_mode) / counts["agg"]
   total_B = (parts_B["pg_loss"] + lc.kl_beta * parts_B.get("kl_loss", 0.0)
@@ -183,6 +215,51 @@ def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, c
   total = total_B.sum() + lc.router_aux_coef * router.get("router_aux", 0.0)
   gap_max_B = jnp.max(jnp.where(m > 0, gap_BT, 0.0), axis=-1)
   return total, (total_B, parts_B, sums_B, gap_max_B, router)
+
+
+def _rollout_weight(trainer_logp, sampler_logp, mask, lc: LossConfig):
+  """The rollout-correction weight on each token's policy loss (no gradient). Applied only with
+  π_old from the trainer (verl's decoupled mode): with the sampler's π_old the PPO ratio is
+  already taken against the sampler (verl's bypass mode) and only mask mode's rejection acts."""
+  if lc.rollout_corr_mode == "off" or not lc.old_logp_from_trainer:
+    return jnp.ones_like(trainer_logp)
+  log_w = losses.rollout_log_weights(trainer_logp, sampler_logp, mask, lc.rollout_corr_level)
+  return losses.rollout_is_weight(log_w, lc.rollout_corr_mode, lc.rollout_corr_threshold)
+
+
+def _reject(config: ModelConfig, lc: LossConfig, params, batch: TrainBatch, micro: int, *,
+            dtype):
+  """Mask mode's rejection, before the micro-batch loop: one forward of the whole batch (no
+  gradient, one micro-batch at a time) gives the trainer's log-probs; tokens (rows) whose weight
+  is outside [1/C, C] leave the loss mask, so they leave every loss term and the normalisers
+  computed from it, exactly as one micro-batch would see them. Returns (the batch with that mask,
+  the mismatch metrics' sums over the original loss tokens)."""
+  def logp(mb):
+    f = lambda: sequence_stats(config, params, mb.tokens, mb.mask, lc=lc, dtype=dtype,
+                               from_col=mb.prompt_cols)["logp"]
+    return jax.lax.cond(mb.mask.any(), f, lambda: jnp.zeros(mb.tokens.shape, jnp.float32))
+  logp_MbT = jax.lax.map(logp, _split(batch, micro))
+  trainer = jax.lax.stop_gradient(jnp.swapaxes(logp_MbT, 0, 1).reshape(batch.tokens.shape))
+  m = batch.loss_mask
+  log_w = losses.rollout_log_weights(trainer, batch.old_logp, m, lc.rollout_corr_level)
+  keep = losses.rollout_keep(log_w, m, lc.rollout_corr_threshold)
+  weight = _rollout_weight(trainer, batch.old_logp, m, lc) * keep
+  sums = losses.rollout_stats_rows(trainer, batch.old_logp, m, weight,
+                                   level=lc.rollout_corr_level, threshold=lc.rollout_corr_threshold)
+  return batch.replace(loss_mask=m * keep), {k: v.sum() for k, v in sums.items()}
+
+
+def _rollout_metrics(sums, lc: LossConfig) -> dict:
+  """Sampler–trainer mismatch metrics (verl's rollout_corr/…), reported in every mode: k3 KL
+  and weight mean over loss tokens, perplexity ratio over rows, and the shares of tokens (rows,
+  at sequence level) with w > C (what truncate caps) and w outside [1/C, C] (what mask drops)."""
+  tokens, rows = jnp.maximum(sums["rc_tokens"], 1.0), jnp.maximum(sums["rc_rows"], 1.0)
+  units = rows if lc.rollout_corr_level == "sequence" else tokens
+  return {"rollout_corr/k3_kl": sums["rc_k3"] / tokens,
+          "rollout_corr/ppl_ratio": sums["rc_ppl_ratio"] / rows,
+          "rollout_corr/truncated_frac": sums["rc_high"] / units,
+          "rollout_corr/masked_frac": (sums["rc_high"] + sums["rc_low"]) / units,
+          "rollout_corr/weight_mean": sums["rc_weight"] / tokens}
 
 
 def _split(batch: TrainBatch, micro: int) -> TrainBatch:
@@ -216,6 +293,9 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
     if batch.num_rows % micro_batches:
       raise ValueError(f"Batch of {batch.num_rows} rows does not split into {micro_batches} "
                        "micro-batches; pad rows with make_batch(row_multiple=...).")
+    rc_sums = {}
+    if lc.rollout_corr_mode == "mask":  # the rejected tokens leave the mask the counts come from
+      batch, rc_sums = _reject(config, lc, state.params, batch, micro_batches, dtype=dtype)
     m = batch.loss_mask
     counts = {"agg": losses.aggregate(m, m, lc.agg_mode, lc.norm_length)[1],
               "distill": losses.aggregate(m, m, lc.distill_agg_mode, lc.norm_length)[1]}
@@ -247,7 +327,7 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
       (grads, router), (total_MB, parts_MB, sums_MB, gap_max_MB) = jax.lax.scan(accumulate, init,
                                                                                 mbs)
     parts = {k: v.sum() for k, v in parts_MB.items()}
-    sums = {k: v.sum() for k, v in sums_MB.items()}
+    sums = {k: v.sum() for k, v in sums_MB.items()} | rc_sums
     total = total_MB.sum() + lc.router_aux_coef * router.get("router_aux", 0.0)
     gap_max = gap_max_MB.max()
     if "router_aux" in router:
@@ -273,6 +353,7 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
                "logprob_gap_mean": sums["logprob_gap"] / tokens, "logprob_gap_max": gap_max,
                "logp_mean": sums["logp"] / tokens,
                "skipped": new_state.skipped, "finite": finite}
+    metrics |= _rollout_metrics(sums, lc)
     if "kl_loss" in parts:
       metrics["kl"] = parts["kl_loss"]
     if "teacher_gap" in sums:  # mean log π_T(y_t) − log π_S(y_t) over the student's own tokens
