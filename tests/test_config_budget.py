@@ -8,39 +8,40 @@ import pytest
 
 from scope_jax import configs_base
 
-SHARED = 118  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 17 model (11 of
-# the tiny architecture), 6 warm-up, 11 loss, 10 eval, 8 rollout, 6 optim, 2 learner, 2 world
-# and 13 of the run (method, preset, seed, steps, checkpoints, control, smoke, smoke_warmup, ...)
+SHARED = 122  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 17 model (11 of
+# the tiny architecture), 6 warm-up, 11 loss, 10 eval, 8 rollout, 6 optim, 4 lora (rank, alpha,
+# targets, dropout: adapters for every policy), 2 learner, 2 world and 13 of the run (method,
+# preset, seed, steps, checkpoints, control, smoke, smoke_warmup, ...)
 
 # preset -> (budget, why that many). Each is SHARED plus the method's own section.
 BUDGETS = {
-    "spell:demo": (165, "shared + 7 data (corpus clustering) + 35 spell: 20 knobs, 3 roles × 5"),
-    "spell:learn": (165, "as spell:demo"),
-    "spell:paper": (165, "as spell:demo"),
-    "spell:small": (165, "as spell:demo"),
-    "spell:paper_qwen3_moe": (165, "as spell:demo"),
-    "scope:demo": (193, "shared + 6 retrieval + 64 scope: 35 knobs (8 of the task-set filter, "
+    "spell:demo": (169, "shared + 7 data (corpus clustering) + 35 spell: 20 knobs, 3 roles × 5"),
+    "spell:learn": (169, "as spell:demo"),
+    "spell:paper": (169, "as spell:demo"),
+    "spell:small": (169, "as spell:demo"),
+    "spell:paper_qwen3_moe": (169, "as spell:demo"),
+    "scope:demo": (197, "shared + 6 retrieval + 64 scope: 35 knobs (8 of the task-set filter, "
                         "2 per-policy loss overrides), 5 roles × 5 and turn limits for the 2 that search"),
-    "scope:learn": (193, "as scope:demo"),
-    "scope:paper": (193, "as scope:demo"),
-    "scope:paper_qwen3": (193, "as scope:demo"),
-    "scope:paper_olmo3": (193, "as scope:demo"),
-    "opensir:demo": (160, "shared + 37 opensir: 27 knobs (6 of the initial pool, 4 teacher and 2 "
+    "scope:learn": (197, "as scope:demo"),
+    "scope:paper": (197, "as scope:demo"),
+    "scope:paper_qwen3": (197, "as scope:demo"),
+    "scope:paper_olmo3": (197, "as scope:demo"),
+    "opensir:demo": (164, "shared + 37 opensir: 27 knobs (6 of the initial pool, 4 teacher and 2 "
                           "selection weights), 2 roles × 5"),
-    "opensir:learn": (160, "as opensir:demo"),
-    "opensir:paper": (160, "as opensir:demo"),
-    "opensir:paper_gemma2": (160, "as opensir:demo"),
-    "asl:demo": (192, "shared + 6 retrieval + 63 asl: 42 knobs (6 phase limits, 3 stores, 2 plateau "
+    "opensir:learn": (164, "as opensir:demo"),
+    "opensir:paper": (164, "as opensir:demo"),
+    "opensir:paper_gemma2": (164, "as opensir:demo"),
+    "asl:demo": (196, "shared + 6 retrieval + 63 asl: 42 knobs (6 phase limits, 3 stores, 2 plateau "
                       "windows), 3 roles × 7"),
-    "asl:learn": (192, "as asl:demo"),
-    "asl:paper": (192, "as asl:demo"),
-    "piplay:demo": (179, "shared + 6 retrieval + 50 piplay: 29 knobs (5 distillation loss "
+    "asl:learn": (196, "as asl:demo"),
+    "asl:paper": (196, "as asl:demo"),
+    "piplay:demo": (183, "shared + 6 retrieval + 50 piplay: 29 knobs (5 distillation loss "
                          "overrides, 3 data generation), 3 roles × 7"),
-    "piplay:learn": (179, "as piplay:demo"),
-    "piplay:paper": (187, "piplay:demo + Dr.Zero's per-policy optimizer overrides (examiner lr "
+    "piplay:learn": (183, "as piplay:demo"),
+    "piplay:paper": (191, "piplay:demo + Dr.Zero's per-policy optimizer overrides (examiner lr "
                           "and clip, student clip and warm-up), tool output in characters per "
                           "role (3) and the examiner's own 4K context"),
-    "piplay:paper_instruct": (187, "as piplay:paper"),
+    "piplay:paper_instruct": (191, "as piplay:paper"),
 }
 
 

@@ -77,6 +77,8 @@ RULES: Rules = (
     ("*loss.entropy_coef", NONNEGATIVE), ("*loss.chunk", SIZE),
     ("learner.micro_batch_rows", SIZE), ("*loss.norm_length", COUNT),
     ("*loss.distill_topk", COUNT),
+    ("lora.rank", COUNT), ("lora.alpha", NONNEGATIVE),
+    ("lora.dropout", Bound(0, 0, why="adapter dropout is not supported: set it to 0")),
     # The model (a random-init preset) and the warm-up.
     ("model.tiny.rope_theta", POSITIVE), ("model.tiny.*", SIZE),
     ("warmup.lr", POSITIVE), ("warmup.steps", COUNT),

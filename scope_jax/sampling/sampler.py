@@ -28,6 +28,7 @@ from scope_jax import sharding as shd
 from scope_jax.shapes import length_bucket
 from scope_jax.models import kv_cache as kvc
 from scope_jax.models import ops
+from scope_jax.models import lora as lora_lib
 from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.sampling import stops as stops_lib
@@ -227,6 +228,37 @@ def place_params(params, config: ModelConfig, mesh, rules: shd.Rules, dtype) -> 
   return placed, copies
 
 
+def refresh_params(player, params):
+  """Lays out `params` for `player` (a Sampler or Engine) and returns them, deleting the old
+  sampling copies first (`release_copies`). A LoRA view (`lora.view`) has its base placed once
+  and kept while the incoming base is the same arrays, so a refresh after an update moves and
+  copies only the adapters."""
+  base, adapters = lora_lib.split(params)
+  held = player._base_held  # (source base, placed base, copies made for it) or None
+  if held is not None and (adapters is None or not _same_leaves(held[0], base)):
+    release_copies(held[2], params)
+    held = player._base_held = None
+  player._copies = release_copies(player._copies, params)
+  if adapters is None:
+    placed, player._copies = place_params(params, player.config, player.mesh, player.rules,
+                                          player.dtype)
+    return placed
+  if held is None:
+    placed_base, copies = place_params(base, player.config, player.mesh, player.rules,
+                                       player.dtype)
+    held = player._base_held = (base, placed_base, copies)
+  placed = adapters if player.mesh is None else lora_lib.place(adapters, player.config,
+                                                               player.mesh, player.rules)
+  player._copies = [new for new, old in zip(jax.tree.leaves(placed), jax.tree.leaves(adapters))
+                    if new is not old]
+  return lora_lib.view(held[1], placed)
+
+
+def _same_leaves(a, b) -> bool:
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  return len(la) == len(lb) and all(x is y for x, y in zip(la, lb))
+
+
 REFRESH_FREES_OLD_COPY = True  # `release_copies` runs before a refresh lays out new weights
 
 
@@ -264,14 +296,14 @@ class Sampler:
                   "prefill_padded_tokens": 0, "decode_calls": 0, "generated_tokens": 0}
     self.layout = kvc.default_layout()  # of the KV cache's buffers, for this backend
     self._copies: list = []  # params leaves this sampler made (sampling layout), not shared
+    self._base_held = None  # a LoRA view's placed base, kept across refreshes (`refresh_params`)
     self.update_params(params)
 
   def update_params(self, params) -> None:
     """Points the sampler at new weights (resharded for sampling when a mesh is set). The old
     sampling copies are deleted first, so two never coexist."""
-    self.params, self._copies = None, release_copies(self._copies, params)
-    self.params, self._copies = place_params(params, self.config, self.mesh, self.rules,
-                                             self.dtype)
+    self.params = None
+    self.params = refresh_params(self, params)
 
   def _batch_multiple(self) -> int:
     if self.mesh is None:
