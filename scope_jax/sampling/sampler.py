@@ -231,32 +231,53 @@ def place_params(params, config: ModelConfig, mesh, rules: shd.Rules, dtype) -> 
 def refresh_params(player, params):
   """Lays out `params` for `player` (a Sampler or Engine) and returns them, deleting the old
   sampling copies first (`release_copies`). A LoRA view (`lora.view`) has its base placed once
-  and kept while the incoming base is the same arrays, so a refresh after an update moves and
-  copies only the adapters."""
+  for every player of that base (`_placed_base`), so every policy shares one sampling copy of
+  the base and a refresh after an update moves and copies only the adapters."""
   base, adapters = lora_lib.split(params)
-  held = player._base_held  # (source base, placed base, copies made for it) or None
-  if held is not None and (adapters is None or not _same_leaves(held[0], base)):
-    release_copies(held[2], params)
-    held = player._base_held = None
+  key = None if adapters is None else _base_key(base, player)
+  if player._base_held is not None and player._base_held != key:
+    _drop_base(player._base_held, params)
+    player._base_held = None
   player._copies = release_copies(player._copies, params)
   if adapters is None:
     placed, player._copies = place_params(params, player.config, player.mesh, player.rules,
                                           player.dtype)
     return placed
-  if held is None:
-    placed_base, copies = place_params(base, player.config, player.mesh, player.rules,
-                                       player.dtype)
-    held = player._base_held = (base, placed_base, copies)
+  if player._base_held is None:
+    player._base_held = _hold_base(key, base, player)
   placed = adapters if player.mesh is None else lora_lib.place(adapters, player.config,
                                                                player.mesh, player.rules)
   player._copies = [new for new, old in zip(jax.tree.leaves(placed), jax.tree.leaves(adapters))
                     if new is not old]
-  return lora_lib.view(held[1], placed)
+  return lora_lib.view(_PLACED_BASES[key][1], placed)
 
 
-def _same_leaves(a, b) -> bool:
-  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-  return len(la) == len(lb) and all(x is y for x, y in zip(la, lb))
+# key -> [source base, its sampling layout, the copies made for it, players holding it]. The
+# entry holds the source arrays, so their ids in the key are never reused while it lives.
+_PLACED_BASES: dict = {}
+
+
+def _base_key(base, player) -> tuple:
+  rules = tuple(sorted((k, str(v)) for k, v in player.rules.items()))
+  return (tuple(id(x) for x in jax.tree.leaves(base)), id(player.mesh), rules,
+          jnp.dtype(player.dtype).name, player.config)
+
+
+def _hold_base(key, base, player):
+  if key not in _PLACED_BASES:
+    placed, copies = place_params(base, player.config, player.mesh, player.rules, player.dtype)
+    _PLACED_BASES[key] = [base, placed, copies, 0]
+  _PLACED_BASES[key][3] += 1
+  return key
+
+
+def _drop_base(key, keep) -> None:
+  """A player lets go of a placed base; the last one deletes its copies."""
+  entry = _PLACED_BASES[key]
+  entry[3] -= 1
+  if entry[3] == 0:
+    release_copies(entry[2], keep)
+    del _PLACED_BASES[key]
 
 
 REFRESH_FREES_OLD_COPY = True  # `release_copies` runs before a refresh lays out new weights

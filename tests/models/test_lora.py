@@ -229,12 +229,16 @@ def test_the_train_step_gradient_is_the_adapters_gradient_of_the_loss():
 
 
 @pytest.mark.parametrize("player", [Sampler, Engine])
-def test_a_refresh_moves_only_the_adapters(player):
+def test_a_refresh_moves_only_the_adapters_and_players_share_the_base(player):
   mesh = shd.make_mesh((1, 8, 1))
   base = transformer.shard_params(_base(), CFG, mesh)
   adapters = lora.init_sharded_adapters(CFG, LC, jax.random.key(1), mesh)
   sampler = player(CFG, lora.view(base, adapters), mesh=mesh)
   placed_base, _ = lora.split(sampler.params)
+  assert not all(x is y for x, y in zip(jax.tree.leaves(placed_base), jax.tree.leaves(base)))
+  second = player(CFG, lora.view(base, _trained(adapters, seed=8)), mesh=mesh)
+  assert all(x is y for x, y in zip(jax.tree.leaves(lora.split(second.params)[0]),
+                                    jax.tree.leaves(placed_base)))  # one copy for every player
   new = _trained(adapters)
   sampler.update_params(lora.view(base, new))
   again_base, placed_adapters = lora.split(sampler.params)
