@@ -86,14 +86,23 @@ def test_dropout_is_refused_before_anything_loads(tmp_path):
 
 # ------------------------------------------------------------------------------- demo runs
 
-def _main(method, workdir, *flags, wait=True):
+def _main(method, workdir, *flags, wait=True, rank=8):
   cmd = [sys.executable, "-m", "scope_jax.main", f"--config=configs/{method}.py",
-         f"--workdir={workdir}", "--config.lora.rank=8", "--config.total_steps=2", *flags]
+         f"--workdir={workdir}", f"--config.lora.rank={rank}", "--config.total_steps=2", *flags]
   env = dict(os.environ, PYTHONPATH=ROOT)
   if wait:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1500)
   return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
                           env=env)
+
+
+def _full_state_bytes(workdir) -> int:
+  """What a full-weights run's step holds (uncompressed): per checkpointed tree the params and
+  two Adam moments in float32."""
+  record = run_record.read(str(workdir))
+  params = sum(int(np.prod(s)) for s in jax.tree.leaves(
+      transformer.param_shapes(record.model_config), is_leaf=lambda x: isinstance(x, tuple)))
+  return 3 * 4 * params * len(record.policies)
 
 
 def _state_bytes(workdir) -> int:
@@ -112,20 +121,19 @@ def test_every_demo_runs_with_lora(method, tmp_path):
   assert f"Finished {method} (demo)" in out.stdout
   record = run_record.read(str(tmp_path / "run"))
   assert run_record.lora_of(record).rank == 8
-  # A full run's step holds per policy the params and two Adam moments in float32.
-  params = sum(int(np.prod(s)) for s in jax.tree.leaves(
-      transformer.param_shapes(record.model_config), is_leaf=lambda x: isinstance(x, tuple)))
-  full = 3 * 4 * params * len(record.policies)
-  assert _state_bytes(tmp_path / "run") < 0.05 * full
+  # Rank-8 adapters on every projection of the 0.8M-parameter demo model (D 128, F 256) are
+  # 4.0% of its weights; the step adds orbax's metadata.
+  assert _state_bytes(tmp_path / "run") < 0.08 * _full_state_bytes(tmp_path / "run")
 
 
 @pytest.mark.slow
 def test_a_lora_run_resumes_after_sigkill_like_an_uninterrupted_one(tmp_path):
-  full = _main("spell", tmp_path / "full")
+  full = _main("spell", tmp_path / "full", rank=4)
   assert full.returncode == 0, full.stderr[-2000:]
-  proc = _main("spell", tmp_path / "cut", wait=False)
+  assert _state_bytes(tmp_path / "full") < 0.05 * _full_state_bytes(tmp_path / "full")
+  proc = _main("spell", tmp_path / "cut", wait=False, rank=4)
   kill_once_exists(proc, tmp_path / "cut" / "checkpoints" / "0", timeout=600)
-  resumed = _main("spell", tmp_path / "cut")
+  resumed = _main("spell", tmp_path / "cut", rank=4)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert "Resuming from checkpoint step" in resumed.stderr
   comparable = lambda r: {k: v for k, v in r.items()
