@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import weakref
 from typing import Callable, Sequence
 
 import flax.struct
@@ -235,8 +236,8 @@ def refresh_params(player, params):
   the base and a refresh after an update moves and copies only the adapters."""
   base, adapters = lora_lib.split(params)
   key = None if adapters is None else _base_key(base, player)
-  if player._base_held is not None and player._base_held != key:
-    _drop_base(player._base_held, params)
+  if player._base_held is not None and player._base_held[0] != key:
+    player._base_held[1]()  # lets go of the old base (once; also run if the player is collected)
     player._base_held = None
   player._copies = release_copies(player._copies, params)
   if adapters is None:
@@ -244,7 +245,10 @@ def refresh_params(player, params):
                                           player.dtype)
     return placed
   if player._base_held is None:
-    player._base_held = _hold_base(key, base, player)
+    _hold_base(key, base, player)
+    release = weakref.finalize(player, _drop_base, key)
+    release.atexit = False  # nothing to free at exit
+    player._base_held = (key, release)
   placed = adapters if player.mesh is None else lora_lib.place(adapters, player.config,
                                                                player.mesh, player.rules)
   player._copies = [new for new, old in zip(jax.tree.leaves(placed), jax.tree.leaves(adapters))
@@ -253,7 +257,8 @@ def refresh_params(player, params):
 
 
 # key -> [source base, its sampling layout, the copies made for it, players holding it]. The
-# entry holds the source arrays, so their ids in the key are never reused while it lives.
+# entry holds the source arrays, so their ids in the key are never reused while it lives; a
+# player's hold ends when it moves to another base or is garbage-collected.
 _PLACED_BASES: dict = {}
 
 
@@ -263,20 +268,19 @@ def _base_key(base, player) -> tuple:
           jnp.dtype(player.dtype).name, player.config)
 
 
-def _hold_base(key, base, player):
+def _hold_base(key, base, player) -> None:
   if key not in _PLACED_BASES:
     placed, copies = place_params(base, player.config, player.mesh, player.rules, player.dtype)
     _PLACED_BASES[key] = [base, placed, copies, 0]
   _PLACED_BASES[key][3] += 1
-  return key
 
 
-def _drop_base(key, keep) -> None:
-  """A player lets go of a placed base; the last one deletes its copies."""
+def _drop_base(key) -> None:
+  """A player lets go of a placed base; the last one deletes the copies made for it."""
   entry = _PLACED_BASES[key]
   entry[3] -= 1
   if entry[3] == 0:
-    release_copies(entry[2], keep)
+    release_copies(entry[2])
     del _PLACED_BASES[key]
 
 

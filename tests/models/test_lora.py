@@ -2,6 +2,8 @@
 gradients (finite differences), the adapter forward equals the merged weights, a sharded LoRA
 train step equals an unsharded one, and a refresh moves only the adapters."""
 
+import gc
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ from scope_jax.models import init_params, lora, tiny_config, transformer
 from scope_jax.models import kv_cache as kvc
 from scope_jax.rl.train_step import LossConfig, init_train_state, make_train_step, place_batch
 from scope_jax.sampling import Engine, Sampler
+from scope_jax.sampling import sampler as sampler_lib
 from tests.rl.test_train_step import _batch, capture_grads
 
 CFG = tiny_config("qwen2", num_heads=8, num_kv_heads=4, head_dim=8)
@@ -239,6 +242,11 @@ def test_a_refresh_moves_only_the_adapters_and_players_share_the_base(player):
   second = player(CFG, lora.view(base, _trained(adapters, seed=8)), mesh=mesh)
   assert all(x is y for x, y in zip(jax.tree.leaves(lora.split(second.params)[0]),
                                     jax.tree.leaves(placed_base)))  # one copy for every player
+  holders = lambda: sum(e[3] for e in sampler_lib._PLACED_BASES.values())
+  before = holders()
+  del second
+  gc.collect()
+  assert holders() == before - 1  # a collected player lets go of the base
   new = _trained(adapters)
   sampler.update_params(lora.view(base, new))
   again_base, placed_adapters = lora.split(sampler.params)
