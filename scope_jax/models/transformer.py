@@ -125,7 +125,8 @@ def forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: j
             attention_mask: jax.Array | None = None, cache: kvc.KVCache | None = None, *,
             return_hidden: bool = False, dtype=jnp.float32, remat: str = "none",
             return_router: bool = False, layers: Sequence[Any] | None = None):
-  """Runs the decoder on tokens [B, T].
+  """Runs the decoder on tokens [B, T]. `params` may be a LoRA view (`lora.view`: the base's
+  params plus adapters under "lora"), applied as x·W + scale·(x·a)·b at each adapted projection.
 
   Args:
     attention_mask: [B, T], 1 on real tokens, 0 on padding (left or right). Defaults to all ones.
