@@ -182,7 +182,7 @@ def _check_export(workdir, out):
   assert done.returncode == 0, done.stderr[-2000:]
   record = run_record.read(str(workdir))
   step = run_record.committed_steps(record)[-1]
-  model = models.load_step(record, step, "policy", shd.make_mesh((1, 1, 1)),
+  model = models.load_step(record, step, "policy", shd.make_mesh((1, -1, 1)),
                            shd.SAMPLING_RULES, jnp.float32)
   base, adapters = lora.split(model.params)
   assert adapters is not None
