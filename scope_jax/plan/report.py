@@ -159,9 +159,9 @@ def resident_memory(shapes: prog.RunShapes, states: dict[str, Any], cache: int) 
 def _lora_resident(shapes: prog.RunShapes, states: dict[str, Any], cache: int, weights: int,
                    copy: int) -> prog.Resident:
   """With LoRA: one base (every policy, the KL reference and frozen roles read it) and one
-  sampler copy of it shared by every policy's player (a frozen role's player makes its own),
-  then per policy its adapters + their optimizer state and its adapters' sampler copy, and per
-  tracked tree its adapters."""
+  sampler copy of it shared by every player (`sampler.refresh_params`), then per policy its
+  adapters + their optimizer state and its adapters' sampler copy, and per tracked tree its
+  adapters."""
   players = shapes.players
   adapters = prog.bytes_per_chip(shapes.adapters(shapes.train_rules))
   moved = [b for a, b in zip(jax.tree.leaves(shapes.adapters(shapes.train_rules)),
@@ -170,9 +170,7 @@ def _lora_resident(shapes: prog.RunShapes, states: dict[str, Any], cache: int, w
   adapter_copy = prog.bytes_per_chip(moved)
   items = {"base model (shared by every policy and frozen role)": weights}
   if copy:
-    items["base model: sampler copy (shared by the policies' players)"] = copy
-    if players.frozen:
-      items["base model: frozen roles' sampler copy"] = copy
+    items["base model: sampler copy (shared by every player)"] = copy
   for name, state in states.items():
     items[f"{name}: LoRA adapters + optimizer state"] = prog.bytes_per_chip(state)
     if adapter_copy:

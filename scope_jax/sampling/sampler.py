@@ -232,15 +232,18 @@ def place_params(params, config: ModelConfig, mesh, rules: shd.Rules, dtype) -> 
 def refresh_params(player, params):
   """Lays out `params` for `player` (a Sampler or Engine) and returns them, deleting the old
   sampling copies first (`release_copies`). A LoRA view (`lora.view`) has its base placed once
-  for every player of that base (`_placed_base`), so every policy shares one sampling copy of
-  the base and a refresh after an update moves and copies only the adapters."""
+  for every player of that base (`_PLACED_BASES`), so every policy shares one sampling copy of
+  the base and a refresh after an update moves and copies only the adapters; a player of plain
+  params that are such a base (a frozen role or KL reference of a LoRA run) shares it too."""
   base, adapters = lora_lib.split(params)
-  key = None if adapters is None else _base_key(base, player)
+  key = _base_key(base, player)
+  if adapters is None and key not in _PLACED_BASES:
+    key = None
   if player._base_held is not None and player._base_held[0] != key:
     player._base_held[1]()  # lets go of the old base (once; also run if the player is collected)
     player._base_held = None
   player._copies = release_copies(player._copies, params)
-  if adapters is None:
+  if key is None:
     placed, player._copies = place_params(params, player.config, player.mesh, player.rules,
                                           player.dtype)
     return placed
@@ -249,6 +252,8 @@ def refresh_params(player, params):
     release = weakref.finalize(player, _drop_base, key)
     release.atexit = False  # nothing to free at exit
     player._base_held = (key, release)
+  if adapters is None:
+    return _PLACED_BASES[key][1]
   placed = adapters if player.mesh is None else lora_lib.place(adapters, player.config,
                                                                player.mesh, player.rules)
   player._copies = [new for new, old in zip(jax.tree.leaves(placed), jax.tree.leaves(adapters))

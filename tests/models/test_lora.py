@@ -242,6 +242,10 @@ def test_a_refresh_moves_only_the_adapters_and_players_share_the_base(player):
   second = player(CFG, lora.view(base, _trained(adapters, seed=8)), mesh=mesh)
   assert all(x is y for x, y in zip(jax.tree.leaves(lora.split(second.params)[0]),
                                     jax.tree.leaves(placed_base)))  # one copy for every player
+  frozen = player(CFG, base, mesh=mesh)  # plain params that are a placed base: shared too
+  assert all(x is y for x, y in zip(jax.tree.leaves(frozen.params),
+                                    jax.tree.leaves(placed_base)))
+  assert not frozen._copies
   holders = lambda: sum(e[3] for e in sampler_lib._PLACED_BASES.values())
   before = holders()
   del second
