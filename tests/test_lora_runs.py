@@ -87,8 +87,9 @@ def test_dropout_is_refused_before_anything_loads(tmp_path):
 # ------------------------------------------------------------------------------- demo runs
 
 def _main(method, workdir, *flags, wait=True, rank=8):
+  """The method's demo with LoRA adapters (its own step count: every phase it demonstrates)."""
   cmd = [sys.executable, "-m", "scope_jax.main", f"--config=configs/{method}.py",
-         f"--workdir={workdir}", f"--config.lora.rank={rank}", "--config.total_steps=2", *flags]
+         f"--workdir={workdir}", f"--config.lora.rank={rank}", *flags]
   env = dict(os.environ, PYTHONPATH=ROOT)
   if wait:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1500)
@@ -155,12 +156,12 @@ def test_every_demo_runs_with_lora(method, tmp_path):
 
 @pytest.mark.slow
 def test_a_lora_run_resumes_after_sigkill_like_an_uninterrupted_one(tmp_path):
-  full = _main("spell", tmp_path / "full")
+  full = _main("spell", tmp_path / "full", "--config.total_steps=2")
   assert full.returncode == 0, full.stderr[-2000:]
   _check_adapters_only(tmp_path / "full")
-  proc = _main("spell", tmp_path / "cut", wait=False)
+  proc = _main("spell", tmp_path / "cut", "--config.total_steps=2", wait=False)
   kill_once_exists(proc, tmp_path / "cut" / "checkpoints" / "0", timeout=600)
-  resumed = _main("spell", tmp_path / "cut")
+  resumed = _main("spell", tmp_path / "cut", "--config.total_steps=2")
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert "Resuming from checkpoint step" in resumed.stderr
   comparable = lambda r: {k: v for k, v in r.items()
