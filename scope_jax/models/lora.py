@@ -101,6 +101,10 @@ def adapter_shapes(config: ModelConfig, lora: LoraConfig) -> dict:
   for t in active_targets(config, lora):
     shape, n = base[t], _IN_DIMS[t]
     out[t] = {"a": shape[:1 + n] + (lora.rank,), "b": (shape[0], lora.rank) + shape[1 + n:]}
+  if lora.rank and not out:
+    raise ValueError(f"lora.targets={','.join(lora.targets)!r} adapts nothing in this "
+                     "mixture-of-experts model (its experts are not adapted); add attention "
+                     "targets (q,k,v,o).")
   return out
 
 

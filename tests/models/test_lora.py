@@ -156,6 +156,11 @@ def test_moe_models_adapt_attention_only():
                               transformer.forward_jit(cfg, base, tokens))
 
 
+def test_moe_models_with_mlp_targets_only_are_refused():
+  with pytest.raises(ValueError, match="adapts nothing in this mixture-of-experts model"):
+    lora.adapter_shapes(tiny_config("qwen3_moe"), lora.LoraConfig(rank=2, targets=("up",)))
+
+
 def test_targets_choose_the_projections():
   only = lora.LoraConfig(rank=2, targets=("q", "v"))
   adapters = lora.init_adapters(CFG, only, jax.random.key(1))
