@@ -250,7 +250,9 @@ def train_programs(shapes: RunShapes) -> tuple[list[Program], dict[str, Any]]:
       base, teacher = params, lora_lib.view(params, adapters) if plan.teacher else None
     step = learner.compiled_step(loss, micro)
     extra = [w for w, on in (("KL reference", ref), ("teacher", teacher)) if on is not None]
-    held = (state, ref, teacher) if base is None else (state, base, adapters if plan.teacher else None)
+    held = (state, ref, teacher)
+    if base is not None:
+      held = (state, base, adapters if plan.teacher else None)
     programs.append(Program(
         f"train_step/{name}", "train",
         lambda step=step, state=state, batch=batch, ref=ref, teacher=teacher, base=base:
