@@ -57,6 +57,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.weight_decay = 0.0  # AdamW decoupled weight decay
   c.optim.grad_clip = 1.0  # global-norm clip (0 = off)
 
+  c.lora = ml_collections.ConfigDict()  # LoRA adapters on a shared frozen base (models/lora.py)
+  c.lora.rank = 0  # adapter rank R (0 = off: every policy trains all weights)
+  c.lora.alpha = 0.0  # scale = alpha / rank (0: alpha = rank, scale 1)
+  c.lora.targets = "q,k,v,o,gate,up,down"  # projections adapted (MoE models: attention only)
+  c.lora.dropout = 0.0  # adapter-input dropout: not supported, must be 0
+
   c.loss = ml_collections.ConfigDict()
   c.loss.agg_mode = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
   c.loss.eps_low = 0.2  # PPO clip ε below 1

@@ -4,7 +4,8 @@ local or gs://, is enough to load any trained role at any step.
     <workdir>/run.json       method, preset, the whole config, the architecture (HF config.json
                              form), the trained policies and which policy plays each role
     <workdir>/tokenizer/     the tokenizer's files (HF tokenizers; 'demo'/'byte' are named only)
-    <workdir>/checkpoints/   orbax steps: {policy: TrainState} + the method's host state
+    <workdir>/checkpoints/   orbax steps: {policy: TrainState} + the method's host state (with
+                             LoRA, adapters only: the base is model.source or warm_start/)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from scope_jax import events
 from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
 from scope_jax.models import ModelConfig, transformer
+from scope_jax.models import lora as lora_lib
 
 RUN_FILE = "run.json"
 TOKENIZER_DIR = "tokenizer"
@@ -190,13 +192,27 @@ def check_checkpoint(record: RunRecord, step: int, policy: str) -> None:
   finally:
     reader.close()  # its background thread must not outlive the error (a traceback at exit)
   want = {jax.tree_util.keystr(k): tuple(v) for k, v in jax.tree_util.tree_flatten_with_path(
-      transformer.param_shapes(record.model_config), is_leaf=lambda x: isinstance(x, tuple))[0]}
+      trained_shapes(record), is_leaf=lambda x: isinstance(x, tuple))[0]}
   for key in sorted(set(want) | set(saved)):
     if want.get(key) != saved.get(key):
       raise ValueError(f"Checkpoint step {step} of {record.path} does not hold the model its "
                        f"{RUN_FILE} describes: params{key} is {saved.get(key, 'missing')} in the "
                        f"checkpoint and {want.get(key, 'absent')} by {RUN_FILE} (was it edited, "
                        "or copied from another run?).")
+
+
+def lora_of(record: RunRecord) -> lora_lib.LoraConfig:
+  """The run's LoRA settings (rank 0: it trained every weight)."""
+  return lora_lib.from_config(record.config.get("lora"))
+
+
+def trained_shapes(record: RunRecord) -> dict:
+  """The shapes of what a checkpoint holds per policy as `params`: the model's params, or with
+  LoRA its adapters ({"weights": {target: {"a", "b"}}})."""
+  lora = lora_of(record)
+  if lora.rank:
+    return {"weights": lora_lib.adapter_shapes(record.model_config, lora)}
+  return transformer.param_shapes(record.model_config)
 
 
 def committed_steps(record: RunRecord) -> list[int]:
@@ -231,9 +247,17 @@ def select_steps(available: list[int], spec: str) -> list[int]:
 
 def restore_params(record: RunRecord, step: int, policy: str, mesh, rules: shd.Rules, dtype):
   """The params of `policy` at `step`, restored alone (no optimizer state is read), placed on
-  `mesh` under `rules` (the run's sampling rules, for evaluation)."""
-  shapes = transformer.param_shapes(record.model_config)
-  shardings = transformer.param_shardings(record.model_config, mesh, rules)
+  `mesh` under `rules` (the run's sampling rules, for evaluation). A LoRA run's are its
+  adapters (`lora.Adapters`, float32): `lora.view` them on the run's base."""
+  lora = lora_of(record)
+  if lora.rank:
+    shapes = {"weights": lora_lib.adapter_shapes(record.model_config, lora)}
+    shardings = {"weights": lora_lib.adapter_shardings(record.model_config, lora, mesh,
+                                                       rules).weights}
+    dtype = jax.numpy.float32
+  else:
+    shapes = transformer.param_shapes(record.model_config)
+    shardings = transformer.param_shardings(record.model_config, mesh, rules)
   abstract = {policy: {"params": jax.tree.map(  # shardings first: each shape is a tuple
       lambda sh, shape: jax.ShapeDtypeStruct(shape, dtype, sharding=sh), shardings, shapes)}}
   manager = ocp.CheckpointManager(epath.Path(record.checkpoints),
@@ -244,7 +268,8 @@ def restore_params(record: RunRecord, step: int, policy: str, mesh, rules: shd.R
         partial_restore=True)))
   finally:
     manager.close()
-  return out["state"][policy]["params"]
+  params = out["state"][policy]["params"]
+  return lora_lib.Adapters(params["weights"], lora.scale) if lora.rank else params
 
 
 def worlds(config) -> dict:

@@ -79,6 +79,8 @@ RULES: Rules = (
     ("*loss.distill_topk", COUNT), ("*loss.distill_kl_clip", NONNEGATIVE),
     ("*loss.rollout_correction.threshold", Bound(1, open_low=True, why="weights are kept within "
                                                  "[1/C, C]: C must be above 1, e.g. 2.0")),
+    ("lora.rank", COUNT), ("lora.alpha", NONNEGATIVE),
+    ("lora.dropout", Bound(0, 0, why="adapter dropout is not supported: set it to 0")),
     # The model (a random-init preset) and the warm-up.
     ("model.tiny.rope_theta", POSITIVE), ("model.tiny.*", SIZE),
     ("warmup.lr", POSITIVE), ("warmup.steps", COUNT),

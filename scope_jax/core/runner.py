@@ -38,6 +38,7 @@ from scope_jax.core.method import check_choice
 from scope_jax.core.runtime import CONTROLS, Runtime, loss_config, optim_settings, role_context
 from scope_jax.models import hf_io
 from scope_jax.models import load as load_lib
+from scope_jax.models import lora as lora_lib
 from scope_jax.models import transformer
 from scope_jax.rl import optim
 from scope_jax.sampling import engine as engine_lib
@@ -95,6 +96,7 @@ def validate(config: ml_collections.ConfigDict, devices=None, data: bool = True)
     raise ValueError(f"mesh.shape={tuple(config.mesh.shape)} needs 3 entries (data, fsdp, tensor) "
                      "or 4 (and expert).")
   shd.config_rules(config)  # every rule names axes the mesh has
+  lora_lib.from_config(config.get("lora"))  # rank, targets, dropout
   check_mesh(config, devices)
   if config.rollout.max_prompt_tokens >= config.rollout.max_context:
     raise ValueError(f"rollout.max_prompt_tokens={config.rollout.max_prompt_tokens} leaves no room "

@@ -7,6 +7,10 @@ by the shared `Learner`), *frozen* params (a judge, a KL reference: just other p
 the policies. A *role* (questioner, solver, judge, ...) is one of those plus its prompts,
 sampling settings, optional tool and seed stream (`core/roles.py`).
 
+With LoRA (`lora.rank > 0`, `models/lora.py`) every policy and tracked params tree is the one
+shared base model plus its own adapters: a policy's TrainState, a tracked tree's updates and every
+checkpoint hold adapters only, and the KL reference and frozen roles are the base itself.
+
 The runtime owns what every method would otherwise write for itself: the KL reference (the base
 model M0, used whenever a policy's `loss.kl_beta > 0`), the search syntax every role rolls out
 with (the method section's `syntax`, the one its prompts ask for), freeing the rollout caches
@@ -31,6 +35,7 @@ from scope_jax import sharding as shd
 from scope_jax import tokenizer as tok_lib
 from scope_jax.core import health
 from scope_jax.core.roles import Role
+from scope_jax.models import lora as lora_lib
 from scope_jax.models import transformer
 from scope_jax.models.load import load_model
 from scope_jax.rl import learner as learner_lib
@@ -179,6 +184,7 @@ class Runtime:
     if config.rollout.max_context > self.model_config.max_position_embeddings:
       raise ValueError(f"rollout.max_context={config.rollout.max_context} is beyond the model's "
                        f"{self.model_config.max_position_embeddings} positions; lower it.")
+    self.lora = lora_lib.from_config(config.get("lora"))
     self.eos_ids = tok_lib.eos_ids(self.tokenizer) or self.model_config.eos_ids
     self.dtype = jnp.dtype(config.model.dtype)
     self.pad_id = pad_id(self.tokenizer)
@@ -220,13 +226,34 @@ class Runtime:
   def add_policy(self, name: str, params=None, loss_overrides=None,
                  optim_overrides=None) -> learner_lib.Policy:
     """A trained policy initialised from a copy of `params` (default: the base model), with its
-    own loss and optimizer settings where the method gives overrides."""
-    params = jax.tree.map(jnp.copy, self._base() if params is None else params)
+    own loss and optimizer settings where the method gives overrides. With LoRA it trains fresh
+    adapters on the shared base."""
     optimizer = make_optimizer(self.config, optim_overrides) if optim_overrides else None
-    policy = self.learner.init_policy(name, params, loss_config(self.config, loss_overrides),
-                                      sampler=self.sampler(params), optimizer=optimizer)
+    loss = loss_config(self.config, loss_overrides)
+    if self.lora.rank:
+      self._no_params_with_lora(name, params)
+      adapters = self.fresh_adapters()
+      policy = self.learner.init_policy(name, adapters, loss, optimizer=optimizer,
+                                        base=self._base())
+      policy.sampler = self.sampler(policy.played())
+    else:
+      params = jax.tree.map(jnp.copy, self._base() if params is None else params)
+      policy = self.learner.init_policy(name, params, loss, sampler=self.sampler(params),
+                                        optimizer=optimizer)
     self.policies[name] = policy
     return policy
+
+  def fresh_adapters(self):
+    """LoRA adapters at init (b = 0: the base model's function), the same for every policy and
+    tracked tree (as every one starts from the same base without LoRA), laid out for training."""
+    return lora_lib.init_sharded_adapters(self.model_config, self.lora,
+                                          jax.random.key(self.config.seed), self.mesh,
+                                          self.train_rules)
+
+  def _no_params_with_lora(self, name: str, params) -> None:
+    if params is not None:
+      raise ValueError(f"{name!r}: with lora.rank > 0 every policy and tracked tree starts from "
+                       "fresh adapters on the shared base; it cannot start from other params.")
 
   def add_frozen(self, name: str, params=None):
     """Frozen params (default: the base model itself, never updated)."""
@@ -239,8 +266,21 @@ class Runtime:
     """Params the method updates itself (an EMA teacher: `set_frozen` after each change), saved in
     every checkpoint next to the policies; a copy of `params` (default: the base model)."""
     self.tracked.append(name)
-    self.frozen[name] = jax.tree.map(jnp.copy, self._base() if params is None else params)
+    if self.lora.rank:
+      self._no_params_with_lora(name, params)
+      self.frozen[name] = lora_lib.view(self._base(), self.fresh_adapters())
+    else:
+      self.frozen[name] = jax.tree.map(jnp.copy, self._base() if params is None else params)
     return self.frozen[name]
+
+  def trained_part(self, name: str):
+    """What tracked params `name` train and checkpoint: their adapters with LoRA, else the
+    params themselves (e.g. what an EMA teacher averages)."""
+    return lora_lib.split(self.frozen[name])[1] if self.lora.rank else self.frozen[name]
+
+  def set_trained_part(self, name: str, trained) -> None:
+    """Replaces the trained part of tracked params `name` (see `trained_part`)."""
+    self.set_frozen(name, lora_lib.view(self._base(), trained) if self.lora.rank else trained)
 
   def set_frozen(self, name: str, params) -> None:
     """Replaces the frozen (or tracked) params `name`; roles playing them see the new weights."""
@@ -260,19 +300,25 @@ class Runtime:
     copy of it, and every frozen copy of the base (a judge, a KL reference) becomes it."""
     self.base_params = params
     for policy in self.policies.values():
+      if self.lora.rank:  # fresh adapters on the new base
+        policy.base = params
+        policy.state = train_step.init_train_state(self.fresh_adapters(), policy.optimizer)
+        policy.sampler.update_params(policy.played())
+        continue
       copy = jax.tree.map(jnp.copy, params)
       policy.state = train_step.init_train_state(copy, policy.optimizer)
       policy.sampler.update_params(copy)
     for name in self._base_frozen:
       self.set_frozen(name, params)
     for name in self.tracked:  # tracked params start again from a copy of the new base
-      self.set_frozen(name, jax.tree.map(jnp.copy, params))
+      self.set_frozen(name, lora_lib.view(params, self.fresh_adapters()) if self.lora.rank
+                      else jax.tree.map(jnp.copy, params))
 
   def release_base(self) -> bool:
     """Drops the base params when nothing reads them again (no frozen role plays them, no
     policy's loss has a KL term, the warm-up is over): one copy of the weights less for the whole
     run (2.5 GB for a 0.6B model in float32). True when released."""
-    if (self._base_frozen or self.base_params is None
+    if (self._base_frozen or self.base_params is None or self.lora.rank
         or any(p.loss.kl_beta > 0 for p in self.policies.values())):
       return False
     self.base_params = None
@@ -387,18 +433,19 @@ class Runtime:
   # ---------------------------------------------------------------------------- state
   def device_state(self) -> dict:
     """What a checkpoint holds on device: each policy's TrainState and each tracked params tree
-    (as {"params": ...}, so evaluation restores either the same way)."""
+    (as {"params": ...}, so evaluation restores either the same way); with LoRA, adapters and
+    their optimizer state only (the base is the run's model, or its saved warm-up)."""
     state = {name: p.state for name, p in self.policies.items()}
-    state.update({name: {"params": self.frozen[name]} for name in self.tracked})
+    state.update({name: {"params": self.trained_part(name)} for name in self.tracked})
     return state
 
   def load_device_state(self, state: dict) -> None:
     for name, s in state.items():
       if name in self.tracked:
-        self.set_frozen(name, s["params"])
+        self.set_trained_part(name, s["params"])
         continue
       self.policies[name].state = s
-      self.policies[name].sampler.update_params(s.params)
+      self.policies[name].sampler.update_params(self.policies[name].played())
 
   def checkpointed(self) -> list[str]:
     """Names whose params every checkpoint holds: the policies, then the tracked params."""

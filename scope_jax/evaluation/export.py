@@ -13,6 +13,7 @@ from etils import epath
 
 from scope_jax import tokenizer as tok_lib
 from scope_jax.models import hf_io
+from scope_jax.models import lora as lora_lib
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
@@ -44,10 +45,12 @@ def generation_config(tokenizer, model_config) -> dict:
 
 
 def export(model, out, *, dtype=None, info: dict | None = None) -> epath.Path:
-  """Writes `model` (evaluation.models.Model) to `out` as a HF checkpoint; returns the path."""
+  """Writes `model` (evaluation.models.Model) to `out` as a HF checkpoint; returns the path.
+  A LoRA model is written merged (W + scale·a·b: plain weights any HF reader loads)."""
   out = epath.Path(out)
   tok = hf_tokenizer(model.tokenizer)
-  hf_io.save_hf(model.config, model.params, out, dtype=dtype)  # gathers on every host
+  params = lora_lib.merge(model.params)
+  hf_io.save_hf(model.config, params, out, dtype=dtype)  # gathers on every host
   if jax.process_index() != 0:
     return out
   with tempfile.TemporaryDirectory() as tmp:

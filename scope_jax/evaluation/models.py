@@ -27,6 +27,7 @@ from scope_jax import tokenizer as tok_lib
 from scope_jax import data
 from scope_jax.models.load import load_model
 from scope_jax.models import ModelConfig, hf_io
+from scope_jax.models import lora as lora_lib
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
@@ -118,20 +119,28 @@ def _model_section(source: str, param_dtype: str):
 
 def _initial(record, mesh, rules, dtype, tokenizer, label) -> Model:
   tok = tok_lib.load_tokenizer(tokenizer) if tokenizer else run_record.load_tokenizer(record)
+  config, params = initial_params(record, mesh, rules, dtype)
+  return Model(label, None, config, params, tok)
+
+
+def initial_params(record, mesh, rules, dtype):
+  """(config, params) of the run's starting model: its warmed-up base when it had a warm-up,
+  else its model.source (a LoRA run's shared base, which its adapters adapt)."""
   warm = epath.Path(record.path) / "warm_start"
   if (warm / "config.json").exists():
-    config, params = hf_io.load_hf(warm, mesh=mesh, dtype=dtype, rules=rules)
-  else:
-    section = ml_collections.ConfigDict(record.config.model.to_dict())
-    section.param_dtype = jnp.dtype(dtype).name
-    config, params = load_model(section, mesh, record.config.seed, rules)
-  return Model(label, None, config, params, tok)
+    return hf_io.load_hf(warm, mesh=mesh, dtype=dtype, rules=rules)
+  section = ml_collections.ConfigDict(record.config.model.to_dict())
+  section.param_dtype = jnp.dtype(dtype).name
+  return load_model(section, mesh, record.config.seed, rules)
 
 
 def load_step(record, step: int, role: str, mesh, rules: shd.Rules, dtype,
               tokenizer=None) -> Model:
-  """The params of the run's trained `role` at checkpoint `step`."""
+  """The params of the run's trained `role` at checkpoint `step` (a LoRA run's: its base plus
+  the step's adapters, `lora.view`)."""
   policy = run_record.policy_for(record, role)
   params = run_record.restore_params(record, step, policy, mesh, rules, dtype)
+  if run_record.lora_of(record).rank:
+    params = lora_lib.view(initial_params(record, mesh, rules, dtype)[1], params)
   return Model(f"step_{step}", step, record.model_config, params,
                tokenizer if tokenizer is not None else run_record.load_tokenizer(record))

@@ -44,6 +44,16 @@ def _normal(std: float) -> Init:
   return lambda key, shape, dtype: (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
 
+def _adapt(y, x, lora, name: str, down: str, up: str):
+  """y + scale·(x·a)·b for the LoRA target `name` (`lora` = (this layer's adapter weights
+  {name: {"a", "b"}}, scale); see `lora.py`); y itself where the layer has no adapter there."""
+  if lora is None or name not in lora[0]:
+    return y
+  weights, scale = lora
+  xa = jnp.einsum(down, x, weights[name]["a"].astype(x.dtype))
+  return y + scale * jnp.einsum(up, xa, weights[name]["b"].astype(x.dtype))
+
+
 def _near_one(key, shape, dtype):
   """Norm scales around 1 (not exactly 1), so a test catches a norm applied in the wrong place."""
   return (1.0 + 0.1 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
@@ -113,11 +123,14 @@ class Attention(nnx.Module):
       self.q_norm = _param(rngs, _near_one, (h,), ("head_dim",), param_dtype)
       self.k_norm = _param(rngs, _near_one, (h,), ("head_dim",), param_dtype)
 
-  def project_qkv(self, h_BTD: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array):
+  def project_qkv(self, h_BTD: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array, lora=None):
     dt = h_BTD.dtype
     q = jnp.einsum("BTD,DNH->BTNH", h_BTD, self.q[...].astype(dt))
     k = jnp.einsum("BTD,DKH->BTKH", h_BTD, self.k[...].astype(dt))
     v = jnp.einsum("BTD,DKH->BTKH", h_BTD, self.v[...].astype(dt))
+    q = _adapt(q, h_BTD, lora, "q", "BTD,DR->BTR", "BTR,RNH->BTNH")
+    k = _adapt(k, h_BTD, lora, "k", "BTD,DR->BTR", "BTR,RKH->BTKH")
+    v = _adapt(v, h_BTD, lora, "v", "BTD,DR->BTR", "BTR,RKH->BTKH")
     if self.qkv_bias:
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
@@ -129,16 +142,17 @@ class Attention(nnx.Module):
     return ops.apply_rope(q, cos_BTH, sin_BTH), ops.apply_rope(k, cos_BTH, sin_BTH), v
 
   def __call__(self, h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, positions=None,
-               window=None):
+               window=None, lora=None):
     """Returns (output [B, T, D], kv): `kv` is this layer's cache buffers (in a `kv_cache`
     layout) with the block written at `slots`, or None (the block attends to itself); the block
     attends to the first S slots, S = `valid_BS`'s length (the buffers may hold more).
-    `positions` = (query positions [B, T], key positions [B, S]) for a sliding `window`."""
-    q, k, v = self.project_qkv(h_BTD, cos_BTH, sin_BTH)
+    `positions` = (query positions [B, T], key positions [B, S]) for a sliding `window`;
+    `lora` = (this layer's adapters, scale) or None."""
+    q, k, v = self.project_qkv(h_BTD, cos_BTH, sin_BTH, lora)
     if kv is None and splash.applies(q.shape[1], q.shape[3]):  # TPU: skip the masked blocks
       out_BTNH = splash.attend(q, k, v, valid_BS, window=window, sliding=self.sliding,
                                scale=self.scale, cap=self.cap)
-      return jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(out_BTNH.dtype)), kv
+      return self._out(out_BTNH, lora), kv
     if kv is None:
       specs, keys, values = None, jnp.einsum("BTKH->BKHT", k), jnp.einsum("BTKH->BKTH", v)
     else:
@@ -147,7 +161,7 @@ class Attention(nnx.Module):
             kvc.write_values(kv[1], slots_BT, v, layout))
       if decode_attention.applies(q.shape[1], layout, valid_BS.shape[1],
                                   kv[0].shape[kvc.slot_axes(layout)[0]], q.shape[3]):
-        return self._decode(q, kv, slots_BT, valid_BS, positions, window), kv
+        return self._decode(q, kv, slots_BT, valid_BS, positions, window, lora), kv
       keys, values = kvc.read_window(*kv, valid_BS.shape[1], layout)
       keys, values = keys.astype(h_BTD.dtype), values.astype(h_BTD.dtype)
       specs = kvc.attention_specs(layout)
@@ -158,10 +172,14 @@ class Attention(nnx.Module):
     out_BTNH = attend(q, keys, values, slots_BT, valid_BS, q_pos_BT=q_pos, k_pos_BS=k_pos,
                       window=window, scale=self.scale, cap=self.cap,
                       kv_specs=specs or ("BKHS", "BKSH"))
-    return jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(out_BTNH.dtype)), kv
+    return self._out(out_BTNH, lora), kv
 
+  def _out(self, out_BTNH, lora):
+    """The output projection (with its adapter): [B, T, N, H] → [B, T, D]."""
+    y_BTD = jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(out_BTNH.dtype))
+    return _adapt(y_BTD, out_BTNH, lora, "o", "BTNH,NHR->BTR", "BTR,RD->BTD")
 
-  def _decode(self, q_B1NH, kv, slots_B1, valid_BW, positions, window):
+  def _decode(self, q_B1NH, kv, slots_B1, valid_BW, positions, window, lora=None):
     """A one-token block's attention over the first W slots of the cache buffers `kv` (read in
     place) in the TPU decode kernel, projected out: [B, 1, D]."""
     q_pos, k_pos = positions if positions is not None else (None, None)
@@ -169,7 +187,8 @@ class Attention(nnx.Module):
         slots_B1[:, 0], valid_BW, None if q_pos is None else q_pos[:, 0], k_pos, window)
     out_BNH = decode_attention.attend(q_B1NH[:, 0], kv[0], kv[1], mask_BW, scale=self.scale,
                                       cap=self.cap)
-    return jnp.einsum("BNH,NHD->BD", out_BNH, self.o[...].astype(out_BNH.dtype))[:, None]
+    y_BD = jnp.einsum("BNH,NHD->BD", out_BNH, self.o[...].astype(out_BNH.dtype))
+    return _adapt(y_BD, out_BNH, lora, "o", "BNH,NHR->BR", "BR,RD->BD")[:, None]
 
 
 class MLP(nnx.Module):
@@ -182,13 +201,17 @@ class MLP(nnx.Module):
     self.up = _param(rngs, w, (d, f), ("embed", "mlp"), param_dtype)
     self.down = _param(rngs, w, (f, d), ("mlp", "embed"), param_dtype)
 
-  def __call__(self, h_BTD: jax.Array) -> jax.Array:
+  def __call__(self, h_BTD: jax.Array, lora=None) -> jax.Array:
     dt = h_BTD.dtype
     gate_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, self.gate[...].astype(dt))
     up_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, self.up[...].astype(dt))
+    gate_BTF = _adapt(gate_BTF, h_BTD, lora, "gate", "BTD,DR->BTR", "BTR,RF->BTF")
+    up_BTF = _adapt(up_BTF, h_BTD, lora, "up", "BTD,DR->BTR", "BTR,RF->BTF")
     act_BTF = (jax.nn.silu(gate_BTF) if self.hidden_act == "silu" else
                jax.nn.gelu(gate_BTF, approximate=True))
-    return jnp.einsum("BTF,FD->BTD", act_BTF * up_BTF, self.down[...].astype(dt))
+    h_BTF = act_BTF * up_BTF
+    down_BTD = jnp.einsum("BTF,FD->BTD", h_BTF, self.down[...].astype(dt))
+    return _adapt(down_BTD, h_BTF, lora, "down", "BTF,FR->BTR", "BTR,RD->BTD")
 
 
 class MoE(nnx.Module):
@@ -244,16 +267,17 @@ class DecoderLayer(nnx.Module):
     return ops.rms_norm(x_BTD, weight[...], self.eps, plus_one=self.plus_one)
 
   def __call__(self, x_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv=None, positions=None,
-               window=None, mask_BT=None):
-    """Returns (x, kv, router statistics or None)."""
+               window=None, mask_BT=None, lora=None):
+    """Returns (x, kv, router statistics or None); `lora` = (this layer's adapters, scale)."""
     h_BTD = self._norm(x_BTD, self.attn_norm)
-    attn_BTD, kv = self.attn(h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv, positions, window)
+    attn_BTD, kv = self.attn(h_BTD, cos_BTH, sin_BTH, slots_BT, valid_BS, kv, positions, window,
+                             lora)
     x_BTD = x_BTD + self._norm(attn_BTD, self.attn_post_norm)
     stats = None
     if isinstance(self.mlp, MoE):
       mlp_BTD, stats = self.mlp(self._norm(x_BTD, self.mlp_norm), mask_BT)
     else:
-      mlp_BTD = self.mlp(self._norm(x_BTD, self.mlp_norm))
+      mlp_BTD = self.mlp(self._norm(x_BTD, self.mlp_norm), lora)
     return x_BTD + self._norm(mlp_BTD, self.mlp_post_norm), kv, stats
 
 
@@ -280,8 +304,10 @@ class Decoder(nnx.Module):
   def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
                attention_mask: jax.Array | None = None, cache: kvc.KVCache | None = None, *,
                return_hidden: bool = False, dtype=jnp.float32, remat: str = "none",
-               return_router: bool = False, layers: Sequence[nnx.State] | None = None):
-    """Runs the decoder on tokens [B, T]; see `transformer.forward` for the arguments.
+               return_router: bool = False, layers: Sequence[nnx.State] | None = None,
+               lora: tuple[dict, float] | None = None):
+    """Runs the decoder on tokens [B, T]; see `transformer.forward` for the arguments. `lora` =
+    (LoRA adapter weights {target: {"a", "b"}} stacked on L, scale) or None (`lora.py`).
 
     Returns (logits [B, T, V] float32 or hidden [B, T, D], updated cache or None), and the
     router statistics per layer when `return_router` (mixture-of-experts models).
@@ -314,13 +340,15 @@ class Decoder(nnx.Module):
 
     layer_def, layer_state = nnx.split(self.layers)
 
-    def run_layer(x, kv, state, window):
+    adapters = {} if lora is None else lora[0]
+
+    def run_layer(x, kv, state, window, adapters_l):
       cos_l, sin_l = cos, sin
       if local_rope is not None:
         cos_l, sin_l = (jnp.where(window > 0, lo, hi) for lo, hi in zip(local_rope, (cos, sin)))
       x, kv, stats = nnx.merge(layer_def, state)(
           x, cos_l, sin_l, slots_BT, valid_BC, kv, (positions, pos_BC) if sliding else None,
-          window if sliding else None, mask_BT)
+          window if sliding else None, mask_BT, None if lora is None else (adapters_l, lora[1]))
       return shd.constrain(x, BTD), kv, stats
 
     if remat not in ops.REMAT_POLICIES:
@@ -332,7 +360,9 @@ class Decoder(nnx.Module):
       ks, vs, stats = list(cache.k), list(cache.v), []
       for i in range(c.num_layers):
         state_i = layers[i] if layers is not None else jax.tree.map(lambda a: a[i], layer_state)
-        x_BTD, (ks[i], vs[i]), stats_i = run_layer(x_BTD, (ks[i], vs[i]), state_i, windows[i])
+        adapters_i = jax.tree.map(lambda a: a[i], adapters)  # small: sliced in the loop
+        x_BTD, (ks[i], vs[i]), stats_i = run_layer(x_BTD, (ks[i], vs[i]), state_i, windows[i],
+                                                   adapters_i)
         stats.append(stats_i)
       router = None if stats[0] is None else jax.tree.map(lambda *a: jnp.stack(a), *stats)
     else:  # scanned
@@ -340,7 +370,7 @@ class Decoder(nnx.Module):
         x, _, stats = run_layer(x, None, *xs)
         return x, stats
 
-      x_BTD, router = jax.lax.scan(layer, x_BTD, (layer_state, windows))
+      x_BTD, router = jax.lax.scan(layer, x_BTD, (layer_state, windows, adapters))
     hidden_BTD = ops.rms_norm(x_BTD, self.final_norm[...], c.rms_norm_eps,
                               plus_one=c.norm_plus_one)
 

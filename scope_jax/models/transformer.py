@@ -125,7 +125,8 @@ def forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: j
             attention_mask: jax.Array | None = None, cache: kvc.KVCache | None = None, *,
             return_hidden: bool = False, dtype=jnp.float32, remat: str = "none",
             return_router: bool = False, layers: Sequence[Any] | None = None):
-  """Runs the decoder on tokens [B, T].
+  """Runs the decoder on tokens [B, T]. `params` may be a LoRA view (`lora.view`: the base's
+  params plus adapters under "lora"), applied as x·W + scale·(x·a)·b at each adapted projection.
 
   Args:
     attention_mask: [B, T], 1 on real tokens, 0 on padding (left or right). Defaults to all ones.
@@ -146,15 +147,25 @@ def forward(config: ModelConfig, params: Params, tokens: jax.Array, positions: j
   Returns:
     (logits [B, T, V] float32 or hidden [B, T, D], updated cache or None[, router statistics]).
   """
-  return as_module(config, params)(tokens, positions, attention_mask, cache,
-                                   return_hidden=return_hidden, dtype=dtype, remat=remat,
-                                   return_router=return_router, layers=layers)
+  base, adapters = _split_lora(params)
+  lora = None if adapters is None else (adapters.weights, adapters.scale)
+  return as_module(config, base)(tokens, positions, attention_mask, cache,
+                                 return_hidden=return_hidden, dtype=dtype, remat=remat,
+                                 return_router=return_router, layers=layers, lora=lora)
+
+
+def _split_lora(params: Params):
+  """(base params, LoRA adapters or None): a LoRA policy's params are the base's dict plus its
+  adapters under "lora" (`lora.view`), applied at each target projection."""
+  if isinstance(params, dict) and "lora" in params:
+    return {k: v for k, v in params.items() if k != "lora"}, params["lora"]
+  return params, None
 
 
 def layer_params(config: ModelConfig, params: Params) -> tuple[nnx.State, ...]:
   """Each decoder layer's weights sliced out of the stacked `layers` arrays, for `forward`'s
   `layers`: a decode loop slices them once, not once per step."""
-  _, state = nnx.split(as_module(config, params).layers)
+  _, state = nnx.split(as_module(config, _split_lora(params)[0]).layers)
   return tuple(jax.tree.map(lambda a, i=i: a[i], state) for i in range(config.num_layers))
 
 

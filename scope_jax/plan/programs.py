@@ -25,6 +25,7 @@ from scope_jax.core.method import Players
 from scope_jax.models import gguf_io, hf_io, transformer
 from scope_jax.models import kv_cache as kvc
 from scope_jax.models import load as load_lib
+from scope_jax.models import lora as lora_lib
 from scope_jax.models.config import ModelConfig, get_preset
 from scope_jax.retrieval import encoder as enc_lib
 from scope_jax.rl import learner as learner_lib
@@ -183,18 +184,36 @@ class RunShapes:
   def params(self, rules) -> Any:
     return param_structs(self.model, self.mesh, rules, self.param_dtype)
 
+  @property
+  def lora(self) -> lora_lib.LoraConfig:
+    return lora_lib.from_config(self.config.get("lora"))
+
+  def adapters(self, rules) -> Any:
+    """A policy's LoRA adapters (float32) laid out under `rules`; None without LoRA."""
+    if not self.lora.rank:
+      return None
+    shardings = lora_lib.adapter_shardings(self.model, self.lora, self.mesh, rules)
+    return jax.tree.map(lambda s, sh: struct(s, jnp.float32, sh),
+                        lora_lib.adapter_shapes(self.model, self.lora), shardings.weights,
+                        is_leaf=lambda x: isinstance(x, tuple))
+
   def sampling_params(self) -> Any:
     """What a sampler plays: the trained params as `transformer.sampling_params` lays them out
-    (a leaf the sampling layout moves is copied in the compute dtype where the forward casts it)."""
+    (a leaf the sampling layout moves is copied in the compute dtype where the forward casts it);
+    with LoRA, the base so laid out plus the adapters under the sampling rules."""
     shardings, dtypes = transformer.sampling_layout(
         self.model, self.params(self.train_rules), self.mesh, self.sampling_rules,
         self.sampler_dtype)
-    return jax.tree.map(lambda a, s, dt: struct(a.shape, dt, s),
+    base = jax.tree.map(lambda a, s, dt: struct(a.shape, dt, s),
                         self.params(self.train_rules), shardings, dtypes)
+    adapters = self.adapters(self.sampling_rules)
+    if adapters is None:
+      return base
+    return lora_lib.view(base, lora_lib.Adapters(adapters, self.lora.scale))
 
   def sampler_copy_bytes(self) -> int:
     """Bytes per chip a sampler holds beyond the trained params: the leaves it moves."""
-    train, sample = self.params(self.train_rules), self.sampling_params()
+    train, sample = self.params(self.train_rules), lora_lib.split(self.sampling_params())[0]
     moved = [b for a, b in zip(jax.tree.leaves(train), jax.tree.leaves(sample))
              if not a.sharding.is_equivalent_to(b.sharding, len(a.shape))]
     return bytes_per_chip(moved)
@@ -216,6 +235,9 @@ def train_programs(shapes: RunShapes) -> tuple[list[Program], dict[str, Any]]:
       micro_batch_rows=c.learner.micro_batch_rows, recompute_old_logp=c.learner.recompute_old_logp,
       rules=shapes.train_rules)
   params = shapes.params(shapes.train_rules)
+  adapters = shapes.adapters(shapes.train_rules)
+  if adapters is not None:  # LoRA: the state trains adapters; the shared base is an argument
+    adapters = lora_lib.Adapters(adapters, shapes.lora.scale)
   prompt_cols, cols = shapes.columns()
   programs, states = [], {}
   for name, plan in shapes.players.policies.items():
@@ -225,19 +247,25 @@ def train_programs(shapes: RunShapes) -> tuple[list[Program], dict[str, Any]]:
     if plan.teacher and loss.distill_coef <= 0:
       loss = dataclasses.replace(loss, distill_coef=1.0)  # λ > 0 at some iteration
     rows, micro = learner.batch_layout(plan.rows)
-    state = states[name] = train_state_structs(params, learner.optimizer)
+    state = states[name] = train_state_structs(adapters or params, learner.optimizer)
     batch = batch_structs(rows, prompt_cols, cols, mesh, shapes.train_rules, plan.teacher)
     ref = params if loss.kl_beta > 0 else None
     teacher = params if plan.teacher else None
+    base = None
+    if adapters is not None:  # the base is shared: counted once whatever reads it
+      base, teacher = params, lora_lib.view(params, adapters) if plan.teacher else None
     step = learner.compiled_step(loss, micro)
     extra = [w for w, on in (("KL reference", ref), ("teacher", teacher)) if on is not None]
+    held = (state, ref, teacher)
+    if base is not None:
+      held = (state, base, adapters if plan.teacher else None)
     programs.append(Program(
         f"train_step/{name}", "train",
-        lambda step=step, state=state, batch=batch, ref=ref, teacher=teacher:
-            step.trace(state, batch, ref, teacher),
+        lambda step=step, state=state, batch=batch, ref=ref, teacher=teacher, base=base:
+            step.trace(state, batch, ref, teacher, base),
         tokens=rows * cols, rows=rows, columns=cols, prompt_columns=prompt_cols,
         micro_batches=micro, forwards=len(extra),
-        resident_inputs=bytes_per_chip((state, ref, teacher)),
+        resident_inputs=bytes_per_chip(held),
         note=f"{rows} rows × {cols} tokens in {micro} micro-batches"
              + (f"; {' and '.join(extra)} forward inside" if extra else "")))
   return programs, states

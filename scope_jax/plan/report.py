@@ -131,6 +131,8 @@ def resident_memory(shapes: prog.RunShapes, states: dict[str, Any], cache: int) 
   while the old one lives."""
   copy = shapes.sampler_copy_bytes()
   weights = prog.bytes_per_chip(shapes.params(shapes.train_rules))
+  if shapes.lora.rank:
+    return _lora_resident(shapes, states, cache, weights, copy)
   items = {}
   for name, state in states.items():
     items[f"{name}: params + optimizer state"] = prog.bytes_per_chip(state)
@@ -152,6 +154,35 @@ def resident_memory(shapes: prog.RunShapes, states: dict[str, Any], cache: int) 
   engines = min(len(players.policies) + len(players.frozen), engine_lib.max_live_caches())
   return prog.Resident(items, kv_cache=cache, engines=max(engines, 1),
                        refresh=0 if refresh_frees_first() else copy)
+
+
+def _lora_resident(shapes: prog.RunShapes, states: dict[str, Any], cache: int, weights: int,
+                   copy: int) -> prog.Resident:
+  """With LoRA: one base (every policy, the KL reference and frozen roles read it) and one
+  sampler copy of it shared by every player (`sampler.refresh_params`), then per policy its
+  adapters + their optimizer state and its adapters' sampler copy, and per tracked tree its
+  adapters."""
+  players = shapes.players
+  adapters = prog.bytes_per_chip(shapes.adapters(shapes.train_rules))
+  moved = [b for a, b in zip(jax.tree.leaves(shapes.adapters(shapes.train_rules)),
+                             jax.tree.leaves(shapes.adapters(shapes.sampling_rules)))
+           if not a.sharding.is_equivalent_to(b.sharding, len(a.shape))]
+  adapter_copy = prog.bytes_per_chip(moved)
+  items = {"base model (shared by every policy and frozen role)": weights}
+  if copy:
+    items["base model: sampler copy (shared by every player)"] = copy
+  for name, state in states.items():
+    items[f"{name}: LoRA adapters + optimizer state"] = prog.bytes_per_chip(state)
+    if adapter_copy:
+      items[f"{name}: adapters' sampler copy"] = adapter_copy
+  for name in players.tracked:
+    items[f"{name} (tracked adapters)"] = adapters + adapter_copy
+  embedder, size = embedder_bytes(shapes)
+  if size:
+    items[f"embedder: {embedder}"] = size
+  engines = min(len(players.policies) + len(players.frozen), engine_lib.max_live_caches())
+  return prog.Resident(items, kv_cache=cache, engines=max(engines, 1),
+                       refresh=0 if refresh_frees_first() else adapter_copy)
 
 
 def select(names: list[str], programs: str) -> list[str]:

@@ -19,6 +19,7 @@ import numpy as np
 from absl import logging
 
 from scope_jax import sharding as shd
+from scope_jax.models import lora as lora_lib
 from scope_jax.models.config import ModelConfig
 from scope_jax.rl import batch as batch_lib
 from scope_jax.rl import train_step
@@ -27,13 +28,20 @@ from scope_jax.rollout.types import Trajectory
 
 @dataclasses.dataclass
 class Policy:
-  """A trained params pytree: its train state, its loss settings and the sampler that plays it."""
+  """A trained params pytree: its train state, its loss settings and the sampler that plays it.
+  With LoRA, `state.params` are the policy's adapters and `base` the frozen base model they
+  adapt (shared by every policy, never copied)."""
 
   name: str
   state: train_step.TrainState
   loss: train_step.LossConfig
   sampler: Any = None  # a sampling.Sampler kept in sync with state.params after each update
   optimizer: Any = None  # its optax transformation (the learner's unless the method overrides)
+  base: Any = None  # LoRA: the shared frozen base params (None: state.params are the model)
+
+  def played(self):
+    """The params the policy samples with: its own, or the base plus its adapters."""
+    return self.state.params if self.base is None else lora_lib.view(self.base, self.state.params)
 
 
 def micro_batch_count(rows: int, rows_per_micro: int) -> int:
@@ -79,9 +87,11 @@ class Learner:
     self.counters = {"train_tokens": 0, "train_seconds": 0.0, "skipped_updates": 0}
 
   def init_policy(self, name: str, params, loss: train_step.LossConfig, sampler=None,
-                  optimizer=None) -> Policy:
+                  optimizer=None, base=None) -> Policy:
+    """A policy training `params` (with `base`: LoRA adapters of that base model)."""
     optimizer = optimizer or self.optimizer
-    return Policy(name, train_step.init_train_state(params, optimizer), loss, sampler, optimizer)
+    return Policy(name, train_step.init_train_state(params, optimizer), loss, sampler, optimizer,
+                  base)
 
   def compiled_step(self, loss: train_step.LossConfig, micro: int, optimizer=None):
     """The jitted step for this loss configuration, micro-batch count and optimizer (cached)."""
@@ -136,7 +146,7 @@ class Learner:
     step_fn = self.compiled_step(loss, micro, policy.optimizer)
     start = time.perf_counter()
     batch = train_step.place_batch(host, self.mesh, self.rules)
-    policy.state, metrics = step_fn(policy.state, batch, ref_params, teacher_params)
+    policy.state, metrics = step_fn(policy.state, batch, ref_params, teacher_params, policy.base)
     out = {k: float(v) for k, v in jax.device_get(metrics).items()}
     seconds = time.perf_counter() - start
     tokens = int(np.asarray(host.mask).sum())
@@ -153,7 +163,7 @@ class Learner:
                       "so far, %d applied.", policy.name, out["loss"], out["grad_norm"],
                       int(out["skipped"]), int(policy.state.step))
     if policy.sampler is not None:
-      policy.sampler.update_params(policy.state.params)
+      policy.sampler.update_params(policy.played())
     return out
 
 

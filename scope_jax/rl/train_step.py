@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from scope_jax import sharding as shd
+from scope_jax.models import lora as lora_lib
 from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.rl import losses
@@ -275,27 +276,37 @@ def _split(batch: TrainBatch, micro: int) -> TrainBatch:
 def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp.float32,
                     remat: str = "none", micro_batches: int = 1, mesh=None,
                     rules: shd.Rules = shd.TRAIN_RULES):
-  """Returns step(state, batch, ref_params=None, teacher_params=None) → (state, metrics), jitted.
+  """Returns step(state, batch, ref_params=None, teacher_params=None, base_params=None) →
+  (state, metrics), jitted.
+
+  With `base_params` (LoRA), `state.params` are a policy's adapters and the model is the frozen
+  base plus them (`lora.view`): gradients, optimizer state and the update are the adapters'
+  alone, and the base, shared by every policy, is an argument that is never donated.
 
   With a `mesh`, the step's activations are pinned under `rules` (`shd.activation_sharding`,
   entered inside the traced step, so the compiled program and jit's cache agree): rows on the
   batch axes, weights gathered per layer and gradients reduce-scattered (FSDP).
   """
-  loss = functools.partial(_micro_loss, config=config, lc=lc, dtype=dtype, remat=remat)
-  grad_fn = jax.value_and_grad(loss, has_aux=True)
+  micro_loss = functools.partial(_micro_loss, config=config, lc=lc, dtype=dtype, remat=remat)
   activations = shd.activations(mesh, rules)
 
-  def step(state: TrainState, batch: TrainBatch, ref_params=None, teacher_params=None):
+  def step(state: TrainState, batch: TrainBatch, ref_params=None, teacher_params=None,
+           base_params=None):
     with shd.activation_sharding(activations):
-      return _step(state, batch, ref_params, teacher_params)
+      return _step(state, batch, ref_params, teacher_params, base_params)
 
-  def _step(state: TrainState, batch: TrainBatch, ref_params=None, teacher_params=None):
+  def _step(state: TrainState, batch: TrainBatch, ref_params, teacher_params, base_params):
+    def loss(trained, *args):  # the model: the trained params, or the base plus the adapters
+      return micro_loss(trained if base_params is None else lora_lib.view(base_params, trained),
+                        *args)
+    grad_fn = jax.value_and_grad(loss, has_aux=True)
     if batch.num_rows % micro_batches:
       raise ValueError(f"Batch of {batch.num_rows} rows does not split into {micro_batches} "
                        "micro-batches; pad rows with make_batch(row_multiple=...).")
     rc_sums = {}
     if lc.rollout_corr_mode == "mask":  # the rejected tokens leave the mask the counts come from
-      batch, rc_sums = _reject(config, lc, state.params, batch, micro_batches, dtype=dtype)
+      model = state.params if base_params is None else lora_lib.view(base_params, state.params)
+      batch, rc_sums = _reject(config, lc, model, batch, micro_batches, dtype=dtype)
     m = batch.loss_mask
     counts = {"agg": losses.aggregate(m, m, lc.agg_mode, lc.norm_length)[1],
               "distill": losses.aggregate(m, m, lc.distill_agg_mode, lc.norm_length)[1]}

@@ -35,8 +35,7 @@ from scope_jax.models import kv_cache as kvc
 from scope_jax.models.config import ModelConfig
 from scope_jax.sampling import slot_ops
 from scope_jax.sampling import stops as stops_lib
-from scope_jax.sampling.sampler import (SampleResult, SamplingSpec, place_params,
-                                        prepare, release_copies)
+from scope_jax.sampling.sampler import SampleResult, SamplingSpec, prepare, refresh_params
 
 _ENGINES = weakref.WeakSet()  # every engine, so `free_caches` can reach them
 compile_counts = slot_ops.compile_counts  # how often each engine program was traced
@@ -169,6 +168,7 @@ class Engine:
     self.cache_dtype = cache_dtype or dtype
     self.cache = self.logits = None  # allocated on first use, freed by `free`
     self._copies: list = []  # params leaves this engine made (sampling layout), not shared
+    self._base_held = None  # a LoRA view's placed base, kept across refreshes (`refresh_params`)
     self.slots: list[_Slot] = []
     self.waiting: collections.deque[Request] = collections.deque()
     self.stats = collections.Counter()
@@ -181,9 +181,8 @@ class Engine:
     the old weights and must not be reused as a prefix); an allocated cache is kept."""
     if self.busy():
       raise RuntimeError("The engine's weights cannot change while requests are generating.")
-    self.params, self._copies = None, release_copies(self._copies, params)
-    self.params, self._copies = place_params(params, self.config, self.mesh, self.rules,
-                                             self.dtype)
+    self.params = None
+    self.params = refresh_params(self, params)
     for s in self.slots:
       s.tokens, s.owner = np.zeros((0,), np.int32), None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import weakref
 from typing import Callable, Sequence
 
 import flax.struct
@@ -28,6 +29,7 @@ from scope_jax import sharding as shd
 from scope_jax.shapes import length_bucket
 from scope_jax.models import kv_cache as kvc
 from scope_jax.models import ops
+from scope_jax.models import lora as lora_lib
 from scope_jax.models import transformer
 from scope_jax.models.config import ModelConfig
 from scope_jax.sampling import stops as stops_lib
@@ -227,6 +229,66 @@ def place_params(params, config: ModelConfig, mesh, rules: shd.Rules, dtype) -> 
   return placed, copies
 
 
+def refresh_params(player, params):
+  """Lays out `params` for `player` (a Sampler or Engine) and returns them, deleting the old
+  sampling copies first (`release_copies`). A LoRA view (`lora.view`) has its base placed once
+  for every player of that base (`_PLACED_BASES`), so every policy shares one sampling copy of
+  the base and a refresh after an update moves and copies only the adapters; a player of plain
+  params that are such a base (a frozen role or KL reference of a LoRA run) shares it too."""
+  base, adapters = lora_lib.split(params)
+  key = _base_key(base, player)
+  if adapters is None and key not in _PLACED_BASES:
+    key = None
+  if player._base_held is not None and player._base_held[0] != key:
+    player._base_held[1]()  # lets go of the old base (once; also run if the player is collected)
+    player._base_held = None
+  player._copies = release_copies(player._copies, params)
+  if key is None:
+    placed, player._copies = place_params(params, player.config, player.mesh, player.rules,
+                                          player.dtype)
+    return placed
+  if player._base_held is None:
+    _hold_base(key, base, player)
+    release = weakref.finalize(player, _drop_base, key)
+    release.atexit = False  # nothing to free at exit
+    player._base_held = (key, release)
+  if adapters is None:
+    return _PLACED_BASES[key][1]
+  placed = adapters if player.mesh is None else lora_lib.place(adapters, player.config,
+                                                               player.mesh, player.rules)
+  player._copies = [new for new, old in zip(jax.tree.leaves(placed), jax.tree.leaves(adapters))
+                    if new is not old]
+  return lora_lib.view(_PLACED_BASES[key][1], placed)
+
+
+# key -> [source base, its sampling layout, the copies made for it, players holding it]. The
+# entry holds the source arrays, so their ids in the key are never reused while it lives; a
+# player's hold ends when it moves to another base or is garbage-collected.
+_PLACED_BASES: dict = {}
+
+
+def _base_key(base, player) -> tuple:
+  rules = tuple(sorted((k, str(v)) for k, v in player.rules.items()))
+  return (tuple(id(x) for x in jax.tree.leaves(base)), id(player.mesh), rules,
+          jnp.dtype(player.dtype).name, player.config)
+
+
+def _hold_base(key, base, player) -> None:
+  if key not in _PLACED_BASES:
+    placed, copies = place_params(base, player.config, player.mesh, player.rules, player.dtype)
+    _PLACED_BASES[key] = [base, placed, copies, 0]
+  _PLACED_BASES[key][3] += 1
+
+
+def _drop_base(key) -> None:
+  """A player lets go of a placed base; the last one deletes the copies made for it."""
+  entry = _PLACED_BASES[key]
+  entry[3] -= 1
+  if entry[3] == 0:
+    release_copies(entry[2])
+    del _PLACED_BASES[key]
+
+
 REFRESH_FREES_OLD_COPY = True  # `release_copies` runs before a refresh lays out new weights
 
 
@@ -264,14 +326,14 @@ class Sampler:
                   "prefill_padded_tokens": 0, "decode_calls": 0, "generated_tokens": 0}
     self.layout = kvc.default_layout()  # of the KV cache's buffers, for this backend
     self._copies: list = []  # params leaves this sampler made (sampling layout), not shared
+    self._base_held = None  # a LoRA view's placed base, kept across refreshes (`refresh_params`)
     self.update_params(params)
 
   def update_params(self, params) -> None:
     """Points the sampler at new weights (resharded for sampling when a mesh is set). The old
     sampling copies are deleted first, so two never coexist."""
-    self.params, self._copies = None, release_copies(self._copies, params)
-    self.params, self._copies = place_params(params, self.config, self.mesh, self.rules,
-                                             self.dtype)
+    self.params = None
+    self.params = refresh_params(self, params)
 
   def _batch_multiple(self) -> int:
     if self.mesh is None:

@@ -372,3 +372,30 @@ def test_a_smoke_plan_reads_the_gguf_assets_architecture_without_downloading_it(
   model = ml_collections.ConfigDict(dict(source=f"gguf:{name}", tie_embeddings="yes"))
   config = programs.model_config(model)
   assert (config.hidden_size, config.num_layers, config.vocab_size) == (896, 24, 151936)
+
+
+def test_a_lora_plan_holds_one_base_and_adapter_states():
+  """With LoRA the train step's resident arguments are the adapters and their two Adam moments
+  (float32, rank axis whole) plus one base; the resident set counts the base once for every
+  policy and frozen role, and per policy only its adapters' state."""
+  config = _small_spell()
+  config.lora.rank = 16
+  s = topology.parse("v5e-4")
+  runner.validate(config, devices=topology.devices(s), data=False)
+  plan = report.build(config, s, programs="train_step")
+  (step,) = plan.compiled
+  params = analytic_param_bytes(plan.model, plan.mesh, shd.TRAIN_RULES)
+  m = plan.model  # qwen2.5-0.5b: D 896, 14 heads × 64, 2 kv heads, F 4864, 24 layers
+  d, nh, kh, f, r, L = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, \
+      m.intermediate_size, 16, m.num_layers
+  # a: [L, in, R] sharded on `embed` (fsdp 4) when in is D; b: [L, R, out], out on fsdp if D.
+  a = L * r * (d // 4 * 3 + nh + d // 4 * 2 + f)  # q, k, v, gate, up read D; o reads N·H; down F
+  b = L * r * (nh + 2 * kh + d // 4 + 2 * f + d // 4)
+  adapters = 4 * (a + b)
+  counts = 4 * 4
+  state = plan.resident.items["policy: LoRA adapters + optimizer state"]
+  assert state == 3 * adapters + counts
+  assert plan.resident.items["base model (shared by every policy and frozen role)"] == params
+  batch = 16 * 2048 * 4 * 5 // 4
+  assert step.argument_logical == 3 * adapters + counts + params + batch
+  assert step.alias >= 3 * adapters and step.alias < params  # only the adapters' state is donated

@@ -337,3 +337,31 @@ def test_bad_rollout_correction_settings_are_one_line_errors(key, value, match):
     LossConfig(**{f"rollout_corr_{key}": value})
   with pytest.raises(ValueError, match="rollout_correction section"):
     runtime.loss_config(_paper_config(), {"rollout_corr_mode": "mask"})
+
+
+def test_mask_mode_rejects_with_a_lora_policys_own_log_probs():
+  """With LoRA the rejection's forward plays the base plus the adapters (what the loss trains),
+  not the adapters tree alone: a LoRA step's rejection and metrics equal a plain step's on the
+  merged weights, and differ from the base's (the adapters move the log-probs)."""
+  from scope_jax.models import lora  # pylint: disable=import-outside-toplevel
+  base = init_params(CFG, jax.random.key(0))
+  cfg = lora.LoraConfig(rank=4, alpha=8.0)
+  leaves, tree = jax.tree.flatten(lora.init_adapters(CFG, cfg, jax.random.key(1)))
+  keys = jax.random.split(jax.random.key(3), len(leaves))
+  adapters = jax.tree.unflatten(tree, [x + 0.2 * jax.random.normal(k, x.shape)
+                                       for x, k in zip(leaves, keys)])
+  merged = lora.merge(lora.view(base, adapters))
+  batch, _, _ = _mismatched_batch(merged, "token")
+  lc = LossConfig(chunk=8, old_logp_from_trainer=True, rollout_corr_mode="mask")
+  capture = optax.GradientTransformation(
+      lambda p: jax.tree.map(jnp.zeros_like, p),
+      lambda g, s, p=None: (jax.tree.map(jnp.zeros_like, g), g))
+  step = make_train_step(CFG, lc, capture, micro_batches=2)
+  _, got = step(init_train_state(jax.tree.map(jnp.copy, adapters), capture), batch, None, None,
+                base)
+  _, want = _run(lc, 2, batch, merged)
+  _, on_base = _run(lc, 2, batch, base)
+  for k in ("rollout_corr/masked_frac", "rollout_corr/k3_kl", "num_tokens"):
+    _close(got[k], want[k], rtol=1e-5, atol=1e-7)
+  assert float(want["rollout_corr/masked_frac"]) > 0
+  assert not np.isclose(float(on_base["rollout_corr/k3_kl"]), float(want["rollout_corr/k3_kl"]))

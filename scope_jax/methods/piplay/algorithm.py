@@ -241,8 +241,8 @@ class PiPlay(Staged):
                                  teacher_prompts=teacher_ids))
     metrics.update(report.student_metrics(trajs, rewards, lam))
     if cfg.teacher != "none":
-      teacher = ema_update(self.rt.frozen["teacher"], student.state.params, cfg.tau)
-      self.rt.set_frozen("teacher", teacher)
+      teacher = ema_update(self.rt.trained_part("teacher"), student.state.params, cfg.tau)
+      self.rt.set_trained_part("teacher", teacher)
       if k % max(cfg.teacher_eval_every, 1) == 0:
         metrics.update(self.teacher_eval(picked, trajs, rewards, step))
     return metrics
