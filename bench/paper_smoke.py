@@ -148,12 +148,22 @@ def main(argv=None):
                       help="steps of the format warm-up on each preset's own call syntax "
                            "(config.smoke_warmup; 0 = none): compare searches per rollout "
                            "with and without it by running twice with two --out")
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="a config setting for every run, as --config.KEY=VALUE (repeatable; "
+                           "e.g. --set=lora.rank=16 for adapters on one frozen base)")
   args = parser.parse_args(argv)
+  bad = [x for x in args.set if "=" not in x or x.startswith(("=", "config."))]
+  if bad:
+    print(f"Error: --set={bad[0]}: give KEY=VALUE with the config path, e.g. --set=lora.rank=16.",
+          file=sys.stderr)
+    return 2
   if args.smoke_warmup < 0:
     print(f"Error: --smoke_warmup={args.smoke_warmup}: give a number of steps (0 = none).",
           file=sys.stderr)
     return 2
-  extra = (f"--config.smoke_warmup={args.smoke_warmup}",) if args.smoke_warmup else ()
+  extra = tuple(f"--config.{x}" for x in args.set)
+  if args.smoke_warmup:
+    extra += (f"--config.smoke_warmup={args.smoke_warmup}",)
   out = pathlib.Path(args.out)
   specs = args.presets.split(",")
   try:

@@ -50,3 +50,21 @@ def test_an_out_with_earlier_runs_is_refused_or_run_again(tmp_path, monkeypatch,
   assert paper_smoke.main(["--presets=scope:paper", f"--out={tmp_path}"]) == 0  # other presets
   assert paper_smoke.main([*args, "--overwrite"]) == 0
   assert calls == ["spell:paper", "asl:paper", "scope:paper", "spell:paper", "asl:paper"]
+
+
+def test_settings_and_the_format_warm_up_reach_every_run(tmp_path, monkeypatch, capsys):
+  """--set=KEY=VALUE and --smoke_warmup=N become --config.KEY=VALUE and
+  --config.smoke_warmup=N on every run; malformed ones are one-line errors before any run."""
+  seen = []
+  monkeypatch.setattr(paper_smoke, "run", lambda spec, out, extra=(): (
+      seen.append(tuple(extra)), _fake_run([])(spec, out))[1])
+  args = ["--presets=asl:paper", f"--out={tmp_path}", "--set=lora.rank=16", "--smoke_warmup=24"]
+  assert paper_smoke.main(args) == 0
+  assert seen == [("--config.lora.rank=16", "--config.smoke_warmup=24")]
+  for bad, message in (("--set=lora.rank", "--set=lora.rank: give KEY=VALUE"),
+                       ("--set=config.lora.rank=4", "--set=config.lora.rank=4: give KEY=VALUE"),
+                       ("--smoke_warmup=-1", "--smoke_warmup=-1: give a number of steps")):
+    assert paper_smoke.main([f"--out={tmp_path}/other", bad]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+  assert seen == [("--config.lora.rank=16", "--config.smoke_warmup=24")]
