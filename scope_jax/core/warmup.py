@@ -99,6 +99,18 @@ def demonstrations(method, config) -> list[Trajectory]:
   return list(method.demonstrations(np.random.default_rng([config.seed, 99])))
 
 
+FULL_LOGITS_VOCAB = 8192  # up to this vocabulary the warm-up forms [B, T, V] logits at once
+
+
+def fit_memory(rt) -> dict:
+  """How the warm-up bounds its memory: a small vocabulary (the bundled models' 2,048) forms
+  whole logits, the fastest; a real one (Qwen's 151,936: 1.2 GB per 1K tokens in float32) takes
+  its log-probs in `loss.chunk` chunks, and the layers are rematerialised as `model.remat` says,
+  as the RL step does."""
+  chunk = 0 if rt.model_config.vocab_size <= FULL_LOGITS_VOCAB else int(rt.config.loss.chunk)
+  return {"chunk": chunk, "remat": rt.config.model.remat}
+
+
 def fit(rt, demos: Sequence[Trajectory], params=None):
   """The base model fine-tuned on `demos` with `config.warmup`'s settings; returns (params, s)."""
   w = rt.config.warmup
@@ -107,7 +119,7 @@ def fit(rt, demos: Sequence[Trajectory], params=None):
   params, losses = sft.fit(rt.model_config, jax.tree.map(jnp.copy, params or rt.base_params),
                            demos, steps=w.steps, lr=w.lr, batch_rows=w.batch_rows,
                            seed=rt.config.seed, mesh=rt.mesh, pad_id=rt.pad_id, dtype=rt.dtype,
-                           log_every=max(w.steps // 5, 1))
+                           log_every=max(w.steps // 5, 1), **fit_memory(rt))
   seconds = time.perf_counter() - start
   logging.info("Format warm-up done in %.1fs: nll %.3f → %.3f", seconds, losses[0], losses[-1])
   return params, seconds

@@ -254,3 +254,16 @@ def test_sharding_does_not_import_the_models():
   code = "import sys, scope_jax.sharding; print('scope_jax.models' in sys.modules)"
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
   assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_the_warm_up_of_a_real_vocabulary_takes_chunked_log_probs_and_remat():
+  """A 151,936-token vocabulary never forms [B, T, V] logits in the warm-up (2 rows × 3K tokens
+  of them are 3.7 GB in float32, and a 0.5B model's warm-up ran out of 23 GB): log-probs come in
+  `loss.chunk` chunks and the layers are rematerialised as `model.remat` says; the bundled
+  models' 2,048 keep whole logits (the fastest, and the fits they were cached under)."""
+  import types  # pylint: disable=import-outside-toplevel
+  c = spell_config_small()
+  c.model.remat = "full"
+  for vocab, chunk in ((2048, 0), (warmup.FULL_LOGITS_VOCAB, 0), (151_936, c.loss.chunk)):
+    rt = types.SimpleNamespace(config=c, model_config=types.SimpleNamespace(vocab_size=vocab))
+    assert warmup.fit_memory(rt) == {"chunk": chunk, "remat": "full"}, vocab
