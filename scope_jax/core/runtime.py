@@ -314,6 +314,13 @@ class Runtime:
       self.set_frozen(name, lora_lib.view(params, self.fresh_adapters()) if self.lora.rank
                       else jax.tree.map(jnp.copy, params))
 
+  def drop_train_states(self) -> None:
+    """Lets go of every policy's train state before a warm-up that `rebase` follows (it makes
+    new ones from the warmed base): on a real model the params copy and optimizer moments are
+    three copies of the weights (6 GB for a 0.5B model in float32) beside the warm-up's own."""
+    for policy in self.policies.values():
+      policy.state = None
+
   def release_base(self) -> bool:
     """Drops the base params when nothing reads them again (no frozen role plays them, no
     policy's loss has a KL term, the warm-up is over): one copy of the weights less for the whole

@@ -160,6 +160,7 @@ def warm_start(rt, method) -> dict[str, float]:
     if meta:
       logging.info("The bundled demo model was fitted with other settings or demonstrations; "
                    "warming up again (cached afterwards in %s).", cached)
+    rt.drop_train_states()  # rebased below: room for the warm-up's own copy and moments
     params, seconds = fit(rt, demos)
     save(rt.model_config, params, cached, stamp)
     out = {"warmup/seconds": seconds}
