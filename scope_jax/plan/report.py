@@ -147,13 +147,20 @@ def resident_memory(shapes: prog.RunShapes, states: dict[str, Any], cache: int) 
       items["base model: sampler copy"] = copy
   for name in players.tracked:
     items[f"{name} (tracked)"] = weights + copy
+  return _resident(shapes, items, cache, refresh=copy)
+
+
+def _resident(shapes: prog.RunShapes, items: dict[str, int], cache: int, *, refresh: int
+              ) -> prog.Resident:
+  """`items` plus the retrieval embedder, with one engine per policy and frozen role (of which at
+  most `max_live_caches()` hold a cache) and `refresh` bytes for a weight refresh in flight."""
   embedder, size = embedder_bytes(shapes)
   if size:
     items[f"embedder: {embedder}"] = size
-  # one engine per policy and frozen role, of which at most `max_live_caches()` hold a cache
+  players = shapes.players
   engines = min(len(players.policies) + len(players.frozen), engine_lib.max_live_caches())
   return prog.Resident(items, kv_cache=cache, engines=max(engines, 1),
-                       refresh=0 if refresh_frees_first() else copy)
+                       refresh=0 if refresh_frees_first() else refresh)
 
 
 def _lora_resident(shapes: prog.RunShapes, states: dict[str, Any], cache: int, weights: int,
@@ -177,12 +184,7 @@ def _lora_resident(shapes: prog.RunShapes, states: dict[str, Any], cache: int, w
       items[f"{name}: adapters' sampler copy"] = adapter_copy
   for name in players.tracked:
     items[f"{name} (tracked adapters)"] = adapters + adapter_copy
-  embedder, size = embedder_bytes(shapes)
-  if size:
-    items[f"embedder: {embedder}"] = size
-  engines = min(len(players.policies) + len(players.frozen), engine_lib.max_live_caches())
-  return prog.Resident(items, kv_cache=cache, engines=max(engines, 1),
-                       refresh=0 if refresh_frees_first() else adapter_copy)
+  return _resident(shapes, items, cache, refresh=adapter_copy)
 
 
 def select(names: list[str], programs: str) -> list[str]:
