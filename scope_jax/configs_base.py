@@ -93,6 +93,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.warmup.lr = 5e-3  # Adam learning rate of the warm-up
   c.warmup.batch_rows = 8  # demonstrations per warm-up step
   c.warmup.documents = 48  # corpus documents the demonstrations are built from
+  c.warmup.max_tokens = 0  # > 0: each demonstration cut to this many tokens (one without a
+  # trained token left is dropped): bounds the fit's attention memory (0 = whole demonstrations)
   c.warmup.world_seed = -1  # ≥ 0: demonstrate on this world's questions instead (the `learn`
   # presets: other worlds than world.seed, so formats are right and facts unknown); a method's
   # own knobs of those demonstrations are in its section (`<method>.warmup`)

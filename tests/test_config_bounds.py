@@ -189,6 +189,7 @@ def test_smoke_warmup_is_opt_in_and_sized_for_a_real_model(method):
   changed = smoke.shrink(config, module.METHOD.smoke)
   w = config.warmup
   assert (w.steps, w.lr, w.batch_rows, w.documents) == (24, smoke.WARMUP_LR, 2, 16), w
+  assert w.max_tokens == smoke.WARMUP_TOKENS, w  # bounded attention memory on a CPU
   assert "warmup.steps 0 → 24" in changed
   assert smoke.shrink(config, module.METHOD.smoke) == []
   config.smoke_warmup = -2

@@ -77,6 +77,8 @@ def settings_key(config: ml_collections.ConfigDict, model_config) -> str:
   w = config.warmup
   fields = [_model_fields(model_config), [w.steps, w.lr, w.batch_rows], config.seed,
             config.model.param_dtype, config.model.dtype]
+  if w.get("max_tokens"):  # keys of whole-demonstration fits (the bundled model's) unchanged
+    fields.append(["max_tokens", w.max_tokens])
   source = config.model.source
   if source.startswith("hf:") and _same_path(source[len("hf:"):], BUNDLED):
     fields.append(["bundled demo model", _bundled_meta()])  # its fit, wherever it is installed
@@ -115,6 +117,10 @@ def fit(rt, demos: Sequence[Trajectory], params=None):
   """The base model fine-tuned on `demos` with `config.warmup`'s settings; returns (params, s)."""
   w = rt.config.warmup
   start = time.perf_counter()
+  demos = sft.cut(demos, w.get("max_tokens", 0))
+  if not demos:
+    raise ValueError(f"warmup.max_tokens={w.max_tokens} leaves no demonstration a trained "
+                     "token; raise it (or 0 for whole demonstrations).")
   logging.info("Format warm-up: %d demonstrations, %d steps", len(demos), w.steps)
   params, losses = sft.fit(rt.model_config, jax.tree.map(jnp.copy, params or rt.base_params),
                            demos, steps=w.steps, lr=w.lr, batch_rows=w.batch_rows,

@@ -5,6 +5,7 @@ sharded batches as the RL train step. Used for format warm-ups (cold start) of s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import jax
@@ -40,6 +41,25 @@ def demonstration(prompt_ids: Sequence[int], pieces: Sequence[tuple[str, str | S
   return Trajectory(np.asarray(tokens, np.int32), np.asarray(mask, np.int32),
                     np.zeros(len(tokens), np.float32), len(prompt_ids), spans, [], None, None,
                     "final")
+
+
+def cut(demos: Sequence[Trajectory], max_tokens: int) -> list[Trajectory]:
+  """Each demonstration's first `max_tokens` tokens (0 = whole); one left with no trained token
+  is dropped. A warm-up of formats needs a demonstration's opening (its first call), not its
+  whole length, and attention memory grows with the square of it."""
+  if not max_tokens:
+    return list(demos)
+  out = []
+  for d in demos:
+    if len(d.tokens) > max_tokens:
+      spans = [dataclasses.replace(s, end=min(s.end, max_tokens)) for s in d.spans
+               if s.start < max_tokens]
+      d = dataclasses.replace(d, tokens=d.tokens[:max_tokens], loss_mask=d.loss_mask[:max_tokens],
+                              logprobs=d.logprobs[:max_tokens], spans=spans,
+                              prompt_len=min(d.prompt_len, max_tokens))
+    if d.loss_mask.any():
+      out.append(d)
+  return out
 
 
 def pack(demos: Sequence[Trajectory], width: int, pad_id: int = 0) -> batch_lib.TrainBatch:

@@ -25,6 +25,23 @@ def test_demonstration_masks_only_generated_pieces():
     sft.demonstration([1], [("tool", "x")], tok)
 
 
+def test_cut_keeps_each_demonstrations_opening_and_drops_one_with_nothing_trained():
+  tok = CharTokenizer()
+  d = sft.demonstration([1, 2, 3], [("generated", "ab"), ("observation", [9, 9]),
+                                    ("generated", "c")], tok)
+  long_prompt = sft.demonstration([1] * 6, [("generated", "xy")], tok)
+  assert sft.cut([d, long_prompt], 0) == [d, long_prompt]  # 0: whole demonstrations
+  kept = sft.cut([d, long_prompt], 6)
+  assert len(kept) == 1  # the long prompt's 6 tokens hold no trained token
+  chex.assert_trees_all_equal(np.asarray(kept[0].tokens).astype(np.int64),
+                              np.array([1, 2, 3, 97, 98, 9]))
+  chex.assert_trees_all_equal(np.asarray(kept[0].loss_mask).astype(np.int64),
+                              np.array([0, 0, 0, 1, 1, 0]))
+  assert [(s.kind, s.start, s.end) for s in kept[0].spans] == [
+      ("prompt", 0, 3), ("generated", 3, 5), ("observation", 5, 6)]
+  assert len(d.tokens) == 8  # the input is not changed
+
+
 def _setup(vocab=256):
   config = tiny_config("qwen2", vocab_size=vocab)
   mesh = shd.make_mesh((1, -1, 1))
