@@ -189,10 +189,15 @@ def main(argv: list[str]) -> int:
     for i, (env, cmd) in enumerate(commands):
       print(f"[p{i}] {describe(env, cmd)}")
     return 0
+  # A signal that lands while the processes start is kept and forwarded once they exist.
+  pending: list[int] = []
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(signum, lambda signum, frame: pending.append(signum))
   group = Group(commands, exit_grace=args.exit_grace)
-  forward = lambda signum, frame: group.signal(signum)  # noqa: E731
-  signal.signal(signal.SIGTERM, forward)
-  signal.signal(signal.SIGINT, forward)
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(signum, lambda signum, frame: group.signal(signum))
+  for signum in pending:
+    group.signal(signum)
   code = group.wait()
   group.join_output()
   return code

@@ -92,9 +92,14 @@ def test_local_forwards_sigterm_to_every_process():
   while sum("ready" in line for line in seen) < 2:
     seen.append(proc.stdout.readline())
   proc.send_signal(signal.SIGTERM)
-  rest, _ = proc.communicate(timeout=30)
-  assert proc.returncode == 0
-  assert "[p0] got SIGTERM" in rest and "[p1] got SIGTERM" in rest
+  try:
+    rest, _ = proc.communicate(timeout=30)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    rest, _ = proc.communicate()
+    raise AssertionError(f"the launcher still ran 30 s after SIGTERM; it wrote {seen + [rest]}")
+  assert proc.returncode == 0, (proc.returncode, seen, rest)
+  assert "[p0] got SIGTERM" in rest and "[p1] got SIGTERM" in rest, (seen, rest)
 
 
 def _alive(pid: int) -> bool:
