@@ -15,6 +15,8 @@ import dataclasses
 import math
 import re
 
+import numpy as np
+
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
                 "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "f8e4m3fn": 1,
@@ -340,7 +342,8 @@ _ELEMENTWISE = {"add", "subtract", "multiply", "divide", "maximum", "minimum", "
                 "shift-left", "shift-right-logical", "shift-right-arithmetic"}
 _DIMS = re.compile(r"(\w+_dims)=\{([0-9,]*)\}")
 _ESTIMATE = re.compile(r'"cost_estimate":\s*\{[^}]*"flops":\s*(\d+)')
-_LABELS = re.compile(r"dim_labels=\w+_(\w+)->\w+")
+_CONV_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
+_WINDOW = re.compile(r"window=\{([^}]*)\}")
 
 
 def _dims(type_text: str) -> list[int]:
@@ -360,11 +363,49 @@ def _matmul(opcode: str, line: str, out: list[int], shapes: dict[str, list[int]]
     contract = dict(_DIMS.findall(line)).get("lhs_contracting_dims", "")
     inner = math.prod(lhs[int(d)] for d in contract.split(",") if d)
   else:
-    rhs = shapes.get(args[1], [])
-    labels = _LABELS.search(line)
-    o = labels.group(1).index("o") if labels and "o" in labels.group(1) else len(rhs) - 1
-    inner = math.prod(rhs) // max(rhs[o], 1) if rhs else 0
+    return _convolution(line, shapes.get(args[0], []), shapes.get(args[1], []), out)
   return 2.0 * math.prod(out) * inner
+
+
+def _window(line: str) -> dict[str, list]:
+  """A convolution's window (`window={size=4x4 stride=3x3 pad=0_0x7_7 lhs_dilate=4x4}`)."""
+  m = _WINDOW.search(line)
+  fields = dict(f.split("=", 1) for f in (m.group(1).split() if m else []) if "=" in f)
+  return {k: [[int(n) for n in part.split("_")] if "_" in part else int(part)
+              for part in v.split("x")] for k, v in fields.items()}
+
+
+def _taps(out: int, size: int, length: int, stride: int, pad: int, lhs_dilate: int,
+          rhs_dilate: int) -> int:
+  """Kernel taps over all `out` positions of one spatial dim that land on an input element (not
+  on padding or a hole an lhs dilation leaves): the TPU writes a batched matmul as such a
+  convolution, its batch dims spatial, one tap per output landing on a real element."""
+  if out * size > 1 << 22:
+    return out * size  # a true long convolution: every tap counted
+  o = np.arange(out)[:, None] * stride + np.arange(size)[None, :] * rhs_dilate - pad
+  real = (o >= 0) & (o <= (length - 1) * lhs_dilate) & (o % lhs_dilate == 0)
+  return int(real.sum())
+
+
+def _convolution(line: str, lhs: list[int], rhs: list[int], out: list[int]) -> float:
+  """A convolution's FLOPs: 2 per multiply-add of an output element, an input feature (per
+  group) and a kernel tap that lands on real input (`_taps`), as XLA's cost analysis counts."""
+  labels = _CONV_LABELS.search(line)
+  if not labels or not lhs or not rhs:
+    return 0.0
+  lhs_l, rhs_l, out_l = labels.groups()
+  spatial = sorted(c for c in out_l if c.isdigit())
+  w = _window(line)
+  n = len(spatial)
+  get = lambda key, default: w.get(key, [default] * n)
+  taps = 1
+  for d, sizes in enumerate(zip(get("size", 1), get("stride", 1), get("pad", [0, 0]),
+                                get("lhs_dilate", 1), get("rhs_dilate", 1))):
+    size, stride, pad, lhs_dilate, rhs_dilate = sizes
+    c = spatial[d]
+    taps *= _taps(out[out_l.index(c)], size, lhs[lhs_l.index(c)], stride,
+                  pad[0] if isinstance(pad, list) else pad, lhs_dilate, rhs_dilate)
+  return 2.0 * out[out_l.index("b")] * out[out_l.index("f")] * rhs[rhs_l.index("i")] * taps
 
 
 @dataclasses.dataclass

@@ -151,3 +151,28 @@ def test_splash_kernels_in_a_scan_are_counted_once_per_trip():
   # elementwise products and a sum) lies inside the layer loop: 3 trips of it.
   assert c.matmul_flops == 0 and c.flops > 2 * b * n * t * h
   chex.assert_trees_all_close(c.call_flops - c.kernel_flops, 3 * c.flops, rtol=1e-3)
+
+
+@needs_libtpu
+def test_batched_matmuls_the_tpu_writes_as_convolutions():
+  """The TPU writes a batched matmul as a convolution whose batch dims are spatial, dilated so
+  that one kernel tap per output lands on real input (`window={size=4x4 stride=3x3
+  lhs_dilate=4x4}`): decode attention's scores and weighted values, 5 steps of
+  [B=4, K=4, G=2, H=256] against [B, S=2048, K, H], 2 · 2·B·K·G·S·H each."""
+  devices = topology.devices(topology.parse("v5p-8"))[:1]
+  sharding = NamedSharding(jax.sharding.Mesh(devices, ("x",)), P())
+  q = jax.ShapeDtypeStruct((4, 4, 2, 256), jnp.bfloat16, sharding=sharding)
+  kv = jax.ShapeDtypeStruct((4, 2048, 4, 256), jnp.bfloat16, sharding=sharding)
+
+  def steps(q, k, v):
+    def step(q, _):
+      s = jnp.einsum("BKGH,BSKH->BKGS", q, k, preferred_element_type=jnp.float32)
+      p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+      return jnp.einsum("BKGS,BSKH->BKGH", p, v), None
+    return jax.lax.scan(step, q, None, length=5)[0]
+
+  c = analysis.compile_program(programs.Program(
+      "attend", "decode", lambda: jax.jit(steps).trace(q, kv, kv)))
+  by_hand = 5 * 2 * (2 * 4 * 4 * 2 * 2048 * 256)
+  assert c.matmul_flops == by_hand, (c.matmul_flops, by_hand)
+  assert by_hand / 5 <= c.flops < 1.1 * by_hand / 5  # the softmax's elementwise work
