@@ -54,13 +54,17 @@ def target_platform() -> str:
   return ops._target()[0]  # pylint: disable=protected-access
 
 
-def block_size(window: int, capacity: int) -> int:
+BLOCK_ROWS = 8192  # rows of 128 lanes a key block holds at most (2 MiB in bf16; VMEM bound)
+
+
+def block_size(window: int, capacity: int, rows: int = 1) -> int:
   """Slots per key block: the largest of `BLOCKS` no longer than the window (rounded up to 128)
   whose blocks covering `window` stay inside the buffer's `capacity` (the slots past the window
-  that the last block reads are masked), or 0."""
+  that the last block reads are masked) and hold at most `BLOCK_ROWS` rows of the slot view
+  (`rows` per slot, K·H/128: 16 kv heads of 256 dims leave 256 slots), or 0."""
   cover = -(-window // BLOCKS[-1]) * BLOCKS[-1]
   for bk in BLOCKS:
-    if bk <= cover and -(-window // bk) * bk <= capacity:
+    if bk <= cover and -(-window // bk) * bk <= capacity and bk * rows <= BLOCK_ROWS:
       return bk
   return 0
 
@@ -111,8 +115,8 @@ def applies(t: int, layout: str, window: int, capacity: int, head_dim: int,
   if choice == "off" or t != 1 or layout != kvc.SLOTS or target_platform() != "tpu":
     return False
   sharded_alone = shd.active() is None and ops._target()[1] > 1  # pylint: disable=protected-access
-  return (not sharded_alone and block_size(window, capacity) > 0
-          and tile_rows(kv_heads, head_dim) > 0)
+  return (not sharded_alone and tile_rows(kv_heads, head_dim) > 0
+          and block_size(window, capacity, kv_heads * head_dim // LANES) > 0)
 
 
 def decode_mask(slot_B: jax.Array, valid_BW: jax.Array, q_pos_B: jax.Array | None = None,
@@ -213,14 +217,14 @@ def _roll(x, shift: int):
   return pltpu.roll(x, shift, 1)
 
 
-def _local(q_BNH, k_BCKH, v_BCKH, mask_B1w, *, window: int, scale: float, cap: float,
+def _local(q_BNH, k_BCKH, v_BCKH, mask_B1w, *, window: int, bk: int, scale: float, cap: float,
            interpret: bool):
-  """The pallas call on this device's rows and heads; `mask_B1w` is [B, 1, nb·bk] (1: seen)."""
+  """The pallas call on this device's rows and heads; `mask_B1w` is [B, 1, nb·bk] (1: seen),
+  `bk` chosen for all kv heads (a device's share of them fits the same block)."""
   b, n, h = q_BNH.shape
   _, c, kv, _ = k_BCKH.shape
-  bk = block_size(window, c)
-  nb = -(-window // bk)
   pieces, tile = h // LANES, tile_rows(kv, h)
+  nb = -(-window // bk)
   if not tile:
     raise ValueError(f"decode attention: {kv} kv heads per device (after the tensor split) at "
                      f"head dim {h} have no bitcast slot view; use a tensor axis that leaves a "
@@ -284,16 +288,18 @@ def attend(q: jax.Array, k_BCKH: jax.Array, v_BCKH: jax.Array, mask_BW: jax.Arra
     raise ValueError(f"decode attention wants a head dim that is a multiple of {LANES}, and above "
                      f"it kv heads a power of two below {TILE_ROWS} or a multiple of it, not "
                      f"H={h}, K={kv}; use ops.attend_kv (SCOPE_JAX_DECODE_KERNEL=off).")
-  bk = block_size(w, c)
+  bk = block_size(w, c, kv * h // LANES)
   if not bk:
     raise ValueError(f"A window of {w} slots in a {c}-slot buffer leaves no key block of "
-                     f"{BLOCKS} inside it; use a capacity that is a multiple of {BLOCKS[-1]}.")
+                     f"{BLOCKS} inside it of at most {BLOCK_ROWS} rows of {kv * h // LANES} a "
+                     f"slot; use a capacity that is a multiple of {BLOCKS[-1]}, or fewer kv "
+                     "heads per device.")
   if mask_BW.dtype != jnp.bool_:
     raise ValueError(f"decode attention wants a boolean mask [B, W] (True: attend), not "
                      f"{mask_BW.dtype}; build it with decode_mask.")
   pad = -(-w // bk) * bk - w  # slots past the window: masked in the kernel
   mask_B1w = jnp.pad(mask_BW.astype(jnp.float32), ((0, 0), (0, pad)))[:, None, :]
-  fn = functools.partial(_local, window=w, scale=float(h ** -0.5 if scale is None else scale),
+  fn = functools.partial(_local, window=w, bk=bk, scale=float(h ** -0.5 if scale is None else scale),
                          cap=float(cap or 0.0), interpret=interpret)
   act = shd.active()
   with jax.default_matmul_precision("default"):  # Mosaic rejects a 'highest' bf16 matmul

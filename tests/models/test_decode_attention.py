@@ -99,6 +99,8 @@ def test_key_blocks_cover_the_window_inside_the_buffer():
   got = [da.block_size(w, c) for w, c in [(64, 4096), (300, 384), (768, 768), (3000, 4096),
                                           (20480, 20480), (190, 200)]]
   assert got == [128, 128, 256, 512, 512, 0], got
+  # At most 8,192 rows of the slot view a block: 16 kv heads of 256 dims hold 32 rows a slot.
+  assert [da.block_size(4096, 4096, r) for r in (8, 16, 32, 64, 128)] == [512, 512, 256, 128, 0]
 
 
 @pytest.mark.parametrize("window,cap", [(None, 0.0), (48, 5.0)])
