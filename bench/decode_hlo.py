@@ -3,6 +3,7 @@
 
     python -m bench.decode_hlo                           # 0.5B-shaped, 2 layers, 64 × 4,096, v5p-8
     python -m bench.decode_hlo --model 7b --capacity 20480
+    python -m bench.decode_hlo --model gemma2-2b --variants slots/inplace   # head dim 256
 
 For each variant it prints the compiler's temporaries (`memory_analysis`), the bytes one call
 accesses (`cost_analysis`, the loop body counted once, so about one step) against the minimum
@@ -28,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 from scope_jax import sharding as shd  # noqa: E402
 from scope_jax.models import kv_cache as kvc  # noqa: E402
 from scope_jax.models import ops, transformer  # noqa: E402
-from scope_jax.models.config import ModelConfig  # noqa: E402
+from scope_jax.models.config import ModelConfig, get_preset  # noqa: E402
 from scope_jax.sampling import engine as engine_lib  # noqa: E402
 from scope_jax.sampling import slot_ops  # noqa: E402
 from scope_jax.sampling.sampler import SamplingSpec  # noqa: E402
@@ -43,7 +44,13 @@ MODELS = {  # Qwen2.5 shapes, cut to `--layers`
 }
 
 
+PRESETS = ("gemma2-2b",)  # model presets cut to `--layers` (their own shapes otherwise)
+
+
 def model_config(name: str, layers: int) -> ModelConfig:
+  if name in PRESETS:
+    base = get_preset(name)
+    return base.replace(num_layers=layers, layer_types=base.layer_types[:layers])
   d = MODELS[name]
   return ModelConfig("qwen2", d["vocab_size"], d["hidden_size"], d["intermediate_size"], layers,
                      d["num_heads"], d["num_kv_heads"], d["head_dim"], rope_theta=1e6,
@@ -155,7 +162,7 @@ def measure(config, mesh, **kw) -> dict:
 
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument("--model", default="0.5b", choices=sorted(MODELS))
+  ap.add_argument("--model", default="0.5b", choices=sorted(MODELS) + list(PRESETS))
   ap.add_argument("--layers", type=int, default=2)
   ap.add_argument("--slots", type=int, default=64)
   ap.add_argument("--capacity", type=int, default=4096)

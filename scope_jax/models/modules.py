@@ -160,7 +160,7 @@ class Attention(nnx.Module):
       kv = (kvc.write_keys(kv[0], slots_BT, k, layout),
             kvc.write_values(kv[1], slots_BT, v, layout))
       if decode_attention.applies(q.shape[1], layout, valid_BS.shape[1],
-                                  kv[0].shape[kvc.slot_axes(layout)[0]], q.shape[3]):
+                                  kv[0].shape[kvc.slot_axes(layout)[0]], q.shape[3], k.shape[2]):
         return self._decode(q, kv, slots_BT, valid_BS, positions, window, lora), kv
       keys, values = kvc.read_window(*kv, valid_BS.shape[1], layout)
       keys, values = keys.astype(h_BTD.dtype), values.astype(h_BTD.dtype)

@@ -1,10 +1,13 @@
 """What a compiled program costs on its target, from the compiler: per-chip memory
 (`memory_analysis`), FLOPs and bytes (`cost_analysis`), and the collectives in its HLO.
 
-The compiler's cost analysis counts a loop body once (a scan over 28 layers costs one layer). The
-program's jaxpr knows its trip counts: its matmul FLOPs counted with and without them give the
-factor that turns the compiler's per-chip FLOPs into per-call ones (`loop_factor`); the HLO's
-loop bounds do the same for its bytes (`bytes_factor`, `hlo.memory`) and its collectives."""
+The compiler's cost analysis counts a loop body once (a scan over 28 layers costs one layer). Its
+HLO knows each loop's trip count: the matmuls (dots, convolutions) are counted there per
+computation from their shapes, times the trips of the loops around them (`hlo.flops`), and so are
+the Pallas kernels' calls, whose FLOPs come from their cost estimates or, where they have none,
+from their grids in the jaxpr (`call_flops`); the compiler's remaining FLOPs (elementwise) are
+scaled by the HLO's elementwise count with and without trips. The HLO's loop bounds do the same
+for the bytes (`bytes_factor`, `hlo.memory`) and the collectives."""
 
 from __future__ import annotations
 
@@ -44,13 +47,18 @@ class Compiled:
   loop_gathers: list[tuple[str, int]]  # all-gathers inside a while loop: (shape, bytes)
   bytes_factor: float = 1.0  # per-call over loop-bodies-once memory traffic (from the HLO)
   outside_share: float = 1.0  # of `bytes_accessed`, the share outside every loop (per call)
-  kernel_flops: float = 0.0  # per chip and call: Pallas kernels the compiler does not count
+  kernel_flops: float = 0.0  # per chip and call: Pallas kernels, loop trips included
   error: str = ""  # the compiler refused: its temporaries alone exceed the chip's HBM (`temp`)
+  hlo_flops: float | None = None  # per chip and call, every loop's trips (`hlo_call_flops`)
+  matmul_flops: float = 0.0  # of `hlo_flops`, the HLO's dots and convolutions
 
   @property
   def call_flops(self) -> float:
-    """Per-chip FLOPs of one call, loop trips included (an estimate from the compiler's counts,
-    plus the Pallas kernels it cannot see inside, counted from their grids)."""
+    """Per-chip FLOPs of one call: counted in the HLO with every loop's trips (a decode call's
+    step loop included); without an HLO (the compiler refused), the compiler's count times the
+    jaxpr's `loop_factor` plus the kernels (a while loop's body, a decode step, once)."""
+    if self.hlo_flops is not None:
+      return self.hlo_flops
     return self.flops * self.loop_factor + self.kernel_flops
 
   @property
@@ -176,6 +184,66 @@ def kernel_flops(jaxpr, trips: bool = True) -> float:
   return _walk(jaxpr, _uncounted_kernel_flops, trips)
 
 
+def _kernel_name(name: str) -> str:
+  return re.sub(r"[^\w\-]", "_", name).split(".")[0]
+
+
+def _kernel_key(eqn) -> tuple[str, tuple[tuple[int, ...], ...]]:
+  """A Pallas call's name and its results' shapes: how its HLO custom call is recognised."""
+  info = eqn.params.get("name_and_src_info")
+  name = str(eqn.params.get("name") or getattr(info, "name", "") or "")
+  return _kernel_name(name), tuple(tuple(int(d) for d in v.aval.shape) for v in eqn.outvars)
+
+
+def _grid_kernels(jaxpr) -> dict:
+  """The Pallas calls without a cost estimate in a jaxpr: key (`_kernel_key`) → FLOPs of one
+  call (from its grid) and, for any the HLO does not show, FLOPs per call with scan trips."""
+  found = {}
+
+  def note(eqn):
+    if eqn.primitive.name != "pallas_call":
+      return None
+    if eqn.params.get("cost_estimate") is None:
+      found.setdefault(_kernel_key(eqn), _pallas_flops(eqn))
+    return 0.0
+
+  _walk(jaxpr, note, trips=False)
+  totals = {k: _walk(jaxpr, lambda e, k=k: None if e.primitive.name != "pallas_call" else (
+      f if _kernel_key(e) == k and e.params.get("cost_estimate") is None else 0.0), trips=True)
+            for k, f in found.items()}
+  return {k: (f, totals[k]) for k, f in found.items()}
+
+
+def hlo_call_flops(flops_once: float, counted: hlo_lib.Flops, jaxpr) -> tuple[float, float]:
+  """(FLOPs, of which Pallas kernels' FLOPs) per chip and call, every loop's trips included:
+  the HLO's matmuls; each kernel call times its runs, at its cost estimate (what the compiler
+  counts) or its grid's FLOPs (`_pallas_flops`, matched by name and result shapes; a kernel
+  the HLO does not show is counted with its scans' trips in the jaxpr); and the rest of the
+  compiler's count `flops_once` (loop bodies once: elementwise work) times the HLO's
+  elementwise ratio of per call to loop bodies once."""
+  grid = _grid_kernels(jaxpr)
+  by_shape: dict = {}
+  for (name, shapes), v in grid.items():
+    by_shape.setdefault(shapes, []).append(v)
+  kernels = estimated_once = 0.0
+  seen = set()
+  for k in counted.kernels:
+    if k.estimate is not None:
+      kernels += k.weight * k.estimate
+      estimated_once += k.once * k.estimate
+      continue
+    key = (_kernel_name(k.name), k.results)
+    if key in grid:
+      kernels += k.weight * grid[key][0]
+      seen.add(key)
+    elif len(by_shape.get(k.results, [])) == 1:
+      kernels += k.weight * by_shape[k.results][0][0]
+      seen.update(g for g in grid if g[1] == k.results)
+  kernels += sum(total for key, (_, total) in grid.items() if key not in seen)
+  rest = max(flops_once - counted.matmul_once - estimated_once, 0.0)
+  return counted.matmul_call + kernels + rest * counted.elementwise_factor, kernels
+
+
 def loop_factor(jaxpr) -> float:
   """Per-call FLOPs over the compiler's loop-bodies-once FLOPs, from the program's matmuls."""
   once = matmul_flops(jaxpr, trips=False)
@@ -244,13 +312,16 @@ def compile_program(program: Program, platform: str = "tpu", devices: int = 0) -
   collectives, gathers = hlo_lib.collectives(module)
   traffic = hlo_lib.memory(module)
   logical, tiled = parameter_bytes(hlo)
+  flops = float(cost.get("flops", 0.0))
+  counted = hlo_lib.flops(module)
+  per_call, kernels = hlo_call_flops(flops, counted, jaxpr)
   return Compiled(program, seconds, argument=mem.argument_size_in_bytes,
                   output=mem.output_size_in_bytes, alias=mem.alias_size_in_bytes,
                   temp=mem.temp_size_in_bytes, code=mem.generated_code_size_in_bytes,
-                  flops=float(cost.get("flops", 0.0)),
+                  flops=flops, hlo_flops=per_call, matmul_flops=counted.matmul_call,
                   bytes_accessed=float(cost.get("bytes accessed", 0.0)),
                   loop_factor=loop_factor(jaxpr), model_matmul_flops=matmul_flops(jaxpr),
                   argument_logical=logical, argument_tiled=tiled,
                   collectives=collectives, loop_gathers=gathers,
                   bytes_factor=traffic.call_factor, outside_share=traffic.outside_share,
-                  kernel_flops=kernel_flops(jaxpr))
+                  kernel_flops=kernels)

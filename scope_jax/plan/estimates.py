@@ -196,7 +196,8 @@ def estimate(c: analysis.Compiled, s: Shapes, sl: topology.Slice) -> Estimate:
   """A compiled program's per-chip figures per unit, next to the minimums, with times."""
   p, chips = c.program, sl.total_chips
   steps = p.steps if p.kind == "decode" else 1
-  flops = c.call_flops  # the jaxpr counts a while body once: a decode call's FLOPs are a step's
+  # The HLO's count has a decode call's step loop at its bound; the jaxpr's has it once.
+  flops = c.call_flops / steps if c.hlo_flops is not None else c.call_flops
   hbm = c.call_bytes / steps
   ici_kind = {k: v.traffic / steps for k, v in c.collectives.items()}
   ici = sum(ici_kind.values())

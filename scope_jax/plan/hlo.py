@@ -15,6 +15,8 @@ import dataclasses
 import math
 import re
 
+import numpy as np
+
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
                 "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "f8e4m3fn": 1,
@@ -23,6 +25,7 @@ _ARRAY = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _OP = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*?) ([a-z\-]+)\(")
 _CALLS = re.compile(r"(?:body|condition|calls|to_apply)=%?([\w.\-]+)|branch_computations=\{([^}]*)\}")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = ")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _OPCODES = {"ragged-all-to-all": "all-to-all"}
 _SCATTER_FUSION = re.compile(r"reduce-scatter")  # `all-reduce-scatter.3.clone.1` and the like
@@ -81,8 +84,13 @@ def parse(hlo: str) -> Module:
       if line.startswith("ENTRY"):
         entry = current
       continue
-    if current is not None:
-      computations[current].append(line)
+    if current is None:
+      continue
+    body = computations[current]
+    if body and line.strip() and not line.startswith("}") and not _INSTRUCTION.match(line):
+      body[-1] += "\n" + line  # an instruction's attributes continued on another line
+    else:
+      body.append(line)
   header = hlo.split("\n", 1)[0] if hlo.startswith("HloModule") else ""
   sizes = dict(_PARTITIONS.findall(header))
   devices = int(sizes.get("num_partitions", 1)) * int(sizes.get("replica_count", 1))
@@ -321,4 +329,161 @@ def memory(module: Module) -> Memory:
       out.call += n * module.weight.get(comp, 1)
       if comp not in module.looped:
         out.outside += n
+  return out
+
+
+# ------------------------------------------------------------------------------- FLOPs
+
+_ELEMENTWISE = {"add", "subtract", "multiply", "divide", "maximum", "minimum", "compare",
+                "select", "negate", "abs", "and", "or", "xor", "not", "clamp", "power",
+                "remainder", "sign", "floor", "ceil", "round-nearest-even", "atan2", "convert",
+                "exponential", "exponential-minus-one", "log", "log-plus-one", "logistic",
+                "tanh", "sqrt", "rsqrt", "cbrt", "sine", "cosine", "tan", "erf", "is-finite",
+                "shift-left", "shift-right-logical", "shift-right-arithmetic"}
+_DIMS = re.compile(r"(\w+_dims)=\{([0-9,]*)\}")
+_ESTIMATE = re.compile(r'"cost_estimate":\s*\{[^}]*"flops":\s*(\d+)')
+_CONV_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
+_WINDOW = re.compile(r"window=\{([^}]*)\}")
+
+
+def _dims(type_text: str) -> list[int]:
+  """The dims of an HLO type's first array (`bf16[8,128]{1,0}` → [8, 128])."""
+  m = _ARRAY.search(type_text)
+  return [int(d) for d in m.group(2).split(",") if d] if m else []
+
+
+def _matmul(opcode: str, line: str, out: list[int], shapes: dict[str, list[int]]) -> float:
+  """A dot's or convolution's FLOPs, 2 per multiply-add: out elements times the contracted
+  size (a dot's lhs contracting dims; a convolution's kernel elements per output feature)."""
+  args = _OPERANDS.findall(line.split(opcode + "(", 1)[1].split(")", 1)[0])
+  if len(args) < 2:
+    return 0.0
+  if opcode == "dot":
+    lhs = shapes.get(args[0], [])
+    contract = dict(_DIMS.findall(line)).get("lhs_contracting_dims", "")
+    inner = math.prod(lhs[int(d)] for d in contract.split(",") if d)
+  else:
+    return _convolution(line, shapes.get(args[0], []), shapes.get(args[1], []), out)
+  return 2.0 * math.prod(out) * inner
+
+
+def _window(line: str) -> dict[str, list]:
+  """A convolution's window (`window={size=4x4 stride=3x3 pad=0_0x7_7 lhs_dilate=4x4}`)."""
+  m = _WINDOW.search(line)
+  fields = dict(f.split("=", 1) for f in (m.group(1).split() if m else []) if "=" in f)
+  return {k: [[int(n) for n in part.split("_")] if "_" in part else int(part)
+              for part in v.split("x")] for k, v in fields.items()}
+
+
+def _taps(out: int, size: int, length: int, stride: int, pad: int, lhs_dilate: int,
+          rhs_dilate: int) -> int:
+  """Kernel taps over all `out` positions of one spatial dim that land on an input element (not
+  on padding or a hole an lhs dilation leaves): the TPU writes a batched matmul as such a
+  convolution, its batch dims spatial, one tap per output landing on a real element."""
+  if out * size > 1 << 22:
+    return out * size  # a true long convolution: every tap counted
+  o = np.arange(out)[:, None] * stride + np.arange(size)[None, :] * rhs_dilate - pad
+  real = (o >= 0) & (o <= (length - 1) * lhs_dilate) & (o % lhs_dilate == 0)
+  return int(real.sum())
+
+
+def _convolution(line: str, lhs: list[int], rhs: list[int], out: list[int]) -> float:
+  """A convolution's FLOPs: 2 per multiply-add of an output element, an input feature (per
+  group) and a kernel tap that lands on real input (`_taps`), as XLA's cost analysis counts."""
+  labels = _CONV_LABELS.search(line)
+  if not labels or not lhs or not rhs:
+    return 0.0
+  lhs_l, rhs_l, out_l = labels.groups()
+  spatial = sorted(c for c in out_l if c.isdigit())
+  w = _window(line)
+  n = len(spatial)
+  get = lambda key, default: w.get(key, [default] * n)
+  taps = 1
+  for d, sizes in enumerate(zip(get("size", 1), get("stride", 1), get("pad", [0, 0]),
+                                get("lhs_dilate", 1), get("rhs_dilate", 1))):
+    size, stride, pad, lhs_dilate, rhs_dilate = sizes
+    c = spatial[d]
+    taps *= _taps(out[out_l.index(c)], size, lhs[lhs_l.index(c)], stride,
+                  pad[0] if isinstance(pad, list) else pad, lhs_dilate, rhs_dilate)
+  return 2.0 * out[out_l.index("b")] * out[out_l.index("f")] * rhs[rhs_l.index("i")] * taps
+
+
+@dataclasses.dataclass
+class KernelCall:
+  """A Pallas kernel's custom call: its name (the HLO instruction's, its numeric suffix cut),
+  its results' dims, and its runs per call (`weight`) and with loop bodies once (`once`)."""
+  name: str
+  results: tuple[tuple[int, ...], ...]
+  weight: int
+  once: int
+  estimate: float | None  # the FLOPs of its cost estimate, which the compiler counts; or none
+
+
+@dataclasses.dataclass
+class Flops:
+  """A module's FLOPs read from its text: matmuls (dots and convolutions, exact from their
+  shapes) and elementwise arithmetic (1 per element; only its ratio `elementwise_factor` is
+  used), with loop bodies once (the compiler's convention) and with the loops' trip counts
+  (`call`); and the Pallas kernels' custom calls, whose FLOPs the text does not hold."""
+  matmul_once: float = 0.0
+  matmul_call: float = 0.0
+  elementwise_once: float = 0.0
+  elementwise_call: float = 0.0
+  kernels: list[KernelCall] = dataclasses.field(default_factory=list)
+
+  @property
+  def elementwise_factor(self) -> float:
+    return self.elementwise_call / self.elementwise_once if self.elementwise_once else 1.0
+
+
+def _paths(module: Module) -> dict[str, int]:
+  """Each reachable computation's call sites counted through its callers, every loop once:
+  how often the compiler's cost analysis counts it."""
+  out: dict[str, int] = collections.defaultdict(int)
+
+  def visit(name: str, mult: int, depth: int = 0) -> None:
+    if name not in module.computations or depth > 64:
+      return
+    out[name] += mult
+    for line in module.computations[name]:
+      for m in _CALLS.finditer(line):
+        for callee in (m.group(1) or m.group(2)).split(","):
+          visit(callee.strip().lstrip("%"), mult, depth + 1)
+
+  visit(module.entry, 1)
+  return dict(out)
+
+
+def flops(module: Module) -> Flops:
+  """Matmul and elementwise FLOPs of every reachable computation (fused ones included) times
+  its runs per call, and the module's Pallas custom calls (`tpu_custom_call`)."""
+  paths = _paths(module)
+  out = Flops()
+  for comp, lines in module.computations.items():
+    weight, once = module.weight.get(comp, 0), paths.get(comp, 0)
+    if not weight and not once:
+      continue
+    shapes: dict[str, list[int]] = {}
+    for line in lines:
+      m = _OP.match(line)
+      if not m:
+        continue
+      name, type_text, opcode = m.groups()
+      out_dims = _dims(type_text)
+      shapes[name] = out_dims
+      if opcode in ("dot", "convolution"):
+        f = _matmul(opcode, line, out_dims, shapes)
+        out.matmul_once += once * f
+        out.matmul_call += weight * f
+      elif opcode in _ELEMENTWISE or opcode == "reduce":
+        args = _OPERANDS.findall(line.split(opcode + "(", 1)[1].split(")", 1)[0])
+        dims = shapes.get(args[0], out_dims) if opcode == "reduce" and args else out_dims
+        out.elementwise_once += once * math.prod(dims)
+        out.elementwise_call += weight * math.prod(dims)
+      elif opcode == "custom-call" and 'custom_call_target="tpu_custom_call"' in line:
+        results = tuple(tuple(int(d) for d in dims.split(",") if d)
+                        for _, dims in _ARRAY.findall(type_text))
+        est = _ESTIMATE.search(line)
+        out.kernels.append(KernelCall(name.split(".")[0], results, weight, once,
+                                      float(est.group(1)) if est else None))
   return out

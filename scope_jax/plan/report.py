@@ -365,7 +365,8 @@ def to_json(plan: Plan, config: ml_collections.ConfigDict) -> dict:
            "compiler_flops_loop_bodies_once": c.flops,
            "compiler_bytes_loop_bodies_once": c.bytes_accessed,
            "loop_factor": c.loop_factor, "bytes_factor": c.bytes_factor,
-           "kernel_flops": c.kernel_flops,
+           "kernel_flops": c.kernel_flops, "matmul_flops": c.matmul_flops,
+           "call_flops": c.call_flops,
            "collectives": {k: dataclasses.asdict(v) for k, v in c.collectives.items()}}
     row.update(estimates.get(c.program.name, dict.fromkeys(ESTIMATE_FIELDS)))
     programs.append(row)

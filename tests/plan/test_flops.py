@@ -1,0 +1,178 @@
+"""FLOPs per call counted in the compiled HLO, each loop with its own trip count: matmuls from
+their shapes, Pallas kernels from their cost estimates or grids, against values computed by hand
+(compiled for a TPU slice from this CPU host, and for this CPU)."""
+
+import importlib.util
+
+import chex
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from scope_jax.plan import analysis, hlo, programs, topology
+
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="needs libtpu")
+
+# Two loops of different trips and matmul sizes, one nested in the other, and a third after
+# them (a loss's vocabulary chunks after the layers):
+#   layers: 3 trips of x[64,256] · W_l[256,256];
+#   inside each layer: 6 trips, unrolled by 2 (the loop body holds 2 matmuls, 3 trips), of
+#     y[64,256] · V[256,256];
+#   chunks: 7 trips of y[64,256] · U_c[256,128], summed.
+LAYER = 2 * 64 * 256 * 256
+CHUNK = 2 * 64 * 256 * 128
+BY_HAND = 3 * LAYER + 3 * 6 * LAYER + 7 * CHUNK  # 205,520,896
+
+
+def _nested(x, w_l, v, u_c):
+  def layer(x, w):
+    inner = lambda y, _: (jnp.tanh(y @ v), None)
+    return jax.lax.scan(inner, x @ w, None, length=6, unroll=2)[0], None
+
+  y = jax.lax.scan(layer, x, w_l)[0]
+  chunk = lambda acc, u: (acc + (y @ u).astype(jnp.float32).sum(), None)
+  return jax.lax.scan(chunk, jnp.float32(0), u_c)[0]
+
+
+def _nested_program(sharding=None):
+  shapes = [(64, 256), (3, 256, 256), (256, 256), (7, 256, 128)]
+  args = [jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=sharding) for s in shapes]
+  return programs.Program("nested", "train", lambda: jax.jit(_nested).trace(*args))
+
+
+def _check_nested(c: analysis.Compiled):
+  """The matmuls exactly, and the compiler counts each loop body once: a layer, the unrolled
+  body's 2 matmuls and a chunk (elementwise work adds 0.3% on a TPU, 3% on the CPU, whose
+  cost model counts a tanh element as some 26 FLOPs)."""
+  assert c.matmul_flops == BY_HAND, (c.matmul_flops, BY_HAND)
+  once = LAYER + 2 * LAYER + CHUNK
+  assert once <= c.flops < 1.05 * once, (c.flops, once)
+  # One factor for the whole program (the jaxpr's matmuls with over without trips, 205.5M /
+  # 20.97M = 9.8) over the compiler's count, whose unrolled body holds 2 matmuls: 1.4x.
+  assert c.flops * c.loop_factor > 1.3 * BY_HAND
+
+
+@needs_libtpu
+def test_nested_loops_of_different_trips_on_a_tpu():
+  """One v5e chip. Beyond the matmuls the TPU's cost model counts 1 FLOP per element of
+  elementwise work (tanh is a transcendental, apart): per inner trip the tanh's two converts
+  ([64, 256] bf16 → f32 → bf16), per chunk its convert and sum ([64, 128]); 18 · 32,768 +
+  7 · 16,384 = 704,512 (0.34%). The plan scales the compiler's loop-bodies-once count of them
+  by the HLO's elementwise ratio, which mixes the loops' trips: within 1e-4 of the total."""
+  devices = topology.devices(topology.parse("v5e-1"))
+  mesh = jax.sharding.Mesh(devices, ("x",))
+  c = analysis.compile_program(_nested_program(NamedSharding(mesh, P())))
+  _check_nested(c)
+  chex.assert_trees_all_close(c.call_flops, BY_HAND + 18 * 32768 + 7 * 16384, rtol=1e-4)
+
+
+def test_nested_loops_of_different_trips_on_the_cpu():
+  """The same path on this CPU: the matmuls exact; the rest within 5%, as the CPU's cost model
+  counts a tanh element as some 26 FLOPs (its expansion) and converts outside the loops, which
+  the HLO's elementwise ratio (1 per element) weighs otherwise."""
+  c = analysis.compile_program(_nested_program(), platform="cpu", devices=1)
+  _check_nested(c)
+  assert BY_HAND <= c.call_flops <= 1.05 * BY_HAND, (c.call_flops, BY_HAND)
+
+
+def test_matmul_flops_of_written_hlo_by_hand():
+  """A dot (contracting 32) in a loop of 4 trips inside a loop of 3, a convolution (kernel
+  [16 in, 8 out]) outside: 3·4·2·(8·16)·32 + 2·(8·8)·16 = 98,304 + 2,048."""
+  text = """\
+HloModule m
+
+%fused_dot (p0: f32[8,32], p1: f32[32,16]) -> f32[8,16] {
+  %p0 = f32[8,32]{1,0} parameter(0)
+  %p1 = f32[32,16]{1,0} parameter(1)
+  ROOT %d = f32[8,16]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%inner_cond (p: (s32[], f32[8,32])) -> pred[] {
+  %p = (s32[], f32[8,32]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%inner (p: (s32[], f32[8,32])) -> (s32[], f32[8,32]) {
+  %p = (s32[], f32[8,32]) parameter(0)
+  %x = f32[8,32]{1,0} get-tuple-element(%p), index=1
+  %w = f32[32,16]{1,0} constant({...})
+  %f = f32[8,16]{1,0} fusion(%x, %w), kind=kOutput, calls=%fused_dot
+  ROOT %t = (s32[], f32[8,32]) tuple(%i, %x)
+}
+
+%outer (p: (s32[], f32[8,32])) -> (s32[], f32[8,32]) {
+  %p = (s32[], f32[8,32]) parameter(0)
+  %w2 = (s32[], f32[8,32]) while(%p), condition=%inner_cond, body=%inner
+  ROOT %t = (s32[], f32[8,32]) tuple(%i, %x)
+}
+
+ENTRY %main (a: f32[8,32], b: f32[8,16]) -> f32[8,8] {
+  %a = f32[8,32]{1,0} parameter(0)
+  %b = f32[8,16]{1,0} parameter(1)
+  %k = f32[16,8]{1,0} parameter(2)
+  %w = (s32[], f32[8,32]) while(%a), condition=%c, body=%outer, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %conv = f32[8,8]{1,0} convolution(%b, %k), dim_labels=bf_io->bf
+}
+"""
+  counted = hlo.flops(hlo.parse(text))
+  assert counted.matmul_call == 3 * 4 * 2 * 8 * 16 * 32 + 2 * 8 * 8 * 16
+  assert counted.matmul_once == 2 * 8 * 16 * 32 + 2 * 8 * 8 * 16
+
+
+@needs_libtpu
+def test_splash_kernels_in_a_scan_are_counted_once_per_trip():
+  """Splash attention (no cost estimate: the compiler counts nothing inside it) in a 3-layer
+  scan, rematerialised, differentiated: its HLO custom calls are matched to the jaxpr's Pallas
+  calls by name and shapes, each counted from its grid (as `test_plan`'s hand count) times the
+  trips of the loop around it in the HLO."""
+  from scope_jax.models import ops, splash
+  b, t, n, k, h = 2, 1024, 4, 2, 128
+  kv, valid = jnp.zeros((b, t, k, h), jnp.bfloat16), jnp.ones((b, t), bool)
+  devices = topology.devices(topology.parse("v5e-1"))
+  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16,
+                           sharding=NamedSharding(jax.sharding.Mesh(devices, ("x",)), P()))
+
+  def loss(q_):
+    step = jax.checkpoint(lambda x, _: (splash.attend(x, kv, kv, valid), None),
+                          policy=jax.checkpoint_policies.nothing_saveable)
+    return jax.lax.scan(step, q_, None, length=3)[0].astype(jnp.float32).sum()
+
+  program = programs.Program("splash", "train", lambda: jax.jit(jax.grad(loss)).trace(q))
+  with ops.compiling_for("tpu", 1):
+    c = analysis.compile_program(program)
+  block = 2 * 512 * 512 * h
+  per_layer = b * n * 3 * (2 * 2 + 5) * block
+  assert c.kernel_flops == 3 * per_layer, (c.kernel_flops, 3 * per_layer)
+  # The compiler's own count (no matmul: the backward's row sums of o·do are fused as
+  # elementwise products and a sum) lies inside the layer loop: 3 trips of it.
+  assert c.matmul_flops == 0 and c.flops > 2 * b * n * t * h
+  chex.assert_trees_all_close(c.call_flops - c.kernel_flops, 3 * c.flops, rtol=1e-3)
+
+
+@needs_libtpu
+def test_batched_matmuls_the_tpu_writes_as_convolutions():
+  """The TPU writes a batched matmul as a convolution whose batch dims are spatial, dilated so
+  that one kernel tap per output lands on real input (`window={size=4x4 stride=3x3
+  lhs_dilate=4x4}`): decode attention's scores and weighted values, 5 steps of
+  [B=4, K=4, G=2, H=256] against [B, S=2048, K, H], 2 · 2·B·K·G·S·H each."""
+  devices = topology.devices(topology.parse("v5p-8"))[:1]
+  sharding = NamedSharding(jax.sharding.Mesh(devices, ("x",)), P())
+  q = jax.ShapeDtypeStruct((4, 4, 2, 256), jnp.bfloat16, sharding=sharding)
+  kv = jax.ShapeDtypeStruct((4, 2048, 4, 256), jnp.bfloat16, sharding=sharding)
+
+  def steps(q, k, v):
+    def step(q, _):
+      s = jnp.einsum("BKGH,BSKH->BKGS", q, k, preferred_element_type=jnp.float32)
+      p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+      return jnp.einsum("BKGS,BSKH->BKGH", p, v), None
+    return jax.lax.scan(step, q, None, length=5)[0]
+
+  c = analysis.compile_program(programs.Program(
+      "attend", "decode", lambda: jax.jit(steps).trace(q, kv, kv)))
+  by_hand = 5 * 2 * (2 * 4 * 4 * 2 * 2048 * 256)
+  assert c.matmul_flops == by_hand, (c.matmul_flops, by_hand)
+  assert by_hand / 5 <= c.flops < 1.1 * by_hand / 5  # the softmax's elementwise work
