@@ -8,40 +8,45 @@ import pytest
 
 from scope_jax import configs_base
 
-SHARED = 126  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 17 model (11 of
+SHARED = 127  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 17 model (11 of
 # the tiny architecture), 6 warm-up, 14 loss (3 of the rollout correction: mode, level,
 # threshold), 10 eval, 9 rollout (the samplers' dtype among them), 6 optim, 4 lora (rank, alpha,
-# targets, dropout: adapters for every policy), 2 learner, 2 world and 13 of the run (method,
+# targets, dropout: adapters for every policy), 2 learner, 3 world and 13 of the run (method,
 # preset, seed, steps, checkpoints, control, smoke, smoke_warmup, ...)
 # Every preset's budget below rose by 4 with the rollout correction and the samplers' dtype, and
-# by 4 more with the lora section.
+# by 4 more with the lora section, and spell's by 1 with world.heldout_entities.
 
 # preset -> (budget, why that many). Each is SHARED plus the method's own section.
 BUDGETS = {
-    "spell:demo": (173, "shared + 7 data (corpus clustering) + 35 spell: 20 knobs, 3 roles × 5"),
-    "spell:learn": (173, "as spell:demo"),
-    "spell:paper": (173, "as spell:demo"),
-    "spell:small": (173, "as spell:demo"),
-    "spell:paper_qwen3_moe": (173, "as spell:demo"),
+    "spell:demo": (174, "shared + 7 data (corpus clustering) + 35 spell: 20 knobs, 3 roles × 5"),
+    "spell:learn": (174, "as spell:demo"),
+    "spell:learn_extractive": (174, "as spell:demo"),
+    "spell:paper": (174, "as spell:demo"),
+    "spell:small": (174, "as spell:demo"),
+    "spell:paper_qwen3_moe": (174, "as spell:demo"),
     "scope:demo": (201, "shared + 6 retrieval + 64 scope: 35 knobs (8 of the task-set filter, "
                         "2 per-policy loss overrides), 5 roles × 5 and turn limits for the 2 that search"),
     "scope:learn": (201, "as scope:demo"),
+    "scope:learn_slow_challenger": (201, "as scope:demo"),
     "scope:paper": (201, "as scope:demo"),
     "scope:paper_qwen3": (201, "as scope:demo"),
     "scope:paper_olmo3": (201, "as scope:demo"),
     "opensir:demo": (168, "shared + 37 opensir: 27 knobs (6 of the initial pool, 4 teacher and 2 "
                           "selection weights), 2 roles × 5"),
     "opensir:learn": (168, "as opensir:demo"),
+    "opensir:learn_planted_guess": (168, "as opensir:demo"),
     "opensir:paper": (168, "as opensir:demo"),
     "opensir:paper_gemma2": (168, "as opensir:demo"),
     "asl:demo": (200, "shared + 6 retrieval + 63 asl: 42 knobs (6 phase limits, 3 stores, 2 plateau "
                       "windows), 3 roles × 7"),
     "asl:learn": (200, "as asl:demo"),
+    "asl:learn_frozen_grm": (200, "as asl:demo"),
     "asl:paper": (200, "as asl:demo"),
     "piplay:demo": (190, "shared + 6 retrieval + 53 piplay: 32 knobs (8 distillation loss "
                          "overrides: K, tail, support, renormalisation, cap among them; 3 data "
                          "generation), 3 roles × 7"),
     "piplay:learn": (190, "as piplay:demo"),
+    "piplay:learn_lambda10x": (190, "as piplay:demo"),
     "piplay:paper": (198, "piplay:demo + Dr.Zero's per-policy optimizer overrides (examiner lr "
                           "and clip, student clip and warm-up), tool output in characters per "
                           "role (3) and the examiner's own 4K context"),
