@@ -115,3 +115,12 @@ def test_a_finished_run_is_skipped(tmp_path):
   cut = _write(tmp_path, "asl", "learn", 4, "run", _curve("attr_search", [(0, 0.2), (10, 0.3)]))
   assert learning_runs.finished(done) and not learning_runs.finished(cut)
   assert not learning_runs.finished(tmp_path / "none")
+
+
+def test_the_tables_cover_every_learn_preset_of_every_method():
+  import importlib  # pylint: disable=import-outside-toplevel
+  for method in learning_table.METHODS:
+    headline, ablations = learning_table.PRESETS[method]
+    presets = importlib.import_module(f"configs.{method}").PRESETS
+    assert headline == "learn" and {headline, *ablations} == {p for p in presets
+                                                              if p.startswith("learn")}

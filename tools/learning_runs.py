@@ -22,19 +22,9 @@ import sys
 import time
 
 from scope_jax import report
-from tools.learning_table import SEEDS, WALL_FILE
+from tools.learning_table import CONTROLS, DEFAULT_CONTROLS, PRESETS, SEEDS, START, WALL_FILE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# method -> (headline preset, its ablation presets), and the controls each is run with.
-PRESETS = {
-    "spell": ("learn", ("learn_extractive",)),
-    "piplay": ("learn", ("learn_lambda10x",)),
-    "asl": ("learn", ("learn_frozen_grm",)),
-    "scope": ("learn", ("learn_slow_challenger",)),
-    "opensir": ("learn", ("learn_planted_guess",)),
-}
-CONTROLS = {"piplay": ("shuffled_rewards", "shuffled_rewards_and_teacher")}  # else the first
-START = {"opensir"}  # its headline also scored before its warm-up (the `start` arm)
 # Minutes per arm on a 2-core CPU, from the seed 0-2 runs of docs/learning.md (a warm-up is
 # fitted once per seed and preset and cached: SPELL's 4.4 of its first 8, OpenSIR's 3 of 8).
 MINUTES = {"spell": 6, "piplay": 6.5, "asl": 6, "scope": 11, "opensir": 6.5}
@@ -46,7 +36,7 @@ def arms(method: str, headline: bool = True) -> list[tuple[str, list[str]]]:
   OpenSIR's headline the start before its warm-up (no warm-up, no update: the bundled model as
   it ships, asked the held-out questions)."""
   out = [("run", [])]
-  out += [(c, [f"--config.control={c}"]) for c in CONTROLS.get(method, ("shuffled_rewards",))]
+  out += [(c, [f"--config.control={c}"]) for c in CONTROLS.get(method, DEFAULT_CONTROLS)]
   if method in START and headline:
     out.append(("start", ["--config.warmup.steps=0", "--config.total_steps=0"]))
   return out

@@ -24,6 +24,19 @@ from scope_jax import report
 
 SEEDS = (3, 4, 5)  # the world seeds reported (tuning, if any, uses seeds >= 1000 only)
 METHODS = ("spell", "piplay", "asl", "scope", "opensir")
+# method -> (headline preset: the method as published, its ablation presets)
+PRESETS = {
+    "spell": ("learn", ("learn_extractive",)),
+    "piplay": ("learn", ("learn_lambda10x",)),
+    "asl": ("learn", ("learn_frozen_grm",)),
+    "scope": ("learn", ("learn_slow_challenger",)),
+    "opensir": ("learn", ("learn_planted_guess",)),
+}
+# The controls each method's presets run with (the first is the reported one); π-Play's second
+# also permutes its teacher's inputs.
+CONTROLS = {"piplay": ("shuffled_rewards", "shuffled_rewards_and_teacher")}
+DEFAULT_CONTROLS = ("shuffled_rewards",)
+START = ("opensir",)  # their headline is also scored before its warm-up (the `start` arm)
 ARMS = ("run", "shuffled_rewards", "shuffled_rewards_and_teacher", "start")
 HALVES = ("trained_half", "heldout_half")
 WALL_FILE = "wall_seconds"  # the driver's measured wall time of the whole command
@@ -102,11 +115,12 @@ def _minutes(s: dict) -> str:
 
 def method_table(method: str, runs: dict, seeds=SEEDS, presets=None) -> str:
   """The markdown table of `method`'s runs (`find_runs` keys): a row per preset and seed, the
-  headline `learn` first, then its ablations in name order."""
-  found = sorted({p for m, p, _, _ in runs if m == method})
-  presets = list(presets) if presets else (["learn"] + [p for p in found if p != "learn"])
-  controls = [a for a in ARMS[1:3] if any(k[0] == method and k[3] == a for k in runs)] or [ARMS[1]]
-  with_start = any(k[0] == method and k[3] == "start" for k in runs)
+  headline first, then its ablations (`PRESETS`; others found under the method after them)."""
+  headline, ablations = PRESETS.get(method, ("learn", ()))
+  found = sorted({p for m, p, _, _ in runs if m == method} - {headline, *ablations})
+  presets = list(presets) if presets else [headline, *ablations, *found]
+  controls = CONTROLS.get(method, DEFAULT_CONTROLS)
+  with_start = method in START or any(k[0] == method and k[3] == "start" for k in runs)
   head = (["preset", "seed"] + (["before warm-up"] if with_start else []) + ["start → end"]
           + [f"control {c}: end, min" for c in controls]
           + ["trained half", "held-out half", "model", "updates", "wall"])
@@ -116,7 +130,7 @@ def method_table(method: str, runs: dict, seeds=SEEDS, presets=None) -> str:
       got = {a: summarise(runs[method, preset, seed, a]) for a in ARMS
              if (method, preset, seed, a) in runs}
       run = got.get("run")
-      cells = [f"{preset}{'' if preset == 'learn' else ' (ablation)'}", str(seed)]
+      cells = [f"{preset}{'' if preset == headline else ' (ablation)'}", str(seed)]
       if with_start:
         cells.append(pct(got["start"]["start"]) if "start" in got else "—")
       cells.append(_arrow(run["start"], run["end"]) if run else "not run")

@@ -63,7 +63,7 @@ def test_every_preset_loads(preset):
   a = c.asl
   assert c.method == "asl" and c.preset == preset
   assert (a.validity_threshold, a.pg_reward, a.grm_mode, a.slope_threshold) == (
-      0.8, "entropy", "frozen" if preset == "learn" else "co_trained", 0.05)
+      0.8, "entropy", "frozen" if preset == "learn_frozen_grm" else "co_trained", 0.05)
   if preset == "paper":
     assert (a.pg_batch, a.grm_batch, a.pm_batch, a.group_size) == (32, 32, 32, 4)  # 128 rows
     assert (a.phase_end, tuple(a.plateau_window.values()), a.plateau_tolerance) == (
