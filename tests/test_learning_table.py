@@ -124,3 +124,25 @@ def test_the_tables_cover_every_learn_preset_of_every_method():
     presets = importlib.import_module(f"configs.{method}").PRESETS
     assert headline == "learn" and {headline, *ablations} == {p for p in presets
                                                               if p.startswith("learn")}
+
+
+@pytest.mark.parametrize("tool, argv, message", [
+    (learning_runs, ["--runs=x", "--only=spell:huge"], "--only: unknown ['spell:huge']"),
+    (learning_runs, ["--runs=x", "--seeds=3,x"], "--seeds=3,x: give world seeds as integers"),
+    (learning_table, ["--runs=.", "--methods=spell,nope"], "--methods: unknown ['nope']"),
+    (learning_table, ["--runs=.", "--seeds=a"], "--seeds=a: give world seeds as integers"),
+])
+def test_bad_arguments_are_one_line_errors(tool, argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    tool.main(argv)
+  assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_dry_run_lists_the_commands_and_their_time(tmp_path, capsys):
+  assert learning_runs.main([f"--runs={tmp_path}", "--dry_run", "--only=scope:learn",
+                             "--seeds=3"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0] == "# 2 of 2 runs to go, about 0.4 h on a 2-core CPU, one at a time"
+  assert out[1] == (f"python -m scope_jax.main --config=configs/scope.py:learn "
+                    f"--workdir={tmp_path}/scope/learn/seed3/run --config.world.seed=3")
+  assert not (tmp_path / "commit.txt").exists()  # nothing ran
