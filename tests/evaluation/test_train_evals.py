@@ -194,11 +194,14 @@ def test_the_frozen_grm_ablation_freezes_its_role():
 
 def test_world_questions_search_their_own_worlds_documents():
   """A world gold set is searched over its world's documents alone: the run's tool only when it
-  is exactly that corpus (not a prebuilt index, not one with other worlds' pages)."""
+  is exactly that corpus (not a prebuilt index, not one with other worlds' pages, not the
+  trained entity half alone, where a held-out entity's page could not be found)."""
   from configs import scope as scope_config  # pylint: disable=import-outside-toplevel
   learn = scope_config.get_config("learn")
   assert learn.world.corpus_seeds and not evals.searches_own_world(learn)
   learn.world.corpus_seeds = ()
+  assert learn.world.heldout_entities and not evals.searches_own_world(learn)
+  learn.world.heldout_entities = False
   assert evals.searches_own_world(learn)
   assert not evals.searches_own_world(scope_config.get_config("demo"))  # the Wikipedia corpus
   assert not evals.searches_own_world(config())  # no retrieval section at all
