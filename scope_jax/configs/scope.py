@@ -219,8 +219,8 @@ def learn(c: ml_collections.ConfigDict) -> None:
   # released (0.2, 0.8), or (0.4, 0.8), keeps the answers it gives anyway: docs/learning.md)
   s.task_set.samples_per_document = 8  # twice the released 4: 2-3% of candidates are kept
   s.task_set.candidates_per_round = 64
-  s.task_set.max_rounds = 16  # 1,024 documents after Stage 1's 32, of the corpus's 1,071 (at
-  # most one task per document: the set stays under its target of 960)
+  s.task_set.max_rounds = 14  # 896 documents after Stage 1's 32, of the corpus's 937 (at most
+  # one task per document: the set stays under its target of 960)
   s.roles = ml_collections.ConfigDict(dict(
       challenger=base.role(112, temperature=1.0, top_p=1.0, max_turns=1, max_obs_tokens=160),
       solver=base.role(112, temperature=0.7, top_p=0.9, max_turns=1, max_obs_tokens=160),
@@ -230,9 +230,9 @@ def learn(c: ml_collections.ConfigDict) -> None:
       grader=base.role(64, temperature=0.6, top_p=1.0)))  # the fact and the answer, then
   # the verdict (`demos.grade_turn`)
   c.retrieval.corpus = "world"
-  c.world.corpus_seeds = (500, 501, 502)  # three more worlds' pages (1,071 in all): about 200
-  # tasks, each drawn about 5 times in 60 updates, not 24 (one world's 40), so remembering its
-  # answer pays less than reading
+  c.world.corpus_seeds = (500, 501, 502)  # three more worlds' pages (937 in all with the
+  # world's trained half of 134): many tasks, each drawn a few times in 60 updates, so
+  # remembering its answer pays less than reading
   c.retrieval.topk = 1  # the page the query names: one result, as the start model was shown
   base.world_learn(c, "attr_search", max_new_tokens=112)
   # The grader model already plays every role on other worlds: no warm-up on top of it, which
