@@ -71,7 +71,9 @@ def test_held_out_arithmetic_shares_no_pair_with_any_start_or_warm_up_data(seed,
                                                                            monkeypatch):
   """Against the OpenSIR `learn` preset's warm-up problems and starting pool (taken from the
   method as it builds them) and the bundled solver and counter models' recipes
-  (`tools.world_reading --skill=arith`, worlds 1000-1059 at 400 a world)."""
+  (`tools.world_reading --skill=arith`, worlds 1000-1059 at 400 a world). The recipes, not the
+  shipped weights: those were fitted before the split and are refitted by the same commands
+  (`scope_jax/data/__init__.py`)."""
   from scope_jax.methods.opensir import algorithm as opensir  # pylint: disable=import-outside-toplevel
   from scope_jax.methods.opensir import demos as opensir_demos  # pylint: disable=import-outside-toplevel
   held_out = _keys(World(seed).gold["arith"])
