@@ -82,8 +82,11 @@ def test_the_wide_control_and_the_start_before_warm_up_get_columns(tmp_path):
 
 def test_the_cli_prints_every_method_and_refuses_a_missing_directory(tmp_path, capsys):
   _write(tmp_path, "asl", "learn", 3, "run", _curve("attr_search", [(0, 0.2), (34, 0.3)]))
+  (tmp_path / "commit.txt").write_text("abc123\n")
   assert learning_table.main([f"--runs={tmp_path}"]) == 0
   out = capsys.readouterr().out
+  assert out.startswith("Runs from commit abc123; world seeds 3, 4, 5, none of them used for "
+                        "tuning.\n")
   assert all(f"### {m}" in out for m in learning_table.METHODS)
   assert "| learn | 3 | 20.0 → 30.0 (+10.0) |" in out
   with pytest.raises(SystemExit):

@@ -146,7 +146,9 @@ def method_table(method: str, runs: dict, seeds=SEEDS, presets=None) -> str:
 def tables(root, seeds=SEEDS, methods=METHODS) -> str:
   """Every method's table, under a heading each, with the notes that read them."""
   runs = find_runs(root)
-  out = []
+  commit = pathlib.Path(root) / "commit.txt"  # written by tools/learning_runs.py
+  out = [f"Runs from commit {commit.read_text().strip()}; world seeds "
+         f"{', '.join(map(str, seeds))}, none of them used for tuning.", ""] if commit.exists() else []
   for method in methods:
     out += [f"### {method}", "", method_table(method, runs, seeds), ""]
   out.append("Accuracy is greedy held-out pass@1 (%) on 300 gold questions, start → end (gain). "
