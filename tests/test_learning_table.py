@@ -85,8 +85,8 @@ def test_the_cli_prints_every_method_and_refuses_a_missing_directory(tmp_path, c
   (tmp_path / "commit.txt").write_text("abc123\n")
   assert learning_table.main([f"--runs={tmp_path}"]) == 0
   out = capsys.readouterr().out
-  assert out.startswith("Runs from commit abc123; world seeds 3, 4, 5, none of them used for "
-                        "tuning.\n")
+  assert out.startswith("Runs from commit abc123; world seeds 3, 4, 5 (the ablation presets were "
+                        "tuned on world seeds 0, 1, 2).\n")
   assert all(f"### {m}" in out for m in learning_table.METHODS)
   assert "| learn | 3 | 20.0 → 30.0 (+10.0) |" in out
   with pytest.raises(SystemExit):
