@@ -104,6 +104,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.world.seed = 0  # which world: retrieval.corpus='world' and 'world:<set>' benchmarks read it
   c.world.corpus_seeds = ()  # other worlds whose documents join world.seed's in the 'world'
   # corpus: more pages to write tasks from and to search among (the gold sets stay world.seed's)
+  c.world.heldout_entities = False  # True: training reads only the trained half of the world's
+  # entities (documents, search index, topics, names in problems); evaluation scores each half
+  # apart (eval/<set>/trained_half/pass@1, .../heldout_half/pass@1): reading vs remembering
 
   c.eval = ml_collections.ConfigDict()  # held-out evaluation during training (core/evals.py)
   c.eval.every = 0  # evaluate at step 0, every this many steps and at the end (0 = never)
@@ -120,8 +123,9 @@ def base_config() -> ml_collections.ConfigDict:
   # answering role's own training prompt (a small model knows no other)
 
   c.control = ""  # 'shuffled_rewards': each update's advantages permuted across its rows (no
-  # signal, the same distribution), and a distilling update's teacher inputs (its
-  # teacher's log-probs are a per-token reward); the control a learning claim is measured against
+  # signal, the same distribution; the same rows and inputs), the control a learning claim is
+  # measured against; 'shuffled_rewards_and_teacher' also permutes a distilling update's teacher
+  # inputs (its log-probs act as a per-token reward): a wider control, reported beside it
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.dtype = ""  # the samplers' compute dtype: '' = model.dtype | float32 | bfloat16
@@ -210,6 +214,7 @@ def world_learn(c: ml_collections.ConfigDict, gold_set: str, max_new_tokens: int
   c.model.source = f"hf:{DEMO_MODEL}"
   c.warmup.world_seed = c.world.get_ref("seed") + 1000
   c.warmup.worlds = 4
+  c.world.heldout_entities = True  # half the world's entities are never trained on
   c.warmup.steps = 1500
   demo_rollout(c)
   c.optim.lr = 3e-4

@@ -121,6 +121,29 @@ def held_out(run_curves: dict) -> dict[str, tuple[float, float]]:
           for name, points in run_curves["accuracy"].items() if points}
 
 
+DESTRUCTIVE_DROP = 0.10  # a control whose lowest point is more than this below its start
+DESTRUCTIVE = "updates are destructive at this rate"
+
+
+def lowest(run_curves: dict) -> dict[str, float]:
+  """Benchmark → the lowest held-out accuracy of the curve (start and end included)."""
+  return {name: min(v for _, v in points)
+          for name, points in run_curves["accuracy"].items() if points}
+
+
+def destructive(start: float, low: float) -> bool:
+  """Whether a control fell more than `DESTRUCTIVE_DROP` below its start: a shuffled update
+  that wrecks the model makes "the control gains nothing" easy and says little (1e-9 absorbs
+  float error: 40% → 30% is exactly 10 points, not more)."""
+  return start - low > DESTRUCTIVE_DROP + 1e-9
+
+
+def control_text(start: float, end: float, low: float) -> str:
+  """'control 30.0 → 25.0, min 18.0; updates are destructive at this rate' (percent)."""
+  text = f"control {100 * start:.1f} → {100 * end:.1f}, min {100 * low:.1f}"
+  return text + (f"; {DESTRUCTIVE}" if destructive(start, low) else "")
+
+
 def plot(run, control=None, out=None) -> epath.Path:
   """Draws `run`'s curves (and `control`'s, dashed) into `out` (default `<run>/learning.png`)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -168,14 +191,15 @@ def top_share(rows: Sequence[dict], name: str) -> float | None:
 
 
 def summary(run, control=None) -> str:
-  """A line per benchmark: held-out accuracy before and after (the control's beside it), and how
-  alike the final answers are (a gain from one answer given to everything is not reading)."""
+  """A line per benchmark: held-out accuracy before and after (the control's beside it: its end,
+  its lowest point, and a flag when it fell more than 10 points), and how alike the final
+  answers are (a gain from one answer given to everything is not reading)."""
   lines, rows = [], read(run)
+  c_curves = curves(read(control)) if control else None
   for name, (start, end) in sorted(held_out(curves(rows)).items()):
     line = f"{name}: {100 * start:.1f} → {100 * end:.1f}"
-    if control:
-      c = held_out(curves(read(control))).get(name)
-      line += f" (control {100 * c[0]:.1f} → {100 * c[1]:.1f})" if c else ""
+    if c_curves and (c := held_out(c_curves).get(name)):
+      line += f" ({control_text(*c, lowest(c_curves)[name])})"
     if (share := top_share(rows, name)) is not None:
       line += f"; most common final answer: {100 * share:.0f}% of samples"
     lines.append(line)

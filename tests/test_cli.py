@@ -25,7 +25,8 @@ def _main(*args, workdir="/tmp/scope_jax_cli_test"):
     (("--config=configs/nope.py",), "Config file configs/nope.py does not exist"),
     (("--config=configs/spell.py", "--config.loss.micro_batch_rows=2"),
      "loss.micro_batch_rows moved to learner.micro_batch_rows: set --config.learner.micro_batch_rows"),
-    (("--config=configs/spell.py:huge",), "Unknown preset 'huge'; valid presets: demo, learn, paper, small, paper_qwen3_moe."),
+    (("--config=configs/spell.py:huge",), "Unknown preset 'huge'; valid presets: demo, learn, "
+     "learn_extractive, paper, small, paper_qwen3_moe."),
     (("--config=configs/spell.py", "--config.keep_checkpoints=0"),
      "keep_checkpoints=0 must be at least 1 (0 would keep no checkpoint"),
     (("--config=configs/spell.py", "--config.checkpoint_every=0"), "checkpoint_every=0 must be"),

@@ -109,3 +109,60 @@ def test_main_reads_configs_from_another_directory(tmp_path):
       capture_output=True, text=True, cwd=tmp_path, timeout=120,
       env=dict(os.environ, PYTHONPATH=str(ROOT)))
   assert out.returncode == 2 and "Error: total_steps=-1 must be at least 0" in out.stderr, out.stderr
+
+
+# The `learn` presets: the headline is the method as published; helpers are named ablations.
+
+ABLATIONS = {  # ablation preset -> (method, the settings it changes from `learn`)
+    ("spell", "learn_extractive"): {"spell.extractive_labels": True},
+    ("piplay", "learn_lambda10x"): {"piplay.lambdas": (0.3,)},
+    ("asl", "learn_frozen_grm"): {"asl.grm_mode": "frozen", "asl.phases.grm.min_steps": 1,
+                                  "asl.phases.grm.max_steps": 1, "asl.phases.pm.min_steps": 30,
+                                  "asl.phases.pm.max_steps": 30, "asl.roles.grm.temperature": 0.5},
+    ("scope", "learn_slow_challenger"): {"scope.challenger_optim.warmup_steps": None},
+    ("opensir", "learn_planted_guess"): {"opensir.warmup.guess_share": 0.4,
+                                         "opensir.warmup.worked_ways": 4},
+}
+
+
+def _flat(config) -> dict:
+  out = {}
+  for k, v in config.items():
+    if isinstance(v, dict):
+      out.update({f"{k}.{kk}": vv for kk, vv in _flat(v).items()})
+    else:
+      out[k] = v
+  return out
+
+
+def test_the_learn_presets_run_the_methods_as_published():
+  """SPELL without the extractive label check, π-Play at the paper's λ for its first iteration,
+  ASL with its GRM co-trained, SCOPE's Challenger at a rate above zero from its first update,
+  OpenSIR from a start with no planted guess; and every one trains on the trained entity half."""
+  get = lambda m, p="learn": _module(m).get_config(p)
+  assert not get("spell").spell.extractive_labels
+  assert get("piplay").piplay.lambdas[0] == _module("piplay").paper_base().piplay.lambdas[0] == 0.03
+  assert get("asl").asl.grm_mode == _module("asl").paper_base().asl.grm_mode == "co_trained"
+  scope = get("scope")
+  first = runtime.optim_settings(scope, scope.scope.challenger_optim)
+  assert first["warmup_steps"] == 0 and first["lr"] > 0  # the Challenger's first update moves it
+  solver = runtime.optim_settings(scope, scope.scope.solver_optim)
+  assert solver["warmup_steps"] == 10  # only the Solver's rate rises
+  slow = get("scope", "learn_slow_challenger")
+  assert runtime.optim_settings(slow, slow.scope.challenger_optim)["warmup_steps"] == 10
+  assert get("opensir").opensir.warmup.guess_share == 0.0
+  for m in METHODS:
+    assert get(m).world.heldout_entities, m
+
+
+@pytest.mark.parametrize("method, preset", sorted(ABLATIONS))
+def test_each_ablation_is_learn_with_named_changes_and_says_so(method, preset):
+  learn, ablation = (_flat(_module(method).get_config(p).to_dict()) for p in ("learn", preset))
+  changed = {k: ablation.get(k) for k in set(learn) | set(ablation)
+             if k != "preset" and learn.get(k) != ablation.get(k)}
+  assert changed == ABLATIONS[method, preset]
+  doc = _module(method).PRESETS[preset].__doc__
+  assert "an ablation (not the method as published)" in doc or "an ablation (not a fair start)" in doc
+  assert "ablation" not in _module(method).PRESETS["learn"].__doc__.split("\n")[0]
+  assert set(p for m, p in ABLATIONS if m == method) == {
+      p for p in _module(method).PRESETS if p.startswith("learn_")}

@@ -45,7 +45,7 @@ def test_a_control_of_the_same_method_preset_and_world_is_accepted(tmp_path):
   report.check_control(run, control)
   out = _cli(f"--run={run}", f"--control={control}")
   assert out.returncode == 0, out.stderr
-  assert "doc: 25.0 → 50.0 (control 25.0 → 50.0)" in out.stdout
+  assert "doc: 25.0 → 50.0 (control 25.0 → 50.0, min 25.0)" in out.stdout
 
 
 @pytest.mark.parametrize("kind, message", [
@@ -104,3 +104,21 @@ def test_a_curve_that_stops_before_the_last_update_says_so(tmp_path):
                     "it).")
   done = _run(tmp_path / "done", total_steps=1)
   chex.assert_equal(report.summary(done), "doc: 25.0 → 50.0")
+
+
+def test_the_control_line_gives_its_end_and_its_minimum_and_flags_a_collapse(tmp_path):
+  """Hand values: a control from 40% through 25% to 35% fell 15 points (flagged), one through
+  30% fell exactly 10 (not more: not flagged)."""
+  run = _run(tmp_path / "run")
+  fell = [{"step": 0, "eval/updates": 0.0, "eval/doc/pass@1": 0.4},
+          {"step": 1, "eval/updates": 1.0, "eval/doc/pass@1": 0.25},
+          {"step": 2, "eval/updates": 2.0, "eval/doc/pass@1": 0.35}]
+  control = _run(tmp_path / "control", rows=fell, control="shuffled_rewards")
+  chex.assert_equal(report.summary(run, control).splitlines()[0],
+                    "doc: 25.0 → 50.0 (control 40.0 → 35.0, min 25.0; updates are destructive "
+                    "at this rate)")
+  ten = [dict(r, **{"eval/doc/pass@1": v}) for r, v in zip(fell, (0.4, 0.3, 0.3))]
+  control = _run(tmp_path / "ten", rows=ten, control="shuffled_rewards")
+  chex.assert_equal(report.summary(run, control).splitlines()[0],
+                    "doc: 25.0 → 50.0 (control 40.0 → 30.0, min 30.0)")
+  assert report.destructive(0.5, 0.39) and not report.destructive(0.5, 0.41)

@@ -117,11 +117,12 @@ def model(size: str, seed: int):
 
 def questions(world: World, skill: str, count: int, seed: int, held_out: bool = False):
   """`count` questions of `world` for `skill`; arithmetic comes worked, from the world's gold
-  problems when `held_out`, else from its training problems."""
+  problems when `held_out`, else from its training problems (which share no (operands, answer)
+  pair with any world's gold problems: `render.operands_half`)."""
   if skill == "arith":
     if held_out:  # the gold set's own draw, with its sums
       return R.arithmetic(world.entities, np.random.default_rng([world.seed, 0xA7]), count,
-                          "arith", worked=True)
+                          "arith", worked=True, half="heldout")
     return world.training_problems(count, worked=True)
   templates = R.HOP1 if skill == "doc" else ATTR
   return R.hop_questions(world.entities, templates, seed, count, skill)

@@ -23,7 +23,8 @@ from scope_jax import distributed
 from scope_jax.evaluation import benchmarks as bench_lib
 from scope_jax.evaluation import driver
 from scope_jax.evaluation import evaluator as eval_lib
-from scope_jax.world import GOLD_SETS, WORLD_PREFIX, world_specs
+from scope_jax.world import GOLD_SETS, WORLD_PREFIX, World, half_scores, question_halves
+from scope_jax.world import world_specs
 from scope_jax.world import search
 
 
@@ -43,9 +44,11 @@ def done(rows, updates: int) -> bool:
 
 def searches_own_world(config: ml_collections.ConfigDict) -> bool:
   """Whether the run searches world `world.seed`'s documents alone, so that its world questions
-  can use the run's own tool (no other corpus, no other worlds' pages)."""
+  can use the run's own tool (no other corpus, no other worlds' pages, not its trained half
+  alone: a held-out entity's page must be found)."""
+  w = config.get("world", {})
   return (config.get("retrieval", {}).get("corpus") == "world"
-          and not tuple(config.get("world", {}).get("corpus_seeds", ())))
+          and not tuple(w.get("corpus_seeds", ())) and not w.get("heldout_entities", False))
 
 
 def validate(config: ml_collections.ConfigDict, method_cls) -> None:
@@ -134,6 +137,9 @@ class Evaluations:
       check_same_questions(f"{rt.workdir}/eval/{b.name}", self.digests[b.name])
     items = [i.strip() for i in str(e.benchmarks).split(",")]
     world_names = {i[len(WORLD_PREFIX):] for i in items if i.startswith(WORLD_PREFIX)}
+    # With world.heldout_entities, each world question's entity half: scored apart as well.
+    world = World(config.world.seed) if config.world.get("heldout_entities", False) else None
+    self.halves = {n: question_halves(world, n) for n in world_names} if world else {}
     own = self.role.tool or getattr(method, "tool", None)
     settings = eval_lib.Settings(
         max_new_tokens=e.max_new_tokens, max_turns=e.max_turns, batch_size=e.batch_size,
@@ -185,6 +191,8 @@ class Evaluations:
     for bench in self.benches:
       metrics, records = self.evaluators[bench.name].evaluate(self.role.sampler, bench,
                                                               desc=f"eval {bench.name}")
+      if self.halves.get(bench.name):  # e.g. trained_half/pass@1 and heldout_half/pass@1
+        metrics.update(half_scores(records, self.halves[bench.name]))
       if distributed.is_primary():  # every host ran the rollouts; one writes
         eval_lib.write_results(f"{self.rt.workdir}/eval/{bench.name}/{label}", bench, metrics,
                                records, step=None if updates == 0 else updates - 1, label=label,

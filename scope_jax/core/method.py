@@ -107,7 +107,8 @@ class Method:
       return
     if any(r.tool for r in cast.roles.values()):
       c = rt.config
-      self.passages, self.tool = search.from_config(c.retrieval, c.world.seed, c.world.corpus_seeds)
+      self.passages, self.tool = search.from_config(c.retrieval, c.world.seed, c.world.corpus_seeds,
+                                                    c.world.get("heldout_entities", False))
     system = getattr(prompts, "system", lambda role: None)
     self.roles = rt.add_players(cast, self.cfg.roles, tool=self.tool, system=system)
 

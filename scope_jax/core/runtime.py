@@ -43,16 +43,31 @@ from scope_jax.rl import losses, optim, train_step
 from scope_jax.sampling import Engine, Sampler
 from scope_jax.sampling import engine as engine_lib
 
-CONTROLS = ("", "shuffled_rewards")
+# 'shuffled_rewards': the advantages alone are permuted (the same rows, the same inputs);
+# 'shuffled_rewards_and_teacher' also permutes a distilling update's teacher inputs (a wider
+# control: the teacher's log-probs act as a per-token reward, and it then reads another row's).
+CONTROLS = ("", "shuffled_rewards", "shuffled_rewards_and_teacher")
 
 
 def shuffled(advantages: Sequence, seed) -> list:
   """The control's update signal: the same advantages, permuted across the update's rows, so
-  each row is pushed by another row's reward (the same distribution, no signal). A distilling
-  update's teacher inputs are permuted too (another seed): the teacher then scores each row as
-  the answer to another row's question, with another row's privileged view."""
+  each row is pushed by another row's reward (the same distribution, no signal)."""
   order = np.random.default_rng(seed).permutation(len(advantages))
   return [advantages[i] for i in order]
+
+
+def control_signal(control: str, advantages: Sequence, teacher_prompts, seed):
+  """(advantages, teacher prompts) an update trains on under `control` (`CONTROLS`): as given
+  with no control; the advantages permuted with 'shuffled_rewards' (rows and inputs untouched);
+  the teacher prompts permuted too, under another seed, with 'shuffled_rewards_and_teacher'."""
+  if control not in CONTROLS:
+    raise ValueError(f"control={control!r}: choose one of {', '.join(map(repr, CONTROLS))}.")
+  if not control:
+    return list(advantages), teacher_prompts
+  advantages = shuffled(list(advantages), seed)
+  if control == "shuffled_rewards_and_teacher" and teacher_prompts:
+    teacher_prompts = shuffled(list(teacher_prompts), list(seed) + [1])
+  return advantages, teacher_prompts
 
 
 def method_syntax(config: ml_collections.ConfigDict) -> str:
@@ -419,11 +434,10 @@ class Runtime:
     ref = self.reference() if loss.kl_beta > 0 else None
     teacher_params = self.frozen[teacher] if teacher is not None and teacher_prompts else None
     trajectories, advantages = list(trajectories), list(advantages)
-    if self.config.get("control", "") == "shuffled_rewards":
-      seed = [self.config.seed, getattr(self, "step", 0), zlib.crc32(policy.name.encode())]
-      advantages = shuffled(advantages, seed)
-      if teacher_params is not None:  # a distillation teacher's log-probs are a per-token reward
-        teacher_prompts = shuffled(list(teacher_prompts), seed + [1])
+    seed = [self.config.seed, getattr(self, "step", 0), zlib.crc32(policy.name.encode())]
+    advantages, teacher_prompts = control_signal(
+        self.config.get("control", ""), advantages,
+        teacher_prompts if teacher_params is not None else None, seed)
     stats = health.update_stats(trajectories, advantages)
     with self.timer("train"):
       out = self.learner.train(policy, list(trajectories), list(advantages), loss=loss,

@@ -13,7 +13,12 @@ problems over the same names, and six held-out gold sets:
   arith   word problems with an integer answer                                   ('math')
 
 Gold sets are for evaluation only: no training input holds a gold question (the arithmetic
-problems a method trains on are drawn apart from `arith` and checked against it).
+problems a method trains on are drawn apart from `arith` and checked against it). Arithmetic is
+split by its numbers (`render.operands_half`): `arith` holds only held-out (operands, answer)
+pairs and training problems only the others, in every world. Entities are split in two halves
+(`World.heldout_names`): with `world.heldout_entities`, no training path reads the held-out
+half's documents, and evaluation scores each half apart (`question_halves`, `half_scores`), so
+reading is told apart from remembering.
 
     w = World(0); w.write("runs/world0")   # corpus.jsonl and gold/<set>.jsonl
     python -m scope_jax.evaluate --benchmarks=file:runs/world0/gold/hop1.jsonl:qa_search ...
@@ -21,6 +26,7 @@ problems a method trains on are drawn apart from `arith` and checked against it)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -37,6 +43,7 @@ GOLD_SETS = {"doc": "qa", "attr": "qa", "hop1": "qa_search", "attr_search": "qa_
              "hop2": "qa_search", "arith": "math"}
 MANIFEST = "world.json"  # seed, gold size and digest of a written world
 GOLD_SIZE = 400  # questions per gold set (at least 300, the smallest a held-out claim may use)
+HALVES = ("trained_half", "heldout_half")  # the entity halves evaluation scores apart
 
 
 class World:
@@ -61,16 +68,48 @@ class World:
             "hop1": R.hop_questions(w, R.HOP1, self.seed, n, "hop1"),
             "attr_search": R.hop_questions(w, R.ATTR, self.seed + 2, n, "attr_search"),
             "hop2": R.hop_questions(w, R.HOP2, self.seed, n, "hop2"),
-            "arith": R.arithmetic(w, np.random.default_rng([self.seed, 0xA7]), n, "arith")}
+            "arith": R.arithmetic(w, np.random.default_rng([self.seed, 0xA7]), n, "arith",
+                                  half="heldout")}
 
-  def training_problems(self, count: int, worked: bool = False) -> list[dict]:
-    """Arithmetic problems to train on (e.g. seed problems), none of them a gold question;
-    `worked` adds each one's worked sums (`steps`) and template (`form`)."""
+  @functools.cached_property
+  def heldout_names(self) -> frozenset[str]:
+    """The held-out half of the entities, by name: of each kind (countries, cities,
+    organisations, people), the first half of a permutation drawn from the world's seed."""
+    rng = np.random.default_rng([self.seed, 0x4A1F])
+    e = self.entities
+    return frozenset(group[int(i)].name
+                     for group in (e.countries, e.cities, e.organisations, e.people)
+                     for i in rng.permutation(len(group))[:len(group) // 2])
+
+  def half(self, name: str) -> str:
+    """'trained_half' or 'heldout_half': which half the entity `name` is in."""
+    return HALVES[name in self.heldout_names]
+
+  @functools.cached_property
+  def training_documents(self) -> list[Passage]:
+    """The documents of the trained half alone: what a run with `world.heldout_entities` may
+    train on (the held-out half's documents are for evaluation only)."""
+    return [d for d in self.documents if d.title not in self.heldout_names]
+
+  def trained_entities(self) -> E.Entities:
+    """The entities of the trained half alone (whose names training problems may use)."""
+    keep = lambda group: tuple(x for x in group if x.name not in self.heldout_names)
+    e = self.entities
+    return dataclasses.replace(e, countries=keep(e.countries), cities=keep(e.cities),
+                               organisations=keep(e.organisations), people=keep(e.people))
+
+  def training_problems(self, count: int, worked: bool = False,
+                        heldout_entities: bool = False) -> list[dict]:
+    """Arithmetic problems to train on (e.g. seed problems), none of them a gold question nor
+    sharing an (operands, answer) pair with one (`render.operands_half`); `worked` adds each
+    one's worked sums (`steps`) and template (`form`); `heldout_entities` names only the trained
+    half's entities in them."""
     held_out = {q["question"] for q in self.gold["arith"]}
     rng = np.random.default_rng([self.seed, 0x7A])
+    names = self.trained_entities() if heldout_entities else self.entities
     out, seen = [], set(held_out)
     while len(out) < count:
-      for q in R.arithmetic(self.entities, rng, count, "train", worked):
+      for q in R.arithmetic(names, rng, count, "train", worked, half="train"):
         if q["question"] not in seen and len(out) < count:
           seen.add(q["question"])
           out.append(dict(q, id=f"train-{len(out)}"))
@@ -143,18 +182,46 @@ def _write_whole(path: epath.Path, text: str) -> None:
   tmp.replace(path)
 
 
-def corpus(seed: int, corpus_seeds=()) -> list[Passage]:
+def corpus(seed: int, corpus_seeds=(), heldout_entities: bool = False) -> list[Passage]:
   """World `seed`'s documents, then each of `corpus_seeds`' worlds' whose id is not yet taken: a
-  larger corpus to draw pages from and search among, while the gold sets stay world `seed`'s."""
+  larger corpus to draw pages from and search among, while the gold sets stay world `seed`'s.
+  With `heldout_entities`, world `seed` lends only its trained half (`World.training_documents`),
+  and no other world's page may stand in for a held-out one (the same id is left out)."""
   extra = [int(s) for s in corpus_seeds]
   if seed in extra or len(set(extra)) != len(extra):
     raise ValueError(f"world.corpus_seeds={tuple(extra)} must be distinct and leave out "
                      f"world.seed={seed}, whose documents come first anyway.")
-  by_id: dict[str, Passage] = {}
-  for s in (seed, *extra):
+  own = World(seed)
+  by_id: dict[str, Passage | None] = {}
+  for d in own.documents:
+    by_id[d.id] = None if heldout_entities and d.title in own.heldout_names else d
+  for s in extra:
     for d in World(s).documents:
       by_id.setdefault(d.id, d)
-  return list(by_id.values())
+  return [d for d in by_id.values() if d is not None]
+
+
+def question_halves(world: World, name: str) -> dict[str, str]:
+  """Gold set `name`'s question id → the half ('trained_half' or 'heldout_half') of the entity it
+  asks about (the first document its answer is read from); {} for `arith`, which names no
+  entity it asks about."""
+  return {q["id"]: world.half(q["support"][0].split(":", 1)[1])
+          for q in world.gold[name] if q["support"]}
+
+
+def half_scores(records, halves: dict[str, str]) -> dict[str, float]:
+  """`<half>/pass@1` (the mean over the half's questions of each one's mean score) and
+  `<half>/count` of prediction `records` ({id, scores}), for each half that has a question."""
+  by_half: dict[str, list[float]] = {}
+  for r in records:
+    if r["id"] in halves and r["scores"]:
+      by_half.setdefault(halves[r["id"]], []).append(sum(r["scores"]) / len(r["scores"]))
+  out = {}
+  for half in HALVES:
+    if by_half.get(half):
+      out[f"{half}/pass@1"] = sum(by_half[half]) / len(by_half[half])
+      out[f"{half}/count"] = float(len(by_half[half]))
+  return out
 
 
 WORLD_PREFIX = "world:"  # a benchmark list names a world's gold set as world:<set>

@@ -8,6 +8,7 @@ question, two for a 2-hop one). Arithmetic problems carry their numbers in the t
 
 from __future__ import annotations
 
+import hashlib
 from typing import Callable
 
 import numpy as np
@@ -163,11 +164,33 @@ def doc_questions(world: Entities, docs: list[Passage], seed: int, count: int,
   return out
 
 
+DIVISION = 3  # the template whose text shows a·b and b (c is drawn but never shown)
+ARITH_HALVES = ("train", "heldout")  # the two halves of arithmetic, by operands
+
+
+def operands(form: int, a: int, b: int, c: int) -> tuple[tuple[int, ...], int]:
+  """(the numbers a problem shows, in order; its answer): what a problem shares with another
+  whose worked sums are the same, whatever its names, template wording or world."""
+  answer = ARITHMETIC[form][1](a, b, c)
+  return ((a * b, b) if form == DIVISION else (a, b, c)), answer
+
+
+def operands_half(key: tuple[tuple[int, ...], int]) -> str:
+  """'train' or 'heldout': a fixed hash of an (operands, answer) pair, the same in every world,
+  so held-out arithmetic shares no pair with any problem trained on (world seeds do not
+  separate arithmetic: the answer depends on the numbers alone)."""
+  digest = hashlib.sha256(repr((tuple(key[0]), int(key[1]))).encode()).digest()
+  return ARITH_HALVES[digest[0] & 1]
+
+
 def arithmetic(world: Entities, rng: np.random.Generator, count: int, name: str,
-               worked: bool = False) -> list[dict]:
+               worked: bool = False, half: str | None = None) -> list[dict]:
   """Word problems over the world's names; the numbers are in the text, the answer an integer.
   `worked` adds each problem's `form` (its template's index) and `steps` (the worked sums, what
-  a warm-up demonstrates); gold sets leave them out."""
+  a warm-up demonstrates); gold sets leave them out. `half` ('train' or 'heldout') keeps only
+  problems whose (operands, answer) pair falls in that half (`operands_half`)."""
+  if half is not None and half not in ARITH_HALVES:
+    raise ValueError(f"Unknown arithmetic half {half!r}; choose from {', '.join(ARITH_HALVES)}.")
   out, seen = [], set()
   while len(out) < count:
     form = int(rng.integers(len(ARITHMETIC)))
@@ -175,6 +198,8 @@ def arithmetic(world: Entities, rng: np.random.Generator, count: int, name: str,
     a, b = int(rng.integers(2, 20)), int(rng.integers(2, 12))
     c = int(rng.integers(1, a * b))
     if f(a, b, c) < 0:  # every answer is a whole, non-negative number
+      continue
+    if half is not None and operands_half(operands(form, a, b, c)) != half:
       continue
     q = text.format(p=world.people[int(rng.integers(len(world.people)))].name,
                     o=world.organisations[int(rng.integers(len(world.organisations)))].name,
@@ -184,7 +209,7 @@ def arithmetic(world: Entities, rng: np.random.Generator, count: int, name: str,
       continue
     seen.add(q)
     out.append({"id": f"{name}-{len(out)}", "question": q, "gold": [str(f(a, b, c))],
-                "support": []})
+                "support": [], "operands": list(operands(form, a, b, c)[0])})
     if worked:
       out[-1].update(form=form, steps=steps.format(a=a, b=b, c=c, ab=a * b, s=a + b,
                                                    r=f(a, b, c)))

@@ -148,7 +148,8 @@ def test_the_summary_says_how_alike_the_final_answers_are(tmp_path):
      "eval.role='judge' is not a role of copy_qa"),
     ({"eval.every": 1, "eval.benchmarks": "world:doc"}, "eval.role='' is not a role"),
     ({"control": "shuffle"},
-     "control='shuffle' is not valid; choose one of: '', shuffled_rewards."),
+     "control='shuffle' is not valid; choose one of: '', shuffled_rewards, "
+     "shuffled_rewards_and_teacher."),
     ({"eval.every": 1, "eval.benchmarks": "world:doc", "eval.prompt": "mine"},
      "eval.prompt='mine': choose 'benchmark'"),
     ({"warmup.steps": 5, "warmup.world_seed": 3}, "copy_qa's warm-up has no demonstrations "
@@ -193,11 +194,14 @@ def test_the_frozen_grm_ablation_freezes_its_role():
 
 def test_world_questions_search_their_own_worlds_documents():
   """A world gold set is searched over its world's documents alone: the run's tool only when it
-  is exactly that corpus (not a prebuilt index, not one with other worlds' pages)."""
+  is exactly that corpus (not a prebuilt index, not one with other worlds' pages, not the
+  trained entity half alone, where a held-out entity's page could not be found)."""
   from configs import scope as scope_config  # pylint: disable=import-outside-toplevel
   learn = scope_config.get_config("learn")
   assert learn.world.corpus_seeds and not evals.searches_own_world(learn)
   learn.world.corpus_seeds = ()
+  assert learn.world.heldout_entities and not evals.searches_own_world(learn)
+  learn.world.heldout_entities = False
   assert evals.searches_own_world(learn)
   assert not evals.searches_own_world(scope_config.get_config("demo"))  # the Wikipedia corpus
   assert not evals.searches_own_world(config())  # no retrieval section at all
@@ -293,3 +297,16 @@ def test_provenance_of_worlds_and_questions(tmp_path, monkeypatch):
   assert len(warned) == 1
   evals.check_same_questions(tmp_path / "eval" / "doc", "b" * 64)
   assert len(warned) == 2 and "mixes two question sets" in warned[1], warned
+
+
+def test_control_signal_permutes_what_each_control_names():
+  """No control: as given; 'shuffled_rewards': the advantages permuted, the teacher's inputs
+  untouched; 'shuffled_rewards_and_teacher': both, the teacher's under another seed."""
+  a, p, seed = [0.5, -1.0, 2.0, 0.0, -1.5], [[1], [2], [3], [4], [5]], [0, 1, 2]
+  assert runtime.control_signal("", a, p, seed) == (a, p)
+  assert runtime.control_signal("shuffled_rewards", a, p, seed) == (runtime.shuffled(a, seed), p)
+  wide = runtime.control_signal("shuffled_rewards_and_teacher", a, p, seed)
+  assert wide == (runtime.shuffled(a, seed), runtime.shuffled(p, seed + [1])) and wide[1] != p
+  assert runtime.control_signal("shuffled_rewards_and_teacher", a, None, seed)[1] is None
+  with pytest.raises(ValueError, match="control='shuffle': choose one of"):
+    runtime.control_signal("shuffle", a, p, seed)

@@ -63,7 +63,7 @@ def test_every_preset_loads(preset):
   a = c.asl
   assert c.method == "asl" and c.preset == preset
   assert (a.validity_threshold, a.pg_reward, a.grm_mode, a.slope_threshold) == (
-      0.8, "entropy", "frozen" if preset == "learn" else "co_trained", 0.05)
+      0.8, "entropy", "frozen" if preset == "learn_frozen_grm" else "co_trained", 0.05)
   if preset == "paper":
     assert (a.pg_batch, a.grm_batch, a.pm_batch, a.group_size) == (32, 32, 32, 4)  # 128 rows
     assert (a.phase_end, tuple(a.plateau_window.values()), a.plateau_tolerance) == (
@@ -574,13 +574,20 @@ def test_world_demonstrations_show_each_role_its_share():
 
 def test_the_learn_preset_starts_from_the_shipped_verifier_model():
   """The verifier model ships with the package (a few MB, listed in setup.py's package data)
-  and has the demo model's shape; the preset adds no warm-up, judges with the frozen start and
-  runs one PG phase and one PM phase of fixed lengths."""
+  and has the demo model's shape; the preset adds no warm-up, co-trains the GRM as the paper
+  does and runs one PG, one GRM and one PM phase of fixed lengths; its `learn_frozen_grm`
+  ablation judges with the frozen start and has no GRM phase."""
   from scope_jax.data import VERIFIER_MODEL  # pylint: disable=import-outside-toplevel
   c = asl_config.get_config("learn")
   bundled.assert_learn_starts_from(c, VERIFIER_MODEL)
   a = c.asl
-  assert (a.grm_mode, a.topics, a.phase_end) == ("frozen", "world", "slope")
-  assert (a.phases.pg.min_steps, a.phases.pg.max_steps) == (4, 4)
-  assert (a.phases.pm.min_steps, a.phases.pm.max_steps) == (30, 30)
-  assert c.total_steps == 4 + 30
+  assert (a.grm_mode, a.topics, a.phase_end) == ("co_trained", "world", "slope")
+  assert a.grm_mode == asl_config.paper_base().asl.grm_mode
+  limits = lambda p: (a.phases[p].min_steps, a.phases[p].max_steps)
+  assert (limits("pg"), limits("grm"), limits("pm")) == ((4, 4), (4, 4), (26, 26))
+  assert c.total_steps == 4 + 4 + 26
+  f = asl_config.get_config("learn_frozen_grm")
+  bundled.assert_learn_starts_from(f, VERIFIER_MODEL)
+  assert f.asl.grm_mode == "frozen" and f.asl.roles.grm.temperature == 0.5
+  assert (f.asl.phases.pm.min_steps, f.asl.phases.pm.max_steps) == (30, 30)
+  assert f.total_steps == 4 + 30

@@ -324,7 +324,10 @@ def test_learn_preset_demonstrates_other_worlds_problems(tmp_path):
       "world:arith", 300, 10, "role")
   assert c.warmup.world_seed == 1000 and c.warmup.worlds == 4
   w = c.opensir.warmup
-  assert (w.right_share, w.guess_share, w.worked_ways) == (0.9, 0.4, 4)
+  assert (w.right_share, w.guess_share, w.worked_ways) == (0.9, 0.0, 1)
+  g = opensir_config.get_config("learn_planted_guess").opensir.warmup
+  assert (g.right_share, g.guess_share, g.worked_ways) == (0.9, 0.4, 4)
+  c.opensir.warmup.guess_share, c.opensir.warmup.worked_ways = 0.4, 4  # the demonstrations below
   assert c.opensir.initial_pool.file == "world" and c.total_steps == 50
   assert c.model.source == f"hf:{COUNTER_MODEL}"
   runner.validate(c)

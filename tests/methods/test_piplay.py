@@ -601,11 +601,12 @@ def test_the_searcher_model_was_shown_the_learn_presets_own_tokens(tmp_path):
                                   (demo.tokens, demo.loss_mask))
 
 
-def test_the_control_permutes_the_teachers_inputs_as_well_as_the_advantages(tmp_path,
-                                                                             monkeypatch):
-  """`control=shuffled_rewards` on a distilling update: the teacher's inputs, whose log-probs
-  are the student's per-token reward, are permuted across rows too (another seed), so that no
-  row is pulled toward its own question's privileged answer."""
+def test_the_controls_permute_the_advantages_and_only_the_wide_one_the_teacher(tmp_path,
+                                                                              monkeypatch):
+  """`control=shuffled_rewards` on a distilling update permutes the advantages alone (the same
+  rows, the same teacher inputs); `shuffled_rewards_and_teacher` also permutes the teacher's
+  inputs, whose log-probs are the student's per-token reward (another seed), so that no row is
+  pulled toward its own question's privileged answer."""
   seen = []
   train = learner_lib.Learner.train
 
@@ -615,16 +616,17 @@ def test_the_control_permutes_the_teachers_inputs_as_well_as_the_advantages(tmp_
     return train(self, policy, trajectories, advantages, **kw)
 
   monkeypatch.setattr(learner_lib.Learner, "train", spy)
-  for control in ("", "shuffled_rewards"):
+  for control in ("", "shuffled_rewards", "shuffled_rewards_and_teacher"):
     rt = runtime.Runtime(small_config(**{"piplay.examiner_steps": 1, "control": control}),
                          str(tmp_path / (control or "plain")))
     m = scripted(rt, malformed_every=0)
     rt.begin_step(1)
     m.step(1)  # the first student step
-  (advs, prompts), (c_advs, c_prompts) = seen
+  (advs, prompts), (a_advs, a_prompts), (w_advs, w_prompts) = seen
   seed = [0, 1, zlib.crc32(b"student")]
-  assert c_advs == runtime.shuffled(advs, seed)
-  assert c_prompts == runtime.shuffled(prompts, seed + [1]) and c_prompts != prompts
+  assert a_advs == runtime.shuffled(advs, seed) and a_prompts == prompts
+  assert w_advs == a_advs
+  assert w_prompts == runtime.shuffled(prompts, seed + [1]) and w_prompts != prompts
 
 
 def test_the_learn_preset_starts_from_the_shipped_searcher_model():

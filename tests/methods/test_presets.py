@@ -34,6 +34,12 @@ ABLATIONS = [  # switches that change a preset's code path
     *[("piplay", "paper", {"piplay.teacher": t}) for t in ("gt", "gt_hops", "partial_qcp", "none")],
 ]
 CONFIGS = {m: importlib.import_module(f"configs.{m}") for m in METHODS}
+# The scripted player's knobs per preset. A π-Play `learn` preset's smoke size has two examiner
+# rows over the world's trained half; the player leaves the question out of every 4th page and a
+# person page's fifth word is an article (no answer once normalised), so both can be malformed:
+# no left-out questions there (the demo and paper presets keep them).
+PLAYERS = {("piplay", p): {"malformed_every": 0} for p in CONFIGS["piplay"].PRESETS
+           if p.startswith("learn")}
 CASES = [(m, p, {}) for m in METHODS for p in CONFIGS[m].PRESETS] + ABLATIONS
 
 
@@ -42,7 +48,8 @@ CASES = [(m, p, {}) for m in METHODS for p in CONFIGS[m].PRESETS] + ABLATIONS
                               for m, p, o in CASES])
 def test_every_preset_is_wired(method, preset, overrides, tmp_path):
   result = wiring.run_in_subprocess({"method": method, "preset": preset, "overrides": overrides,
-                                     "workdir": str(tmp_path)})
+                                     "workdir": str(tmp_path),
+                                     "player": PLAYERS.get((method, preset), {})})
   rows = result["rows"]
   assert rows, "no step ran"
   m = merged(rows)

@@ -137,7 +137,8 @@ class Asl(Method):
   def __init__(self, rt: Runtime):
     super().__init__(rt, P.Prompts(rt.config.asl.prompt_style, rt.config.asl.syntax))
     cfg = self.cfg
-    self.topics = P.load_topics(cfg.topics, rt.config.world.seed)
+    self.topics = P.load_topics(cfg.topics, rt.config.world.seed,
+                                rt.config.world.get("heldout_entities", False))
     self.verification = report.load_verification(cfg.verification_data) \
         if cfg.verification_share > 0 else []
     self.verdict = R.released_verdict if cfg.verdict_rule == "released" else R.parse_verdict

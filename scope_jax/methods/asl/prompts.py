@@ -42,20 +42,24 @@ MAX_TOPIC_CHARS = 200
 WORLD_TOPIC_KINDS = ("person", "organisation", "country")
 
 
-def world_topics(seed: int) -> list[str]:
+def world_topics(seed: int, heldout_entities: bool = False) -> list[str]:
   """World `seed`'s people, organisations and countries by name: the entities whose pages state
-  a closed-class fact (profession, industry, language) to ask about."""
-  return [d.title for d in World(seed).documents if d.id.split(":", 1)[0] in WORLD_TOPIC_KINDS]
+  a closed-class fact (profession, industry, language) to ask about; with `heldout_entities`,
+  those of the trained half alone."""
+  w = World(seed)
+  docs = w.training_documents if heldout_entities else w.documents
+  return [d.title for d in docs if d.id.split(":", 1)[0] in WORLD_TOPIC_KINDS]
 
 
-def load_topics(spec: str, world_seed: int = 0) -> list[str]:
+def load_topics(spec: str, world_seed: int = 0, heldout_entities: bool = False) -> list[str]:
   """Topics for iteration-0 meta prompts: '' = the shipped list, 'corpus' = the bundled corpus's
-  categories (the demo), 'world' = the entities of world `world_seed` (`world_topics`), else a
-  text file with one topic per line ('#' starts a comment)."""
+  categories (the demo), 'world' = the entities of world `world_seed` (`world_topics`; the
+  trained half alone with `heldout_entities`), else a text file with one topic per line ('#'
+  starts a comment)."""
   if spec == "corpus":
     return demo.demo_categories()
   if spec == "world":
-    return world_topics(world_seed)
+    return world_topics(world_seed, heldout_entities)
   path = SHIPPED_TOPICS if not spec else pathlib.Path(spec).expanduser()
   if not path.exists():
     raise ValueError(f"asl.topics={spec!r}: no such file; give a text file with one topic per "

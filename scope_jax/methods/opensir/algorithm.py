@@ -233,7 +233,8 @@ class OpenSir(Method):
     problems generated and rated by the policy (the released bootstrap), before step 0."""
     init, counts, problems = self.cfg.initial_pool, {}, []
     if init.file == bootstrap.WORLD:
-      problems = bootstrap.from_world(self.rt.config.world.seed, init.size or bootstrap.WORLD_SIZE)
+      problems = bootstrap.from_world(self.rt.config.world.seed, init.size or bootstrap.WORLD_SIZE,
+                                      self.rt.config.world.get("heldout_entities", False))
     elif init.file:
       problems = bootstrap.load(init.file)
     elif init.size:

@@ -49,9 +49,11 @@ WORLD = "world"  # initial_pool.file: the synthetic world's training problems (s
 WORLD_SIZE = 64  # problems taken from the world when initial_pool.size is 0
 
 
-def from_world(seed: int, size: int) -> list[R.Problem]:
-  """`size` arithmetic problems of world `seed` to train from, none of them a gold question."""
-  return [R.Problem(q["question"], ()) for q in World(seed).training_problems(size)]
+def from_world(seed: int, size: int, heldout_entities: bool = False) -> list[R.Problem]:
+  """`size` arithmetic problems of world `seed` to train from, none of them a gold question nor
+  sharing its (operands, answer); with `heldout_entities`, naming the trained half alone."""
+  return [R.Problem(q["question"], ())
+          for q in World(seed).training_problems(size, heldout_entities=heldout_entities)]
 
 
 def load(path: str) -> list[R.Problem]:

@@ -93,7 +93,9 @@ class Spell(Method):
     cfg = self.cfg
     self.passages, self.clusters = clusters_lib.from_config(rt.config.data, rt.config.seed,
                                                             rt.config.world.seed,
-                                                            rt.config.world.corpus_seeds)
+                                                            rt.config.world.corpus_seeds,
+                                                            rt.config.world.get(
+                                                                "heldout_entities", False))
     self.by_id = {p.id: p for p in self.passages}
     tasks_of = [clusters_lib.cluster_tasks([self.passages[i] for i in c], cfg.tasks)
                 for c in self.clusters]

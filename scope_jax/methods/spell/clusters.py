@@ -97,13 +97,14 @@ class HistoryMemory:
     return mem
 
 
-def from_config(data, seed: int = 0, world_seed: int = 0, corpus_seeds=()):
+def from_config(data, seed: int = 0, world_seed: int = 0, corpus_seeds=(),
+                heldout_entities: bool = False):
   """The corpus (bundled demo corpus by default) and its document clusters: k-means into
   `num_clusters` groups, or groups of about `cluster_size` documents when num_clusters is 0
-  (from a `data` config section); `data.corpus='world'` is world `world_seed`'s documents and
-  those of `corpus_seeds`' worlds."""
+  (from a `data` config section); `data.corpus='world'` is world `world_seed`'s documents (its
+  trained half alone with `heldout_entities`) and those of `corpus_seeds`' worlds."""
   if data.corpus == "world":
-    passages = world_lib.corpus(world_seed, corpus_seeds)
+    passages = world_lib.corpus(world_seed, corpus_seeds, heldout_entities)
   else:
     passages = demo.demo_passages() if data.corpus == "demo" else load_corpus(data.corpus)
   if data.max_passages:
