@@ -154,11 +154,6 @@ def paper_qwen3_moe(c: ml_collections.ConfigDict) -> None:
   # a v5p chip), the headroom GShard and Switch train with; the router/dropped metric reports
   # the pairs past it.
   c.model.moe_capacity_factor = 1.25
-  # A shard's exchange buffer holds 1.25x its balanced load: the train step computes the experts
-  # on 1.25x the routed rows (the worst case, dropless, is 8x on 8 expert shards and does not fit
-  # a v5p chip), the headroom GShard and Switch train with; the router/dropped metric reports
-  # the pairs past it.
-  c.model.moe_capacity_factor = 1.25
 
 
 def learn(c: ml_collections.ConfigDict) -> None:
