@@ -8,8 +8,8 @@ import pytest
 
 from scope_jax import configs_base
 
-SHARED = 126  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 17 model (11 of
-# the tiny architecture), 6 warm-up, 14 loss (3 of the rollout correction: mode, level,
+SHARED = 127  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 18 model (11 of
+# the tiny architecture; the experts' capacity), 6 warm-up, 14 loss (3 of the rollout correction: mode, level,
 # threshold), 10 eval, 9 rollout (the samplers' dtype among them), 6 optim, 4 lora (rank, alpha,
 # targets, dropout: adapters for every policy), 2 learner, 2 world and 13 of the run (method,
 # preset, seed, steps, checkpoints, control, smoke, smoke_warmup, ...)

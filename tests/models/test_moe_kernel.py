@@ -322,3 +322,16 @@ def test_qwen3_moe_decode_for_v5p_32_gathers_no_expert_weights():
   assert "tpu_custom_call" in hlo
   # the KV cache's slots split 16 ways: over fsdp and expert
   assert cache_sh.k[0].spec[0] == ("fsdp", "expert")
+
+
+def test_a_capacity_is_a_run_setting_of_a_mixture_of_experts_only():
+  import ml_collections
+  from scope_jax.models import load, tiny_config
+  section = ml_collections.ConfigDict({"source": "tiny", "moe_capacity_factor": 1.25})
+  assert load.run_options(tiny_config("qwen3_moe"), section).moe_capacity_factor == 1.25
+  with pytest.raises(ValueError, match="only with a mixture of experts"):
+    load.run_options(tiny_config("qwen2"), section)
+  section.moe_capacity_factor = 0.0
+  assert load.run_options(tiny_config("qwen2"), section) == tiny_config("qwen2")
+  with pytest.raises(ValueError, match="moe_capacity_factor=-1.0"):
+    tiny_config("qwen3_moe").replace(moe_capacity_factor=-1.0)
