@@ -160,7 +160,7 @@ def train_minimum(s: Shapes, rows: int, cols: int, micro: int, chips: int,
   experts = m.num_layers * m.num_experts * 3 * m.hidden_size * m.moe_intermediate_size
   held = params - experts + experts // n  # a chip's weights whole along fsdp: E/n experts a layer
   gathered = held * c / t  # in the compute dtype
-  moved = gathered_weights(m, n) * c / t  # of those, what FSDP gathers (not an untied lookup table)
+  moved = gathered_weights(m, n) * c / t  # what FSDP gathers (not an untied lookup table)
   shard = held * p / (f * t)
   tokens = max(rows // max(micro, 1), 1) / (d * f * n) * cols  # a micro-batch's tokens on one chip
   activations = tokens * m.hidden_size * c
