@@ -48,6 +48,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
   c.model.param_dtype = "float32"  # master weight dtype
   c.model.remat = "none"  # none | full | dots | dots_no_batch
+  # Mixture of experts on an `expert` mesh axis: each shard receives at most this many times the
+  # balanced load of (token, expert) pairs in training, the rest dropped (0: dropless, worst-case
+  # buffers; models/moe.py)
+  c.model.moe_capacity_factor = 0.0
 
   c.optim = ml_collections.ConfigDict()
   c.optim.lr = 2e-6  # peak learning rate

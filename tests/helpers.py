@@ -9,7 +9,7 @@ from scope_jax.models.config import ModelConfig
 def router_metrics(config: ModelConfig, router) -> dict[str, jax.Array]:
   """Expert-load statistics of a forward's router output: each expert's share of the routed
   (token, expert) pairs over all layers, the largest share, and the share of pairs dropped
-  (0 by construction: every pair is computed)."""
+  (past a capacity; 0 when dropless)."""
   if router is None:
     return {}
   load_E = router["load"].sum(0)
@@ -17,7 +17,7 @@ def router_metrics(config: ModelConfig, router) -> dict[str, jax.Array]:
   routed = router["tokens"].sum() * config.num_experts_per_tok
   out = {f"router/load_expert_{e}": load_E[e] / total for e in range(config.num_experts)}
   out["router/max_load"] = load_E.max() / total
-  out["router/dropped"] = 1.0 - jnp.minimum(load_E.sum(), routed) / jnp.maximum(routed, 1.0)
+  out["router/dropped"] = 1.0 - router["computed"].sum() / jnp.maximum(routed, 1.0)
   return out
 
 

@@ -8,51 +8,50 @@ import pytest
 
 from scope_jax import configs_base
 
-SHARED = 128  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 17 model (11 of
-# the tiny architecture), 7 warm-up (max_tokens among them), 14 loss (3 of the rollout
-# correction: mode, level,
-# threshold), 10 eval, 9 rollout (the samplers' dtype among them), 6 optim, 4 lora (rank, alpha,
+SHARED = 129  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 18 model
+# (moe_capacity_factor among them; 11 of the tiny architecture), 7 warm-up (max_tokens among
+# them), 14 loss (3 of the rollout correction: mode, level, threshold), 10 eval, 9 rollout (the samplers' dtype among them), 6 optim, 4 lora (rank, alpha,
 # targets, dropout: adapters for every policy), 2 learner, 3 world and 13 of the run (method,
 # preset, seed, steps, checkpoints, control, smoke, smoke_warmup, ...)
 # Every preset's budget below rose by 4 with the rollout correction and the samplers' dtype, and
-# by 4 more with the lora section, spell's by 1 with world.heldout_entities, and every
-# one by 1 with warmup.max_tokens.
+# by 4 more with the lora section, spell's by 1 with world.heldout_entities, every
+# one by 1 with warmup.max_tokens, and by 1 with model.moe_capacity_factor.
 
 # preset -> (budget, why that many). Each is SHARED plus the method's own section.
 BUDGETS = {
-    "spell:demo": (175, "shared + 7 data (corpus clustering) + 35 spell: 20 knobs, 3 roles × 5"),
-    "spell:learn": (175, "as spell:demo"),
-    "spell:learn_extractive": (175, "as spell:demo"),
-    "spell:paper": (175, "as spell:demo"),
-    "spell:small": (175, "as spell:demo"),
-    "spell:paper_qwen3_moe": (175, "as spell:demo"),
-    "scope:demo": (202, "shared + 6 retrieval + 64 scope: 35 knobs (8 of the task-set filter, "
+    "spell:demo": (176, "shared + 7 data (corpus clustering) + 35 spell: 20 knobs, 3 roles × 5"),
+    "spell:learn": (176, "as spell:demo"),
+    "spell:learn_extractive": (176, "as spell:demo"),
+    "spell:paper": (176, "as spell:demo"),
+    "spell:small": (176, "as spell:demo"),
+    "spell:paper_qwen3_moe": (176, "as spell:demo"),
+    "scope:demo": (203, "shared + 6 retrieval + 64 scope: 35 knobs (8 of the task-set filter, "
                         "2 per-policy loss overrides), 5 roles × 5 and turn limits for the 2 that search"),
-    "scope:learn": (202, "as scope:demo"),
-    "scope:learn_slow_challenger": (202, "as scope:demo"),
-    "scope:paper": (202, "as scope:demo"),
-    "scope:paper_qwen3": (202, "as scope:demo"),
-    "scope:paper_olmo3": (202, "as scope:demo"),
-    "opensir:demo": (169, "shared + 37 opensir: 27 knobs (6 of the initial pool, 4 teacher and 2 "
+    "scope:learn": (203, "as scope:demo"),
+    "scope:learn_slow_challenger": (203, "as scope:demo"),
+    "scope:paper": (203, "as scope:demo"),
+    "scope:paper_qwen3": (203, "as scope:demo"),
+    "scope:paper_olmo3": (203, "as scope:demo"),
+    "opensir:demo": (170, "shared + 37 opensir: 27 knobs (6 of the initial pool, 4 teacher and 2 "
                           "selection weights), 2 roles × 5"),
-    "opensir:learn": (169, "as opensir:demo"),
-    "opensir:learn_planted_guess": (169, "as opensir:demo"),
-    "opensir:paper": (169, "as opensir:demo"),
-    "opensir:paper_gemma2": (169, "as opensir:demo"),
-    "asl:demo": (201, "shared + 6 retrieval + 63 asl: 42 knobs (6 phase limits, 3 stores, 2 plateau "
+    "opensir:learn": (170, "as opensir:demo"),
+    "opensir:learn_planted_guess": (170, "as opensir:demo"),
+    "opensir:paper": (170, "as opensir:demo"),
+    "opensir:paper_gemma2": (170, "as opensir:demo"),
+    "asl:demo": (202, "shared + 6 retrieval + 63 asl: 42 knobs (6 phase limits, 3 stores, 2 plateau "
                       "windows), 3 roles × 7"),
-    "asl:learn": (201, "as asl:demo"),
-    "asl:learn_frozen_grm": (201, "as asl:demo"),
-    "asl:paper": (201, "as asl:demo"),
-    "piplay:demo": (191, "shared + 6 retrieval + 53 piplay: 32 knobs (8 distillation loss "
+    "asl:learn": (202, "as asl:demo"),
+    "asl:learn_frozen_grm": (202, "as asl:demo"),
+    "asl:paper": (202, "as asl:demo"),
+    "piplay:demo": (192, "shared + 6 retrieval + 53 piplay: 32 knobs (8 distillation loss "
                          "overrides: K, tail, support, renormalisation, cap among them; 3 data "
                          "generation), 3 roles × 7"),
-    "piplay:learn": (191, "as piplay:demo"),
-    "piplay:learn_lambda10x": (191, "as piplay:demo"),
-    "piplay:paper": (199, "piplay:demo + Dr.Zero's per-policy optimizer overrides (examiner lr "
+    "piplay:learn": (192, "as piplay:demo"),
+    "piplay:learn_lambda10x": (192, "as piplay:demo"),
+    "piplay:paper": (200, "piplay:demo + Dr.Zero's per-policy optimizer overrides (examiner lr "
                           "and clip, student clip and warm-up), tool output in characters per "
                           "role (3) and the examiner's own 4K context"),
-    "piplay:paper_instruct": (199, "as piplay:paper"),
+    "piplay:paper_instruct": (200, "as piplay:paper"),
 }
 
 

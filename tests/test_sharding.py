@@ -1,5 +1,7 @@
 """Sharded forward on the 8-device CPU mesh equals the unsharded forward; specs follow the rules."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from scope_jax import sharding as shd
 from scope_jax.models import forward, init_params, tiny_config, transformer
+from scope_jax.models import kv_cache as kvc
 from tests.hf_reference import padded_batch
 
 
@@ -152,3 +155,30 @@ def test_forward_with_pinned_activations_equals_unsharded(mesh_shape):
       return forward(cfg, p, t, attention_mask=m, remat="full")[0]
   out = jax.jit(fwd)(sharded, batch["tokens"], batch["mask"])
   chex.assert_trees_all_close(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=1e-5)
+
+
+def test_moe_capacity_drops_in_cache_free_forwards_only():
+  """`moe_capacity_factor` applies where the forward has no KV cache (training and scoring); a
+  cached forward (prefill, decode) stays dropless. 8 rows of 16 tokens on (1,2,1,4): 16 tokens
+  a shard, 32 pairs, of which a shard receives 16 at half the balanced load."""
+  cfg = tiny_config("qwen3_moe", num_heads=8, num_kv_heads=4, head_dim=8).replace(
+      moe_capacity_factor=0.5)
+  params = init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, cfg.vocab_size)
+  mesh = shd.make_mesh((1, 2, 1, 4))
+  sharded = transformer.shard_params(params, cfg, mesh)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def run(c, p, t, cache):
+    with shd.activation_sharding(mesh, shd.TRAIN_RULES):
+      return forward(c, p, t, cache=cache, return_router=True)[2]
+
+  pairs = 8 * 16 * cfg.num_experts_per_tok
+  free = run(cfg, sharded, tokens, None)
+  # 8 receiving shards of 16 rows: at most half the pairs, and nearly that (every shard is full)
+  assert (free["computed"] <= pairs // 2).all() and (free["computed"] > pairs // 2 - 8).all()
+  cache = kvc.init_cache(cfg, 8, 16, jnp.float32)
+  cached = run(cfg, sharded, tokens, cache)
+  np.testing.assert_array_equal(cached["computed"], np.full(cfg.num_layers, pairs))
+  dropless = run(cfg.replace(moe_capacity_factor=0.0), sharded, tokens, None)
+  np.testing.assert_array_equal(dropless["computed"], np.full(cfg.num_layers, pairs))

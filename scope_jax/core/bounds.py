@@ -83,6 +83,8 @@ RULES: Rules = (
     ("lora.dropout", Bound(0, 0, why="adapter dropout is not supported: set it to 0")),
     # The model (a random-init preset) and the warm-up.
     ("model.tiny.rope_theta", POSITIVE), ("model.tiny.*", SIZE),
+    ("model.moe_capacity_factor", Bound(0, why="0 is dropless; else a multiple of the balanced "
+                                           "load, e.g. 1.25")),
     ("warmup.lr", POSITIVE), ("warmup.steps", COUNT), ("warmup.max_tokens", COUNT),
     ("warmup.world_seed", Bound(-1, integer=True, why="a world's seed; -1 demonstrates on the "
                                 "method's own data")), ("warmup.*", SIZE),

@@ -76,6 +76,10 @@ class ModelConfig:
   num_experts_per_tok: int = 0  # k
   moe_intermediate_size: int = 0  # F of each expert
   norm_topk_prob: bool = True  # renormalise the k routing weights to sum to 1
+  # Expert-parallel receive buffer per shard, as a multiple of the balanced load; the pairs past
+  # it are dropped (0: worst-case buffers, dropless). A run's setting (model.moe_capacity_factor),
+  # not the checkpoint's; applied without a KV cache (training, scoring): see models/moe.py.
+  moe_capacity_factor: float = 0.0
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -107,6 +111,10 @@ class ModelConfig:
                        f"1..num_experts={self.num_experts}.")
     if self.num_experts and self.moe_intermediate_size < 1:
       raise ValueError("A mixture of experts needs moe_intermediate_size >= 1.")
+    if self.moe_capacity_factor and (self.moe_capacity_factor < 0 or not self.num_experts):
+      raise ValueError(f"moe_capacity_factor={self.moe_capacity_factor}: use 0 (dropless) or a "
+                       "positive multiple of the balanced load (e.g. 1.25), on a mixture of "
+                       "experts only.")
 
   @property
   def windows(self) -> tuple[int, ...]:

@@ -41,7 +41,27 @@ def check_source(source: str, tie: str = "auto") -> None:
                      "'yes' (one matrix for input and output).")
 
 
+def run_options(config: ModelConfig, cfg) -> ModelConfig:
+  """`config` with the run's model settings that no checkpoint stores: the experts' capacity
+  (`cfg.moe_capacity_factor`, 0 or None: dropless)."""
+  factor = float(cfg.get("moe_capacity_factor", 0.0) or 0.0)
+  if not factor:
+    return config
+  if factor < 0 or not config.num_experts:
+    raise ValueError(f"model.moe_capacity_factor={factor}: use 0 (dropless) or a positive "
+                     "multiple of the balanced load (e.g. 1.25), and only with a mixture of "
+                     f"experts ({cfg.source} has none).")
+  return config.replace(moe_capacity_factor=factor)
+
+
 def load_model(cfg, mesh, seed: int, rules: shd.Rules = shd.TRAIN_RULES):
+  """(ModelConfig, params) from `cfg.source` (with `run_options`), placed on `mesh` under
+  `rules`."""
+  config, params = _load(cfg, mesh, seed, rules)
+  return run_options(config, cfg), params
+
+
+def _load(cfg, mesh, seed: int, rules: shd.Rules):
   """(ModelConfig, params) from `cfg.source`, placed on `mesh` under `rules`.
 
   `cfg.tie_embeddings='yes'` ties the input and output embeddings of a source that stores them

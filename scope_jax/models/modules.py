@@ -217,14 +217,17 @@ class MLP(nnx.Module):
 class MoE(nnx.Module):
   """Qwen3-MoE's sparse MLP: a softmax router over E experts keeps each token's top k (their
   weights renormalised to sum to 1 when `norm_topk_prob`, in HF's order: softmax in float32,
-  top-k, renormalise, cast), and each expert is a SwiGLU MLP. Dropless, never a dense [M, E, F]
-  tensor: `moe.experts` runs the (token, expert) pairs grouped by expert, expert-parallel on a
-  TPU mesh (`moe.use_mesh`), through `ragged_dot` otherwise.
+  top-k, renormalise, cast), and each expert is a SwiGLU MLP. Never a dense [M, E, F] tensor:
+  `moe.experts` runs the (token, expert) pairs grouped by expert, expert-parallel on a TPU mesh,
+  through `ragged_dot` otherwise. Dropless, except where a call passes a capacity
+  (`config.moe_capacity_factor`, which the forward applies without a KV cache: training and
+  scoring); then the pairs past a shard's capacity are dropped (`moe.capacity_counts`).
   """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
     d, e, f, w = config.hidden_size, config.num_experts, config.moe_intermediate_size, _normal(0.02)
     self.k, self.norm_topk = config.num_experts_per_tok, config.norm_topk_prob
+    self.capacity_factor = config.moe_capacity_factor
     self.router = _param(rngs, _normal(0.5), (d, e), ("embed", "router"), param_dtype)
     self.expert_gate = _param(rngs, w, (e, d, f), ("expert", "embed", "mlp"), param_dtype)
     self.expert_up = _param(rngs, w, (e, d, f), ("expert", "embed", "mlp"), param_dtype)
@@ -234,15 +237,19 @@ class MoE(nnx.Module):
     """(top-k weights [M, k] in x's dtype, expert ids [M, k], router probs [M, E] float32)."""
     return moe.route(x_MD, self.router[...], self.k, self.norm_topk)
 
-  def __call__(self, h_BTD: jax.Array, mask_BT: jax.Array | None = None):
-    """Returns (output [B, T, D], router statistics: expert load [E] and probability mass [E]
-    over the real tokens of `mask_BT`, and their count)."""
+  def __call__(self, h_BTD: jax.Array, mask_BT: jax.Array | None = None,
+               capacity: bool = False):
+    """Returns (output [B, T, D], router statistics: expert load [E], probability mass [E] and
+    the pairs computed over the real tokens of `mask_BT`, and their count). `capacity`: apply
+    `moe_capacity_factor` (else dropless)."""
     b, t, d = h_BTD.shape
     x_MD = h_BTD.reshape(b * t, d)
     weights_MK, ids_MK, probs_ME = self.route(x_MD)
-    y_MD = moe.experts(x_MD, weights_MK, ids_MK, self.expert_gate[...], self.expert_up[...],
-                       self.expert_down[...])
-    stats = moe.router_stats(ids_MK, probs_ME, None if mask_BT is None else mask_BT.reshape(-1))
+    y_MD, kept_MK = moe.experts(x_MD, weights_MK, ids_MK, self.expert_gate[...],
+                                self.expert_up[...], self.expert_down[...],
+                                self.capacity_factor if capacity else 0.0)
+    stats = moe.router_stats(ids_MK, probs_ME, None if mask_BT is None else mask_BT.reshape(-1),
+                             kept_MK)
     return y_MD.reshape(b, t, d), stats
 
 
@@ -275,7 +282,8 @@ class DecoderLayer(nnx.Module):
     x_BTD = x_BTD + self._norm(attn_BTD, self.attn_post_norm)
     stats = None
     if isinstance(self.mlp, MoE):
-      mlp_BTD, stats = self.mlp(self._norm(x_BTD, self.mlp_norm), mask_BT)
+      # cache-free forwards (training, scoring) apply the capacity; sampling stays dropless
+      mlp_BTD, stats = self.mlp(self._norm(x_BTD, self.mlp_norm), mask_BT, capacity=kv is None)
     else:
       mlp_BTD = self.mlp(self._norm(x_BTD, self.mlp_norm), lora)
     return x_BTD + self._norm(mlp_BTD, self.mlp_post_norm), kv, stats

@@ -28,6 +28,13 @@ fsdp f, tensor t; c and p the compute and parameter dtypes' bytes):
   micro-batch's activations per chip (rows/(d·f) × T × D × c) for 4 all-reduces per layer (2
   forward, 2 backward; 6 when remat recomputes the forward); per update, with d > 1, an all-reduce
   of the gradient shard, 2(d−1)/d·P·p/(f·t);
+- train interconnect, mixture of experts on an expert axis of n (rows split over it too): FSDP
+  gathers the experts a chip holds (E/n a layer, not the k routed), and each micro-batch's
+  exchanges move a chip's k·tokens pairs of D values, (n−1)/n of them to other chips: two per
+  forward (dispatch and combine; again under remat and in each frozen forward) and two in the
+  backward; per update the gradients of the weights outside the experts, which the expert axis
+  replicates, are all-reduced over data and expert, 2(dn−1)/(dn) of their shard; a chip's
+  weights (P above, in the HBM terms too) hold E/n experts a layer;
 - train HBM (an estimate): per micro-batch the gathered weights read twice and the gradients
   written once (3·P·c/t), the float32 gradient shard read and written (2·S, S = P·p/(f·t)), each
   layer's input written and read back (2·L · rows/(d·f) · T · D · c); per update the optimizer
@@ -94,6 +101,17 @@ class Shapes:
   slots: int  # rows that cache holds
 
 
+def gathered_weights(model: ModelConfig, expert_shards: int = 1) -> int:
+  """The matmul weights FSDP gathers whole onto a chip: `matmul_weights`, with each layer's k
+  routed experts replaced by the E/n the chip holds on an expert axis of n."""
+  n = matmul_weights(model)
+  if model.num_experts:
+    expert = 3 * model.hidden_size * model.moe_intermediate_size
+    n += model.num_layers * expert * (model.num_experts // expert_shards
+                                      - model.num_experts_per_tok)
+  return n
+
+
 def matmul_weights(model: ModelConfig) -> int:
   """N: the weights a token multiplies (lm_head included, the input embedding lookup not; of a
   mixture of experts only the routed ones)."""
@@ -133,20 +151,30 @@ def train_minimum(s: Shapes, rows: int, cols: int, micro: int, chips: int,
   reference's or a teacher's, run inside the step)."""
   m, mesh = s.model, s.mesh
   d, f, t = mesh.get("data", 1), mesh.get("fsdp", 1), mesh.get("tensor", 1)
+  n = mesh.get("expert", 1) if m.num_experts else 1  # rows split over expert too
   c, p = _itemsize(s.dtype), _itemsize(s.param_dtype)
   params = m.num_params()
   out = 6.0 * output_weights(m)
   flops = rows * (cols * (train_flops_per_token(m, cols) - out) + (cols - prompt) * out) / chips
   flops *= (3 + forwards) / 3  # a frozen forward is a third of a forward and backward
-  gathered = params * c / t  # one chip's weights in the compute dtype, whole along fsdp
-  moved = matmul_weights(m) * c / t  # of those, what FSDP gathers (not an untied lookup table)
-  shard = params * p / (f * t)
-  tokens = max(rows // max(micro, 1), 1) / (d * f) * cols  # a micro-batch's tokens on one chip
+  experts = m.num_layers * m.num_experts * 3 * m.hidden_size * m.moe_intermediate_size
+  held = params - experts + experts // n  # a chip's weights whole along fsdp: E/n experts a layer
+  gathered = held * c / t  # in the compute dtype
+  moved = gathered_weights(m, n) * c / t  # what FSDP gathers (not an untied lookup table)
+  shard = held * p / (f * t)
+  tokens = max(rows // max(micro, 1), 1) / (d * f * n) * cols  # a micro-batch's tokens on one chip
   activations = tokens * m.hidden_size * c
   reduces = 4 + (2 if s.remat != "none" else 0)
   reduces += 2 * forwards
   ici_micro = (3 + forwards) * _share(f) * moved + 2 * _share(t) * reduces * m.num_layers * activations
-  ici = micro * ici_micro + 2 * _share(d) * shard
+  if n > 1:  # the experts' exchanges: each forward's dispatch and combine, and their transposes
+    exchanges = 2 * (1 + (s.remat != "none") + forwards) + 2
+    pairs = tokens * m.num_experts_per_tok * m.hidden_size * c
+    ici_micro += exchanges * m.num_layers * _share(n) * pairs
+  # per update, the gradient all-reduce over the axes that replicate a weight: data, and for
+  # the weights outside the experts expert too (n = 1: 2(d−1)/d of the shard)
+  ici = micro * ici_micro + 2 * (_share(d * n) * (params - experts)
+                                 + _share(d) * experts // n) * p / (f * t)
   hbm = (micro * ((3 + forwards) * gathered + 2 * shard + 2 * m.num_layers * activations)
          + 7 * shard)
   return flops, hbm, ici

@@ -115,6 +115,7 @@ def model_config(model: ml_collections.ConfigDict) -> ModelConfig:
       config, _ = gguf_io.open_gguf(path)  # the header only: tensors are read when asked for
   else:
     config = load_lib.model_config(model)
+  config = load_lib.run_options(config, model)
   return config.replace(tie_embeddings=True) if tie == "yes" else config
 
 

@@ -212,6 +212,7 @@ def _micro_loss(params, mb: TrainBatch, ref_params, teacher_params, counts, *, c
   if "router" in stats:  # a mixture of experts: loads for the metrics, optional balancing loss
     router = {"router_aux": transformer.router_aux_loss(config, stats["router"]) / counts["micro"],
               "router_load": stats["router"]["load"].sum(0),
+              "router_computed": stats["router"]["computed"].sum(),
               "router_pairs": stats["router"]["tokens"].sum() * config.num_experts_per_tok}
   total = total_B.sum() + lc.router_aux_coef * router.get("router_aux", 0.0)
   gap_max_B = jnp.max(jnp.where(m > 0, gap_BT, 0.0), axis=-1)
@@ -369,12 +370,13 @@ def make_train_step(config: ModelConfig, lc: LossConfig, optimizer, *, dtype=jnp
       metrics["kl"] = parts["kl_loss"]
     if "teacher_gap" in sums:  # mean log π_T(y_t) − log π_S(y_t) over the student's own tokens
       metrics["teacher_logprob_gap"] = sums["teacher_gap"] / tokens
-    if "router_load" in sums:  # each expert's share of the routed pairs; none is dropped
+    if "router_load" in sums:  # each expert's share of the routed pairs; those past a capacity
       load_E = sums["router_load"]
       share_E = load_E / jnp.maximum(load_E.sum(), 1.0)
       metrics.update({f"router/load_expert_{e}": share_E[e] for e in range(config.num_experts)})
       metrics["router/max_load"] = share_E.max()
-      metrics["router/dropped"] = 1.0 - load_E.sum() / jnp.maximum(sums["router_pairs"], 1.0)
+      metrics["router/dropped"] = 1.0 - sums["router_computed"] / jnp.maximum(
+          sums["router_pairs"], 1.0)
     return new_state, metrics
 
   return jax.jit(step, donate_argnames=("state",))

@@ -144,6 +144,106 @@ def test_expert_parallel_equals_the_unsharded_layer(mesh_shape, kernel, m, max_r
   chex.assert_trees_all_close(grads, grads_ref, **TOL)
 
 
+@pytest.mark.parametrize("counts,capacity,kept", [
+    # Two shards of two experts. Shard 0 gets e0: 1 + 2, e1: 2 + 1 rows; shard 1 e2: 0 + 4,
+    # e3: 3 + 1. At 5 rows each: level 2 (4 rows) and the spare row to the lower expert (3, 2);
+    # an expert's earlier sender first.
+    ([[1, 2, 0, 3], [2, 1, 4, 1]], 5, [[1, 2, 0, 2], [2, 0, 3, 0]]),
+    # At 6: shard 0 fits whole; shard 1 cuts both experts to 3.
+    ([[1, 2, 0, 3], [2, 1, 4, 1]], 6, [[1, 2, 0, 3], [2, 1, 3, 0]]),
+    # A cold expert keeps everything, the hot one the rest (e0: 1 row, e1: 9 rows, 5 fit).
+    ([[1, 5, 0, 0], [0, 4, 0, 0]], 5, [[1, 4, 0, 0], [0, 0, 0, 0]]),
+    # Dropless when the whole group fits.
+    ([[1, 5, 2, 0], [0, 4, 3, 3]], 16, [[1, 5, 2, 0], [0, 4, 3, 3]]),
+])
+def test_capacity_counts_by_hand(counts, capacity, kept):
+  got = moe.capacity_counts(jnp.asarray(counts, jnp.int32), capacity)
+  np.testing.assert_array_equal(got, kept)
+  per_shard = np.asarray(got).sum(0).reshape(2, 2).sum(1)
+  assert (per_shard <= capacity).all()
+
+
+def _hand_routed_ids():
+  """128 tokens on (1,4,1,2): 8 shards of 16 tokens, four expert groups of two senders, alike.
+  Sender 0 routes every token to (e0, e1); sender 1 its first 8 tokens to (e0, e2), its last 8
+  to (e3, e2). Shard 0 receives e0: 16 + 8, e1: 16 rows; shard 1 e2: 16, e3: 8 rows."""
+  s0 = np.tile([0, 1], (16, 1))
+  s1 = np.concatenate([np.tile([0, 2], (8, 1)), np.tile([3, 2], (8, 1))])
+  return jnp.asarray(np.tile(np.concatenate([s0, s1]), (4, 1)), jnp.int32)
+
+
+def test_the_capacity_drops_these_pairs_by_hand():
+  """At half the balanced load (16 tokens × 2 pairs: 16 rows, one tile) each shard keeps 16
+  rows: shard 0 cuts e0 and e1 to 8 (sender 0's first 8 tokens; none of sender 1's e0 pairs),
+  shard 1 cuts e2 to 8 (sender 1's first 8 tokens) and keeps all 8 of e3."""
+  mesh = shd.make_mesh((1, 4, 1, 2))
+  ids = _hand_routed_ids()
+  assert moe.exchange_rows(16, 2, 2, 4, 0.5) == (16, 16)
+  keep = moe.capacity_keep(ids, 4, mesh, shd.TRAIN_RULES, 0.5)
+  group = np.zeros((32, 2), bool)
+  group[:8] = True  # sender 0: tokens 0-7 keep both; 8-15 lose both
+  group[16:24, 1] = True  # sender 1: its e2 pairs of tokens 0-7; its e0 pairs all dropped
+  group[24:32, 0] = True  # its e3 pairs kept, their e2 pairs dropped
+  np.testing.assert_array_equal(keep, np.tile(group, (4, 1)))
+  assert moe.capacity_keep(ids, 4, mesh, shd.TRAIN_RULES, 2.0).all()  # 64 rows: all fit
+  assert moe.capacity_keep(ids, 4, mesh, shd.TRAIN_RULES, 0) is None  # dropless
+  assert moe.capacity_keep(ids, 4, shd.make_mesh((1, 8, 1, 1)), shd.TRAIN_RULES, 0.5) is None
+  # The layer's own verdict, on the emulated exchange, and the CPU path of `experts`.
+  x, w = _normal(0, (128, 16)), (_normal(1, (4, 16, 32)), _normal(2, (4, 16, 32)),
+                                 _normal(3, (4, 32, 16)))
+  weights = jnp.full(ids.shape, 0.5)
+  _, kept = moe.expert_parallel(x, weights, ids, *w, mesh, shd.TRAIN_RULES, kernel="ragged",
+                                exchange="emulated", capacity_factor=0.5, return_kept=True)
+  np.testing.assert_array_equal(kept, keep)
+  with moe.use_mesh(mesh, shd.TRAIN_RULES):
+    y, kept = moe.experts(x, weights, ids, *w, capacity_factor=0.5)
+  np.testing.assert_array_equal(kept, keep)
+  stats = moe.router_stats(ids, jnp.full((128, 4), 0.25), None, kept)
+  assert float(stats["computed"]) == 4 * (16 + 8 + 8) and float(stats["load"].sum()) == 256
+  # A token that lost both pairs gets nothing from the experts (its residual carries it).
+  chex.assert_trees_all_close(y[8:16], jnp.zeros_like(y[8:16]))
+  assert float(jnp.abs(y[:8]).sum()) > 0  # tokens that kept their pairs do
+
+
+@pytest.mark.parametrize("mesh_shape,kernel,m,max_rows,factor", [
+    ((1, 2, 1, 4), "ragged", 64, moe.MAX_BUFFER_ROWS, 1.0),
+    ((1, 1, 1, 8), "ragged", 62, moe.MAX_BUFFER_ROWS, 0.5),  # 2 padding tokens
+    ((1, 1, 2, 4), "ragged", 40, moe.MAX_BUFFER_ROWS, 0.75),  # F split over `tensor`
+    ((1, 2, 1, 4), "ragged", 125, 24, 0.5),  # 16 tokens a shard in chunks: each its own capacity
+    ((1, 2, 1, 4), "gmm_interpret", 64, moe.MAX_BUFFER_ROWS, 0.5),
+])
+def test_expert_parallel_under_a_capacity_equals_the_ragged_layer_with_its_drops(
+    mesh_shape, kernel, m, max_rows, factor):
+  """The same pairs dropped both ways (`capacity_keep` from the global ids against the layer's
+  own exchange), and the same outputs and gradients; some pairs drop, most stay."""
+  mesh = shd.make_mesh(mesh_shape)
+  x, router, w, k = _layer(0, m)
+  ct = _normal(9, x.shape)
+
+  def loss(path):
+    def f_(x, router, w):
+      weights, ids, _ = moe.route(x, router, k, True)
+      if path == "ragged":
+        keep = moe.capacity_keep(ids, 8, mesh, shd.TRAIN_RULES, factor, max_rows)
+        y = moe.ragged_experts(x, weights, ids, *w, keep)
+      else:
+        y, keep = moe.expert_parallel(x, weights, ids, *w, mesh, shd.TRAIN_RULES, kernel=kernel,
+                                      exchange="emulated", max_buffer_rows=max_rows,
+                                      capacity_factor=factor, return_kept=True)
+      return jnp.sum(y * ct), (y, keep)
+    return jax.jit(jax.value_and_grad(f_, (0, 1, 2), has_aux=True))
+
+  (_, (y, keep)), grads = loss("parallel")(x, router, w)
+  (_, (y_ref, keep_ref)), grads_ref = loss("ragged")(x, router, w)
+  np.testing.assert_array_equal(keep, keep_ref)
+  assert 0 < (~np.asarray(keep)).sum() < 0.5 * keep.size, (~np.asarray(keep)).sum()
+  chex.assert_trees_all_close(y, y_ref, **TOL)
+  chex.assert_trees_all_close(grads, grads_ref, **TOL)
+  # ... and the drops matter: the dropless layer differs
+  weights, ids, _ = moe.route(x, router, k, True)
+  assert not np.allclose(moe.ragged_experts(x, weights, ids, *w), y_ref, atol=1e-3)
+
+
 def test_the_module_runs_ragged_on_cpu_meshes_and_counts_padding_nowhere():
   mesh = shd.make_mesh((1, 2, 1, 4))
   assert not moe.is_tpu(mesh) and not moe.is_tpu(None)
@@ -155,8 +255,12 @@ def test_the_module_runs_ragged_on_cpu_meshes_and_counts_padding_nowhere():
   assert moe.buffer_rows(250, 16) == 256 and moe.buffer_rows(3, 16) == 16
   assert moe.chunking(61, 8, 4, 3, 8, 24) == (3, 3)  # the chunked case above
   assert moe.chunking(61, 8, 4, 3, 8, moe.MAX_BUFFER_ROWS) == (1, 8)
-  # Qwen3-30B-A3B on (1,2,1,8): 20,480 tokens a chip, 64 rows each at worst, in 10 chunks
-  assert moe.chunking(16 * 20480, 16, 8, 8, 128, moe.MAX_BUFFER_ROWS) == (10, 2048)
+  # Qwen3-30B-A3B on (1,2,1,8): 20,480 tokens a chip, 64 rows each at worst, in 5 chunks;
+  # at a capacity of 1.25x the average, 10 rows each, in one
+  assert moe.chunking(16 * 20480, 16, 8, 8, 128, moe.MAX_BUFFER_ROWS) == (5, 4096)
+  assert moe.chunking(16 * 20480, 16, 8, 8, 128, moe.MAX_BUFFER_ROWS, 1.25) == (1, 20480)
+  assert moe.exchange_rows(20480, 8, 8, 128, 1.25) == (128, 204800)
+  assert moe.exchange_rows(20480, 8, 8, 128, 0) == (128, 8 * 20480 * 8)
   ids = jnp.asarray([[0, 2], [8, 8]], jnp.int32)  # the second token is padding (id E = 8)
   _, _, counts = moe._sort_pairs(ids, 8)
   np.testing.assert_array_equal(counts, [1, 0, 1, 0, 0, 0, 0, 0])
@@ -218,3 +322,16 @@ def test_qwen3_moe_decode_for_v5p_32_gathers_no_expert_weights():
   assert "tpu_custom_call" in hlo
   # the KV cache's slots split 16 ways: over fsdp and expert
   assert cache_sh.k[0].spec[0] == ("fsdp", "expert")
+
+
+def test_a_capacity_is_a_run_setting_of_a_mixture_of_experts_only():
+  import ml_collections
+  from scope_jax.models import load, tiny_config
+  section = ml_collections.ConfigDict({"source": "tiny", "moe_capacity_factor": 1.25})
+  assert load.run_options(tiny_config("qwen3_moe"), section).moe_capacity_factor == 1.25
+  with pytest.raises(ValueError, match="only with a mixture of experts"):
+    load.run_options(tiny_config("qwen2"), section)
+  section.moe_capacity_factor = 0.0
+  assert load.run_options(tiny_config("qwen2"), section) == tiny_config("qwen2")
+  with pytest.raises(ValueError, match="moe_capacity_factor=-1.0"):
+    tiny_config("qwen3_moe").replace(moe_capacity_factor=-1.0)
