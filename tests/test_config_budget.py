@@ -10,12 +10,13 @@ from scope_jax import configs_base
 
 SHARED = 129  # configs_base.base_config(): 43 mesh (shape and 42 sharding rules), 18 model
 # (moe_capacity_factor among them; 11 of the tiny architecture), 7 warm-up (max_tokens among
-# them), 14 loss (3 of the rollout correction: mode, level, threshold), 10 eval, 9 rollout (the samplers' dtype among them), 6 optim, 4 lora (rank, alpha,
-# targets, dropout: adapters for every policy), 2 learner, 3 world and 13 of the run (method,
-# preset, seed, steps, checkpoints, control, smoke, smoke_warmup, ...)
-# Every preset's budget below rose by 4 with the rollout correction and the samplers' dtype, and
-# by 4 more with the lora section, spell's by 1 with world.heldout_entities, every
-# one by 1 with warmup.max_tokens, and by 1 with model.moe_capacity_factor.
+# them), 14 loss (3 of the rollout correction: mode, level, threshold), 10 eval, 9 rollout (the
+# samplers' dtype among them), 6 optim, 4 lora (rank, alpha, targets, dropout: adapters for
+# every policy), 2 learner, 3 world and 13 of the run (method, preset, seed, steps, checkpoints,
+# control, smoke, smoke_warmup, ...). Every preset's budget below rose by 4 with the rollout
+# correction and the samplers' dtype, by 4 more with the lora section, spell's by 1 with
+# world.heldout_entities, and every one by 1 with warmup.max_tokens and by 1 with
+# model.moe_capacity_factor.
 
 # preset -> (budget, why that many). Each is SHARED plus the method's own section.
 BUDGETS = {
