@@ -158,8 +158,9 @@ def measure(config, mesh, **kw) -> dict:
   cache_bytes = sum(_shard_elems(x) * jnp.dtype(x.dtype).itemsize for x in cache.k + cache.v)
   text = compiled.as_text()
   counted = hbm.traffic(hlo.parse(text))
+  steps = kw["chunk"]
   return dict(temp=mem.temp_size_in_bytes, bytes=float(cost.get("bytes accessed", 0.0)),
-              step=counted.call / kw["chunk"], loop_step=(counted.call - counted.outside) / kw["chunk"],
+              step=counted.call / steps, loop_step=(counted.call - counted.outside) / steps,
               outside=counted.outside, minimum=weights + kv_read, cache=cache_bytes,
               copies=cache_copies(text, cache.k[0].sharding.shard_shape(cache.k[0].shape)),
               seconds=time.perf_counter() - start)
@@ -191,7 +192,8 @@ def main():
     mib = lambda x: x / 2**20
     copies = ", ".join(f"{k} {v}" for k, v in sorted(r["copies"].items())) or "none"
     print(f"{variant:24s} {mib(r['temp']):9.1f} {mib(r['cache']):8.1f} {mib(r['bytes']):9.1f} "
-          f"{r['bytes'] / r['minimum']:5.2f}x {mib(r['step']):9.1f} {r['step'] / r['minimum']:5.2f}x "
+          f"{r['bytes'] / r['minimum']:5.2f}x {mib(r['step']):9.1f} "
+          f"{r['step'] / r['minimum']:5.2f}x "
           f"{mib(r['minimum']):9.1f} {copies:>20s} {r['seconds']:7.0f}s", flush=True)
 
 

@@ -8,11 +8,14 @@ costs nothing to read or write there, and the prefetch that fills it (`copy-star
 source from HBM. Inside a fusion, a parameter costs what the fused code reads of it: the window
 of a (dynamic-)slice or the rows of a gather, through views (bitcast, reshape, transpose, copy,
 convert) and nested fusions; the buffer of a dynamic-update-slice or scatter at a fusion's root
-is updated in place (the update read and written, the rest untouched). Everything else reads
-its whole operand: a parameter several fusions read is read by each, a matmul reads its whole
-weight. A Pallas kernel (`tpu_custom_call`) costs the bytes of its cost estimate where it has
-one (a decode kernel reads its window, not the whole cache), else its operands and results.
-A conditional costs its costliest branch; a loop's condition runs trips + 1 times."""
+is updated in place (the update read and written, the rest untouched), and a parameter a fusion
+passes through to its result is neither read nor written (the result is the operand's buffer).
+Everything else reads its whole operand: a parameter several fusions read is read by each, a
+matmul reads its whole weight. A collective the TPU compiler splits over a chain of fusions
+(copies of it with one `channel_id`) moves its bytes once per completion of the chain. A Pallas
+kernel (`tpu_custom_call`) costs the bytes of its cost estimate where it has one (a decode
+kernel reads its window, not the whole cache), else its operands and results. A conditional
+costs its costliest branch; a loop's condition runs trips + 1 times."""
 
 from __future__ import annotations
 
@@ -32,6 +35,9 @@ _FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "afte
          "add-dependency", "domain", "async-start", "async-update", "async-done"}
 _VIEWS = {"bitcast", "reshape", "transpose", "copy", "convert", "bitcast-convert"}
 _WINDOWS = {"slice", "dynamic-slice", "gather"}  # read only the result's elements of operand 0
+_COLLECTIVES = {"all-gather", "all-reduce", "reduce-scatter", "all-to-all", "ragged-all-to-all",
+                "collective-permute"}
+_CHANNEL = re.compile(r"channel_id=(\d+)")
 
 
 def members(type_text: str) -> list[tuple[int, int]]:
@@ -95,7 +101,7 @@ def _returns_update(module: hlo_lib.Module, name: str) -> bool:
 class Fused:
   """A fused computation: the bytes it reads of each parameter and writes of each result."""
 
-  def __init__(self, module: hlo_lib.Module, name: str, analyses: dict):
+  def __init__(self, module: hlo_lib.Module, name: str, analyses: "Analyses"):
     self.ops = _ops(module.computations.get(name, []))
     self.by_name = {op.name: op for op in self.ops}
     self.uses: dict[str, list[tuple[Op, int]]] = {}
@@ -106,8 +112,8 @@ class Fused:
     root = next((op for op in reversed(self.ops) if op.root), self.ops[-1] if self.ops else None)
     self.outputs = ([self.by_name.get(a) for a in root.operands]
                     if root is not None and root.opcode == "tuple" else [root])
-    self._demand: dict[str, float] = {}
-    self._reads: dict[int, float] | None = None
+    self._demand: dict[tuple[str, bool], float] = {}
+    self._reads: dict[bool, dict[int, float]] = {}
     self.in_place = {u.name for u in map(self._through_views, self.outputs)
                      if u is not None and _update_operands(u) is not None
                      and self._from_parameter(u.operands[0])}
@@ -133,45 +139,54 @@ class Fused:
     op = self.by_name.get(name)
     return sum(b for b, _ in members(op.type)) if op else 0
 
-  def demand(self, name: str) -> float:
-    """Bytes of `name`'s value its uses read (at most its size; its whole size at the root)."""
-    if name not in self._demand:
-      self._demand[name] = self._demand_of(name)
-    return self._demand[name]
+  def demand(self, name: str, top: bool = True) -> float:
+    """Bytes of `name`'s value its uses read (at most its size; its whole size at the root, but
+    for a parameter a top-level fusion passes through to its result: that buffer is the
+    operand's, not read; inside another fusion the root is read by its caller)."""
+    if (name, top) not in self._demand:
+      self._demand[name, top] = self._demand_of(name, top)
+    return self._demand[name, top]
 
-  def _demand_of(self, name: str) -> float:
+  def _demand_of(self, name: str, top: bool) -> float:
     size = self._size(name)
     op = self.by_name.get(name)
-    if op is not None and op.root or any(o is not None and o.name == name for o in self.outputs):
-      return float(size)
+    passed = top and self._from_parameter(name)
+    if op is not None and op.root and op.opcode != "tuple":
+      return 0.0 if passed else float(size)
     total = 0.0
     for user, i in self.uses.get(name, []):
       update = _update_operands(user)
-      if user.opcode in _WINDOWS and i == 0:
+      if user.root and user.opcode == "tuple":
+        if passed:
+          continue
+        return float(size)
+      if user.opcode in _COLLECTIVES:  # one piece of a collective split over several fusions
+        total += size * self.analyses.scale(user.name)
+      elif user.opcode in _WINDOWS and i == 0:
         total += self._size(user.name)
       elif update is not None and i == update[0] and user.name in self.in_place:
         if not self._replaces(user):  # a combiner reads the rows it updates
           total += sum(self._size(user.operands[j]) for j in update[1] if j < len(user.operands))
       elif user.opcode in _VIEWS:
         own = self._size(user.name)
-        total += self.demand(user.name) * size / own if own else 0.0
+        total += self.demand(user.name, top) * size / own if own else 0.0
       elif user.opcode == "fusion" and _CALLEE.search(user.line):
-        inner = fused(self.module, _CALLEE.search(user.line).group(1), self.analyses)
+        inner = self.analyses.fused(_CALLEE.search(user.line).group(1))
         own = self._size(user.name)
-        share = self.demand(user.name) / own if own else 1.0
-        total += inner.reads().get(i, size) * min(share, 1.0)
+        share = self.demand(user.name, top) / own if own else 1.0
+        total += inner.reads(top=False).get(i, size) * min(share, 1.0)
       else:
         return float(size)
       if total >= size:
         return float(size)
     return min(total, float(size))
 
-  def reads(self) -> dict[int, float]:
-    """Bytes read of each parameter (by its number)."""
-    if self._reads is None:
-      self._reads = {int(_PARAM.search(op.line).group(1)): self.demand(op.name)
-                     for op in self.ops if op.opcode == "parameter"}
-    return self._reads
+  def reads(self, top: bool = True) -> dict[int, float]:
+    """Bytes read of each parameter (by its number), as a top-level fusion or inside one."""
+    if top not in self._reads:
+      self._reads[top] = {int(_PARAM.search(op.line).group(1)): self.demand(op.name, top)
+                          for op in self.ops if op.opcode == "parameter"}
+    return self._reads[top]
 
   def written(self, result_type: str) -> float:
     """HBM bytes written of the results (`result_type`: the calling op's, with its memory
@@ -183,38 +198,109 @@ class Fused:
       if space != 0:
         continue
       op = self._through_views(out)
-      if op is not None and op.name in self.in_place:
+      if op is None or op.opcode == "parameter":
+        continue  # passed through: its buffer is the operand's, untouched
+      if op.name in self.in_place:
         _, updates = _update_operands(op)
         size = sum(self._size(op.operands[j]) for j in updates if j < len(op.operands))
+      elif op.opcode in _COLLECTIVES:
+        size *= self.analyses.scale(op.name)
       total += size
     return total
 
 
-def fused(module: hlo_lib.Module, name: str, analyses: dict) -> Fused:
-  if name not in analyses:
-    analyses[name] = Fused(module, name, analyses)
-  return analyses[name]
+class Analyses:
+  """The fused computations of a module, each analysed once, and the share of its collective's
+  bytes each piece of a collective split over several fusions moves (`scale`)."""
+
+  def __init__(self, module: hlo_lib.Module):
+    self.module = module
+    self.computations: dict[str, Fused] = {}
+    self.scales = _chain_scales(module)
+
+  def fused(self, name: str) -> Fused:
+    if name not in self.computations:
+      self.computations[name] = Fused(self.module, name, self)
+    return self.computations[name]
+
+  def scale(self, op_name: str) -> float:
+    return self.scales.get(op_name, 1.0)
 
 
-def op_bytes(op: Op, types: dict[str, str], module: hlo_lib.Module, analyses: dict) -> float:
+_CODE = re.compile(r"(?:body|condition|true_computation|false_computation)=%?([\w.\-]+)"
+                   r"|branch_computations=\{([^}]*)\}")
+
+
+def _run_as_code(module: hlo_lib.Module) -> set[str]:
+  """The computations that run as code (the entry, loop bodies and conditions, branches, calls,
+  async ops' wrapped computations), not fused ones or reducers."""
+  seen, todo = set(), [module.entry]
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in module.computations:
+      continue
+    seen.add(name)
+    for line in module.computations[name]:
+      todo += [c.strip().lstrip("%") for m in _CODE.finditer(line)
+               for c in (m.group(1) or m.group(2)).split(",")]
+      if " call(" in line or " async-start(" in line:
+        todo += re.findall(r"(?:to_apply|calls)=%?([\w.\-]+)", line)
+  return seen
+
+
+def _chain_scales(module: hlo_lib.Module) -> dict[str, float]:
+  """The TPU compiler splits a collective over a chain of fusions (`async_collective_fusion`),
+  each holding a copy of it with the same `channel_id` and passing its buffer on: the chain
+  moves the collective's bytes once per completion. A completion runs every piece, so there are
+  as many as the least-run piece's runs; each piece's run moves completions / all pieces' runs
+  of those bytes. Collectives that run as code are not pieces (scale 1)."""
+  control = _run_as_code(module)
+  groups: dict[str, list[tuple[str, int]]] = {}
+  for comp, lines in module.computations.items():
+    runs = module.weight.get(comp, 0)
+    if comp in control or not runs:
+      continue
+    for op in _ops(lines):
+      channel = _CHANNEL.search(op.line)
+      if op.opcode in _COLLECTIVES and channel:
+        groups.setdefault(channel.group(1), []).append((op.name, runs))
+  scales = {}
+  for pieces in groups.values():
+    if len(pieces) > 1:
+      total, least = sum(r for _, r in pieces), min(r for _, r in pieces)
+      scales.update((name, least / total) for name, _ in pieces)
+  return scales
+
+
+def _async_start(op: Op, operand: list[int]) -> float:
+  """An async op's start (`all-gather-start`, `slice-start`, ...): its result holds its
+  operands (but an all-reduce's), then its outputs, then scalar contexts. A slice reads its
+  window of the operand; the rest read their operands whole. Each writes its outputs."""
+  found = [(size, space, not dims and d in ("u32", "s32"))
+           for (size, space), (d, dims, _) in zip(members(op.type), _MEMBER.findall(op.type))]
+  outputs = found if op.opcode == "all-reduce-start" else found[len(op.operands):]
+  outputs = [(size, space) for size, space, context in outputs if not context]
+  written = sum(size for size, space in outputs if space == 0)
+  if op.opcode.removesuffix("-start") in _WINDOWS and operand:
+    return min(operand[0], sum(size for size, _ in outputs)) + sum(operand[1:]) + written
+  return sum(operand) + written
+
+
+def op_bytes(op: Op, types: dict[str, str], module: hlo_lib.Module, analyses: Analyses) -> float:
   """HBM bytes one run of a top-level op reads and writes (see the module docstring)."""
   if op.opcode in _FREE or op.opcode.endswith("-done"):
     return 0.0
   operand = [in_hbm(types.get(a, "")) for a in op.operands]
   result = in_hbm(op.type)
   if op.opcode == "fusion" and _CALLEE.search(op.line):
-    f = fused(module, _CALLEE.search(op.line).group(1), analyses)
+    f = analyses.fused(_CALLEE.search(op.line).group(1))
     reads = f.reads()
     return sum(min(b, reads.get(i, b)) for i, b in enumerate(operand)) + f.written(op.type)
   if op.opcode == "copy-start":  # (destination, source, context)
     dest = members(op.type)
     return sum(operand) + (dest[0][0] if dest and dest[0][1] == 0 else 0)
-  if op.opcode.endswith("-start"):  # a collective's (operands, outputs[, contexts])
-    if op.opcode == "all-reduce-start":
-      return sum(operand) + result
-    contexts = sum(4 for d, dims, layout in _MEMBER.findall(op.type)
-                   if not dims and d in ("u32", "s32") and not _SPACE.search(layout or ""))
-    return sum(operand) + max(result - contexts - sum(operand), 0)
+  if op.opcode.endswith("-start"):  # an async op's ((operands), outputs, contexts)
+    return _async_start(op, operand)
   update = _update_operands(op)
   if update is not None:  # in place: the updates read and written, the indices read
     moved = sum(operand[j] for j in update[1])
@@ -251,7 +337,7 @@ _ZERO = (0.0, 0.0, 0.0)
 
 def traffic(module: hlo_lib.Module) -> Traffic:
   """HBM bytes of one call of the module's entry (see the module docstring)."""
-  analyses: dict = {}
+  analyses = Analyses(module)
   memo: dict = {}
   own_bytes: dict[str, list[tuple[float, str]]] = {}
 

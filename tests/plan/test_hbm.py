@@ -213,6 +213,24 @@ HloModule misc, is_scheduled=true
   ROOT %b = f32[64]{0} fusion(%a), kind=kLoop, calls=%double
 }
 
+%as_matrix (p: f32[64]) -> f32[8,8] {
+  %p = f32[64]{0} parameter(0)
+  ROOT %m = f32[8,8]{1,0} bitcast(%p)
+}
+
+%negate_matrix (p: f32[64]) -> f32[8,8] {
+  %p = f32[64]{0} parameter(0)
+  %m = f32[8,8]{1,0} fusion(%p), kind=kLoop, calls=%as_matrix
+  ROOT %n = f32[8,8]{1,0} negate(%m)
+}
+
+%pass_through (p0: f32[64], p1: f32[100,16]) -> (f32[64], f32[100,16]) {
+  %p0 = f32[64]{0} parameter(0)
+  %p1 = f32[100,16]{1,0} parameter(1)
+  %n = f32[64]{0} negate(%p0)
+  ROOT %t = (f32[64]{0}, f32[100,16]{1,0}) tuple(%n, %p1)
+}
+
 ENTRY %main (table: bf16[1000,64], ids: s32[4], buf: f32[100,16], idx: s32[2,1], upd: f32[2,16], v: f32[64], k: bf16[16,1024], pr: pred[]) -> f32[64] {
   %table = bf16[1000,64]{1,0:T(8,128)(2,1)} parameter(0)
   %ids = s32[4]{0:T(128)} parameter(1)
@@ -235,6 +253,12 @@ ENTRY %main (table: bf16[1000,64], ids: s32[4], buf: f32[100,16], idx: s32[2,1],
   %i0 = s32[] constant(0)
   %row = f32[1,16]{1,0} constant({...})
   %in_place = f32[100,16]{1,0} dynamic-update-slice(%buf, %row, %i0, %i0)
+  %rows_start = ((f32[100,16]{1,0}), f32[10,16]{1,0:S(1)}, s32[]{:S(2)}) slice-start(%buf), slice={[0:10], [0:16]}
+  %rows_done = f32[10,16]{1,0:S(1)} slice-done(%rows_start)
+  %gathered = (f32[64]{0}, f32[256]{0}) all-gather-start(%v), dimensions={0}, replica_groups={}
+  %gathered_done = f32[256]{0} all-gather-done(%gathered)
+  %negated = f32[8,8]{1,0} fusion(%v), kind=kLoop, calls=%negate_matrix
+  %passed = (f32[64]{0}, f32[100,16]{1,0}) fusion(%v, %buf), kind=kLoop, calls=%pass_through, output_to_operand_aliasing={{1}: (1, {})}
   ROOT %branch = f32[64]{0} conditional(%pr, %v, %v), true_computation=%small, false_computation=%large
 }
 """
@@ -251,7 +275,12 @@ def test_rows_updates_shared_operands_kernels_copies_and_branches_by_hand():
   - an eviction from on-chip memory: nothing read from HBM, 256 written; the on-chip negate
     reads 256 and writes nothing to HBM;
   - a dynamic-slice of a row of 16 f32: 64 read + the indices 8, 64 written; a top-level
-    dynamic-update-slice: the row read and written (64 + 64) and the indices (8);
+    dynamic-update-slice: the row read and written (64 + 64) and the indices (8); an async
+    slice of 10 rows into on-chip memory: 640 read, nothing written to HBM;
+  - an async all-gather of f32[64] into f32[256]: 256 read, 1,024 written;
+  - a fusion reading f32[64] through a nested fusion that only views it: 256 read, 256 written;
+  - a fusion passing its f32[100, 16] operand through to its result (the same buffer): that
+    operand neither read nor written, its other result 256 + 256;
   - a conditional: its costlier branch, two fusions of 256 + 256 (1,024)."""
   t = hbm.traffic(hlo.parse(MISC))
   gather = 512 + 16 + 512
@@ -259,9 +288,80 @@ def test_rows_updates_shared_operands_kernels_copies_and_branches_by_hand():
   shared = 2 * (256 + 256)
   kernels = 1000 + 32768 + 4096
   copies = 256 + 256
-  slices = (64 + 8 + 64) + (64 + 64 + 8)
-  assert t.call == gather + scatters + shared + kernels + copies + slices + 1024
+  slices = (64 + 8 + 64) + (64 + 64 + 8) + 640
+  views = (256 + 256) + (256 + 256)
+  assert t.call == gather + scatters + shared + kernels + copies + slices + 256 + 1024 + views + 1024
   assert t.call == t.once == t.outside
+
+
+CHAIN = """\
+HloModule chain, is_scheduled=true, num_partitions=4
+
+%piece_a (shard: f32[16], out: f32[64]) -> (f32[16], f32[64], f32[64]) {
+  %shard = f32[16]{0} parameter(0)
+  %out = f32[64]{0} parameter(1)
+  %ag = f32[64]{0} all-gather(%shard), channel_id=7, replica_groups={{0,1,2,3}}, dimensions={0}
+  ROOT %t = (f32[16]{0}, f32[64]{0}, f32[64]{0}) tuple(%shard, %out, %ag)
+}
+
+%piece_b (shard: f32[16], out: f32[64]) -> (f32[16], f32[64], f32[64]) {
+  %shard = f32[16]{0} parameter(0)
+  %out = f32[64]{0} parameter(1)
+  %ag = f32[64]{0} all-gather(%shard), channel_id=7, replica_groups={{0,1,2,3}}, dimensions={0}
+  ROOT %t = (f32[16]{0}, f32[64]{0}, f32[64]{0}) tuple(%shard, %out, %ag)
+}
+
+%piece_c (shard: f32[16], out: f32[64]) -> (f32[16], f32[64], f32[64]) {
+  %shard = f32[16]{0} parameter(0)
+  %out = f32[64]{0} parameter(1)
+  %ag = f32[64]{0} all-gather(%shard), channel_id=7, replica_groups={{0,1,2,3}}, dimensions={0}
+  ROOT %t = (f32[16]{0}, f32[64]{0}, f32[64]{0}) tuple(%shard, %out, %ag)
+}
+
+%cond (p: (s32[], f32[16], f32[64])) -> pred[] {
+  %p = (s32[]{:T(128)S(2)}, f32[16]{0}, f32[64]{0}) parameter(0)
+  %i = s32[]{:T(128)S(2)} get-tuple-element(%p), index=0
+  %n = s32[]{:T(128)S(2)} constant(3)
+  ROOT %lt = pred[]{:T(512)S(2)} compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[16], f32[64])) -> (s32[], f32[16], f32[64]) {
+  %p = (s32[]{:T(128)S(2)}, f32[16]{0}, f32[64]{0}) parameter(0)
+  %i = s32[]{:T(128)S(2)} get-tuple-element(%p), index=0
+  %shard = f32[16]{0} get-tuple-element(%p), index=1
+  %out = f32[64]{0} get-tuple-element(%p), index=2
+  %a = (f32[16]{0}, f32[64]{0}, f32[64]{0}) fusion(%shard, %out), kind=kOutput, calls=%piece_a, output_to_operand_aliasing={{0}: (0, {}), {1}: (1, {}), {2}: (1, {})}
+  %a0 = f32[16]{0} get-tuple-element(%a), index=0
+  %a2 = f32[64]{0} get-tuple-element(%a), index=2
+  %b = (f32[16]{0}, f32[64]{0}, f32[64]{0}) fusion(%a0, %a2), kind=kOutput, calls=%piece_b, output_to_operand_aliasing={{0}: (0, {}), {1}: (1, {}), {2}: (1, {})}
+  %b0 = f32[16]{0} get-tuple-element(%b), index=0
+  %b2 = f32[64]{0} get-tuple-element(%b), index=2
+  %one = s32[]{:T(128)S(2)} constant(1)
+  %next = s32[]{:T(128)S(2)} add(%i, %one)
+  ROOT %t = (s32[]{:T(128)S(2)}, f32[16]{0}, f32[64]{0}) tuple(%next, %b0, %b2)
+}
+
+ENTRY %main (shard: f32[16], out: f32[64]) -> f32[64] {
+  %shard = f32[16]{0} parameter(0)
+  %out = f32[64]{0} parameter(1)
+  %zero = s32[]{:T(128)S(2)} constant(0)
+  %init = (s32[]{:T(128)S(2)}, f32[16]{0}, f32[64]{0}) tuple(%zero, %shard, %out)
+  %loop = (s32[]{:T(128)S(2)}, f32[16]{0}, f32[64]{0}) while(%init), condition=%cond, body=%body
+  %s = f32[16]{0} get-tuple-element(%loop), index=1
+  %o = f32[64]{0} get-tuple-element(%loop), index=2
+  %c = (f32[16]{0}, f32[64]{0}, f32[64]{0}) fusion(%s, %o), kind=kOutput, calls=%piece_c, output_to_operand_aliasing={{0}: (0, {}), {1}: (1, {}), {2}: (1, {})}
+  ROOT %r = f32[64]{0} get-tuple-element(%c), index=2
+}
+"""
+
+
+def test_a_collective_split_over_a_chain_of_fusions_moves_its_bytes_once_per_completion():
+  """One all-gather (channel 7) split over three fusions, two in a loop of 3 trips and one after
+  it, each passing the shard and the output buffer on: 7 pieces' runs, 1 completion (the piece
+  after the loop runs once), so the chain reads the f32[16] shard (64 B) and writes the f32[64]
+  result (256 B) once; the buffers passed through cost nothing, the counter lives on chip."""
+  t = hbm.traffic(hlo.parse(CHAIN))
+  assert t.call == pytest.approx(64 + 256)
 
 
 def _tpu_device():
