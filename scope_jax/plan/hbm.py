@@ -108,7 +108,7 @@ class Fused:
     for op in self.ops:
       for i, a in enumerate(op.operands):
         self.uses.setdefault(a, []).append((op, i))
-    self.module, self.analyses = module, analyses
+    self.module, self.analyses, self.name = module, analyses, name
     root = next((op for op in reversed(self.ops) if op.root), self.ops[-1] if self.ops else None)
     self.outputs = ([self.by_name.get(a) for a in root.operands]
                     if root is not None and root.opcode == "tuple" else [root])
@@ -161,7 +161,7 @@ class Fused:
           continue
         return float(size)
       if user.opcode in _COLLECTIVES:  # one piece of a collective split over several fusions
-        total += size * self.analyses.scale(user.name)
+        total += size * self.analyses.scale(self.name, user.name)
       elif user.opcode in _WINDOWS and i == 0:
         total += self._size(user.name)
       elif update is not None and i == update[0] and user.name in self.in_place:
@@ -204,7 +204,7 @@ class Fused:
         _, updates = _update_operands(op)
         size = sum(self._size(op.operands[j]) for j in updates if j < len(op.operands))
       elif op.opcode in _COLLECTIVES:
-        size *= self.analyses.scale(op.name)
+        size *= self.analyses.scale(self.name, op.name)
       total += size
     return total
 
@@ -223,8 +223,8 @@ class Analyses:
       self.computations[name] = Fused(self.module, name, self)
     return self.computations[name]
 
-  def scale(self, op_name: str) -> float:
-    return self.scales.get(op_name, 1.0)
+  def scale(self, computation: str, op_name: str) -> float:
+    return self.scales.get((computation, op_name), 1.0)
 
 
 _CODE = re.compile(r"(?:body|condition|true_computation|false_computation)=%?([\w.\-]+)"
@@ -248,14 +248,14 @@ def _run_as_code(module: hlo_lib.Module) -> set[str]:
   return seen
 
 
-def _chain_scales(module: hlo_lib.Module) -> dict[str, float]:
+def _chain_scales(module: hlo_lib.Module) -> dict[tuple[str, str], float]:
   """The TPU compiler splits a collective over a chain of fusions (`async_collective_fusion`),
   each holding a copy of it with the same `channel_id` and passing its buffer on: the chain
   moves the collective's bytes once per completion. A completion runs every piece, so there are
   as many as the least-run piece's runs; each piece's run moves completions / all pieces' runs
   of those bytes. Collectives that run as code are not pieces (scale 1)."""
   control = _run_as_code(module)
-  groups: dict[str, list[tuple[str, int]]] = {}
+  groups: dict[str, list[tuple[tuple[str, str], int]]] = {}
   for comp, lines in module.computations.items():
     runs = module.weight.get(comp, 0)
     if comp in control or not runs:
@@ -263,12 +263,12 @@ def _chain_scales(module: hlo_lib.Module) -> dict[str, float]:
     for op in _ops(lines):
       channel = _CHANNEL.search(op.line)
       if op.opcode in _COLLECTIVES and channel:
-        groups.setdefault(channel.group(1), []).append((op.name, runs))
+        groups.setdefault(channel.group(1), []).append(((comp, op.name), runs))
   scales = {}
   for pieces in groups.values():
     if len(pieces) > 1:
       total, least = sum(r for _, r in pieces), min(r for _, r in pieces)
-      scales.update((name, least / total) for name, _ in pieces)
+      scales.update((key, least / total) for key, _ in pieces)
   return scales
 
 
