@@ -6,9 +6,11 @@
     python -m bench.decode_hlo --model gemma2-2b --variants slots/inplace   # head dim 256
 
 For each variant it prints the compiler's temporaries (`memory_analysis`), the bytes one call
-accesses (`cost_analysis`, the loop body counted once, so about one step) against the minimum
-of a step (the weights once, less the embedding table of which a step reads B rows, plus the
-KV window), and the whole-cache copies in the HLO (`cache_copies`). On `SLOTS`, decode attention
+accesses as the compiler counts them (`cost_analysis`, the loop body counted once, so about one
+step) and as the HLO counts them per step (`plan.hbm`: every op's HBM reads and writes, the call
+over its steps), each against the minimum of a step (the weights once, less the embedding table
+of which a step reads B rows, plus the KV window), and the whole-cache copies in the HLO
+(`cache_copies`). On `SLOTS`, decode attention
 is the Pallas kernel (`models/decode_attention.py`); `SCOPE_JAX_DECODE_KERNEL=off` measures XLA's.
 """
 
@@ -19,7 +21,7 @@ import collections
 import re
 import time
 
-from scope_jax.plan import topology
+from scope_jax.plan import hbm, hlo, topology
 
 topology.quiet_libtpu()
 
@@ -154,9 +156,13 @@ def measure(config, mesh, **kw) -> dict:
   read = {k: v for k, v in params.items() if k != "embed" or config.tie_embeddings}  # rows only
   weights = sum(_shard_elems(x) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(read))
   cache_bytes = sum(_shard_elems(x) * jnp.dtype(x.dtype).itemsize for x in cache.k + cache.v)
+  text = compiled.as_text()
+  counted = hbm.traffic(hlo.parse(text))
+  steps = kw["chunk"]
   return dict(temp=mem.temp_size_in_bytes, bytes=float(cost.get("bytes accessed", 0.0)),
-              minimum=weights + kv_read, cache=cache_bytes,
-              copies=cache_copies(compiled.as_text(), cache.k[0].sharding.shard_shape(cache.k[0].shape)),
+              step=counted.call / steps, loop_step=(counted.call - counted.outside) / steps,
+              outside=counted.outside, minimum=weights + kv_read, cache=cache_bytes,
+              copies=cache_copies(text, cache.k[0].sharding.shard_shape(cache.k[0].shape)),
               seconds=time.perf_counter() - start)
 
 
@@ -176,8 +182,8 @@ def main():
   mesh = shd.make_mesh((1, -1, 1), devices)
   print(f"{args.model}-shaped, {args.layers} layers, {args.slots} slots × {args.capacity}, "
         f"chunk {args.chunk}, {args.topology} mesh {dict(mesh.shape)}; MiB per chip")
-  print(f"{'variant':24s} {'temp':>9s} {'cache':>8s} {'bytes':>9s} {'minimum':>9s} {'ratio':>6s}"
-        f" {'whole-cache copies':>20s} {'compile':>8s}")
+  print(f"{'variant':24s} {'temp':>9s} {'cache':>8s} {'bytes':>9s} {'ratio':>6s} {'HLO step':>9s} "
+        f"{'ratio':>6s} {'minimum':>9s} {'whole-cache copies':>20s} {'compile':>8s}")
   for variant in args.variants.split(","):
     parts = variant.split("/")
     gathered = int(parts[2][len("gather"):]) if len(parts) > 2 else 0
@@ -186,8 +192,9 @@ def main():
     mib = lambda x: x / 2**20
     copies = ", ".join(f"{k} {v}" for k, v in sorted(r["copies"].items())) or "none"
     print(f"{variant:24s} {mib(r['temp']):9.1f} {mib(r['cache']):8.1f} {mib(r['bytes']):9.1f} "
-          f"{mib(r['minimum']):9.1f} {r['bytes'] / r['minimum']:5.2f}x {copies:>20s} "
-          f"{r['seconds']:7.0f}s", flush=True)
+          f"{r['bytes'] / r['minimum']:5.2f}x {mib(r['step']):9.1f} "
+          f"{r['step'] / r['minimum']:5.2f}x "
+          f"{mib(r['minimum']):9.1f} {copies:>20s} {r['seconds']:7.0f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ HLO knows each loop's trip count: the matmuls (dots, convolutions) are counted t
 computation from their shapes, times the trips of the loops around them (`hlo.flops`), and so are
 the Pallas kernels' calls, whose FLOPs come from their cost estimates or, where they have none,
 from their grids in the jaxpr (`call_flops`); the compiler's remaining FLOPs (elementwise) are
-scaled by the HLO's elementwise count with and without trips. The HLO's loop bounds do the same
-for the bytes (`bytes_factor`, `hlo.memory`) and the collectives."""
+scaled by the HLO's elementwise count with and without trips. HBM bytes are counted in the HLO
+op by op with the same trip counts (`hbm.traffic`: what each op reads and writes, a slice's
+window of a stacked weight, an in-place update's rows), and so are the collectives."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import time
 from jax.extend import core as jcore
 
 from scope_jax.models import ops
+from scope_jax.plan import hbm
 from scope_jax.plan import hlo as hlo_lib
 from scope_jax.plan.hlo import (KINDS, Collective, array_bytes, collective_traffic,  # noqa: F401
                                 group_size)
@@ -45,8 +47,8 @@ class Compiled:
   model_matmul_flops: float  # the program's matmul FLOPs per call, all chips (from the jaxpr)
   collectives: dict[str, Collective]
   loop_gathers: list[tuple[str, int]]  # all-gathers inside a while loop: (shape, bytes)
-  bytes_factor: float = 1.0  # per-call over loop-bodies-once memory traffic (from the HLO)
-  outside_share: float = 1.0  # of `bytes_accessed`, the share outside every loop (per call)
+  hlo_bytes: float | None = None  # per chip and call: HBM bytes counted in the HLO, loop trips
+  hlo_outside_bytes: float = 0.0  # of `hlo_bytes`, those of the ops outside every loop
   kernel_flops: float = 0.0  # per chip and call: Pallas kernels, loop trips included
   error: str = ""  # the compiler refused: its temporaries alone exceed the chip's HBM (`temp`)
   hlo_flops: float | None = None  # per chip and call, every loop's trips (`hlo_call_flops`)
@@ -63,13 +65,19 @@ class Compiled:
 
   @property
   def call_bytes(self) -> float:
-    """Per-chip HBM bytes of one call: the compiler's count scaled by the HLO's trip counts."""
-    return self.bytes_accessed * self.bytes_factor
+    """Per-chip HBM bytes of one call, every loop's trips included (`hbm.traffic`); without an
+    HLO (the compiler refused), the compiler's count (a loop body once)."""
+    return self.hlo_bytes if self.hlo_bytes is not None else self.bytes_accessed
+
+  @property
+  def bytes_factor(self) -> float:
+    """Per-call bytes over the compiler's count with loop bodies once."""
+    return self.call_bytes / self.bytes_accessed if self.bytes_accessed else 1.0
 
   @property
   def outside_bytes(self) -> float:
     """Of `call_bytes`, those outside every loop: paid once per call (a decode call's copies)."""
-    return self.bytes_accessed * self.outside_share
+    return self.hlo_outside_bytes if self.hlo_bytes is not None else self.bytes_accessed
 
   @property
   def ici_bytes(self) -> float:
@@ -310,7 +318,7 @@ def compile_program(program: Program, platform: str = "tpu", devices: int = 0) -
   hlo = compiled.as_text()
   module = hlo_lib.parse(hlo)
   collectives, gathers = hlo_lib.collectives(module)
-  traffic = hlo_lib.memory(module)
+  traffic = hbm.traffic(module)
   logical, tiled = parameter_bytes(hlo)
   flops = float(cost.get("flops", 0.0))
   counted = hlo_lib.flops(module)
@@ -323,5 +331,5 @@ def compile_program(program: Program, platform: str = "tpu", devices: int = 0) -
                   loop_factor=loop_factor(jaxpr), model_matmul_flops=matmul_flops(jaxpr),
                   argument_logical=logical, argument_tiled=tiled,
                   collectives=collectives, loop_gathers=gathers,
-                  bytes_factor=traffic.call_factor, outside_share=traffic.outside_share,
+                  hlo_bytes=traffic.call, hlo_outside_bytes=traffic.outside,
                   kernel_flops=kernels)

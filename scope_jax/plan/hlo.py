@@ -1,6 +1,6 @@
 """Reading a compiled HLO module's text: its computations, how often each runs per call (while
 loops' trip counts), its collectives with the interconnect (ICI) bytes each moves per chip, and
-its memory traffic with loop bodies once, with their trip counts, and outside every loop.
+its FLOPs (HBM bytes: `hbm`).
 
 Traffic factors, per chip, for a collective over a replica group of n chips (ring algorithms):
 all-gather (n−1)/n·output, reduce-scatter (n−1)/n·input, all-reduce 2(n−1)/n·size, all-to-all
@@ -33,6 +33,7 @@ _EXPLICIT = re.compile(r"replica_groups=\{(\{[0-9,]*\})")
 _IOTA = re.compile(r"replica_groups=\[([0-9,]+)\]<=")
 _MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _PARTITIONS = re.compile(r"\b(num_partitions|replica_count)=(\d+)")
+_OPERANDS = re.compile(r"%([\w.\-]+)")
 
 
 def _prod(dims: str) -> int:
@@ -209,126 +210,6 @@ def collective_traffic(hlo: str) -> dict[str, float]:
   found, _ = collectives(parse(hlo))
   out = {k: c.traffic for k, c in found.items()}
   out["total"] = sum(out.values())
-  return out
-
-
-# ------------------------------------------------------------------------ memory traffic
-
-_FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
-         "partition-id", "replica-id", "opt-barrier", "while", "conditional", "call",
-         "copy-done", "all-gather-done", "all-reduce-done", "collective-permute-done",
-         "async-done", "send-done", "recv-done"}
-_OPERANDS = re.compile(r"%([\w.\-]+)")
-
-
-def _fusion_reads(lines: list[str]) -> tuple[dict[int, int], int | None]:
-  """For a fused computation: the bytes it reads of each parameter (only the slices where every
-  use is a (dynamic-)slice), and the bytes its root writes when the root updates a slice in
-  place (`dynamic-update-slice`: its update only)."""
-  types, params, uses = {}, {}, collections.defaultdict(list)
-  root_update = None
-  for line in lines:
-    m = _OP.match(line)
-    if not m:
-      continue
-    name, type_text, opcode = m.groups()
-    types[name] = array_bytes(type_text)
-    if opcode == "parameter":
-      params[name] = int(re.search(r"parameter\((\d+)\)", line).group(1))
-      continue
-    args = _OPERANDS.findall(line.split(opcode + "(", 1)[1].split(")", 1)[0])
-    for i, a in enumerate(args):
-      uses[a].append((opcode, types[name], i))
-    if line.lstrip().startswith("ROOT") and opcode == "dynamic-update-slice" and len(args) > 1:
-      root_update = types.get(args[1])
-  reads = {}
-  for name, index in params.items():
-    u = uses.get(name, [])
-    sliced = u and all(op in ("dynamic-slice", "slice") and i == 0 for op, _, i in u)
-    in_place = root_update is not None and any(
-        op == "dynamic-update-slice" and i == 0 for op, _, i in u)
-    reads[index] = (max(b for _, b, _ in u) if sliced else 0 if in_place else types[name])
-  return reads, root_update
-
-
-_CONTROL = re.compile(r"(?:body|condition|true_computation|false_computation)=%?([\w.\-]+)"
-                      r"|branch_computations=\{([^}]*)\}")
-
-
-def _control(module: Module) -> list[str]:
-  """The computations that run as code (the entry, loop bodies and conditions, branches, calls):
-  not fused computations or reducers, whose instructions are their callers' internals."""
-  seen, todo = [], [module.entry]
-  while todo:
-    name = todo.pop()
-    if name in seen or name not in module.computations:
-      continue
-    seen.append(name)
-    for line in module.computations[name]:
-      for m in _CONTROL.finditer(line):
-        todo += [c.strip().lstrip("%") for c in (m.group(1) or m.group(2)).split(",")]
-      if " call(" in line:
-        todo += re.findall(r"to_apply=%?([\w.\-]+)", line)
-  return seen
-
-
-@dataclasses.dataclass
-class Memory:
-  """A program's memory traffic counted from its HLO (each instruction's operands and result; a
-  fusion's operand only where it reads it, a slice where it slices it): with every loop body
-  once (`once`, the compiler's convention), with the loops' trip counts (`call`), and the part
-  outside every loop (`outside`: what one call costs whatever its trip counts)."""
-  once: float = 0.0
-  call: float = 0.0
-  outside: float = 0.0
-
-  @property
-  def call_factor(self) -> float:
-    return self.call / self.once if self.once else 1.0
-
-  @property
-  def outside_share(self) -> float:
-    return self.outside / self.once if self.once else 1.0
-
-
-def memory(module: Module) -> Memory:
-  """Scales the compiler's byte count (loop bodies once) to one call (`call_factor`) and says
-  which share of it is paid once per call (`outside_share`); only these ratios are used."""
-  shapes: dict[str, int] = {}
-  for lines in module.computations.values():
-    for line in lines:
-      m = _OP.match(line)
-      if m:
-        shapes[m.group(1)] = array_bytes(m.group(2))
-  fused = {}
-  out = Memory()
-  for comp in _control(module):
-    for line in module.computations[comp]:
-      m = _OP.match(line)
-      if not m or m.group(3) in _FREE or m.group(3).endswith("-done"):
-        continue
-      name, type_text, opcode = m.groups()
-      args = _OPERANDS.findall(line.split(opcode + "(", 1)[1].split(")", 1)[0])
-      written = array_bytes(type_text)
-      reads = sum(shapes.get(a, 0) for a in args)
-      callee = re.search(r"calls=%?([\w.\-]+)", line)
-      if opcode == "fusion" and callee:
-        if callee.group(1) not in fused:
-          fused[callee.group(1)] = _fusion_reads(module.computations.get(callee.group(1), []))
-        per_param, update = fused[callee.group(1)]
-        reads = sum(per_param.get(i, shapes.get(a, 0)) for i, a in enumerate(args))
-        written = update if update is not None else written
-      elif opcode == "dynamic-update-slice" and len(args) > 1:
-        reads, written = shapes.get(args[1], 0), shapes.get(args[1], 0)
-      elif opcode in ("dynamic-slice", "slice"):
-        reads = written
-      elif opcode == "copy-start":
-        written = reads  # (destination, source, context): one copy
-      n = reads + written
-      out.once += n
-      out.call += n * module.weight.get(comp, 1)
-      if comp not in module.looped:
-        out.outside += n
   return out
 
 

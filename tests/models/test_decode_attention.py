@@ -171,7 +171,9 @@ def _no_persistent_cache():
 def test_tpu_decode_chunk_reads_the_window_once(monkeypatch, _no_persistent_cache):
   """v5p-8, 16 rows × 16,384 slots, 2 layers of 7B-like attention (4 query heads over 2 kv
   heads of 128 dims): with the kernel the chunk's bytes are within 1.2x a step's minimum and no
-  whole-cache copy; XLA's attention (the switch off) relayouts the keys and reads more."""
+  whole-cache copy, and its bytes counted in the HLO per step (`plan.hbm`) lie between the
+  minimum and 1.2x it (1.02x as compiled): a count below the minimum would be an undercount;
+  XLA's attention (the switch off) relayouts the keys and reads more."""
   from bench import decode_hlo
   from scope_jax import sharding as shd
   from scope_jax.models.config import ModelConfig
@@ -183,10 +185,12 @@ def test_tpu_decode_chunk_reads_the_window_once(monkeypatch, _no_persistent_cach
   got = decode_hlo.measure(config, mesh, **kw)
   assert not got["copies"], got["copies"]
   assert got["bytes"] <= 1.2 * got["minimum"], (got["bytes"], got["minimum"])
+  assert got["minimum"] <= got["step"] <= 1.2 * got["minimum"], (got["step"], got["minimum"])
   monkeypatch.setenv(da.ENV, "off")
   jax.clear_caches()  # the switch is read when the program is traced
   xla = decode_hlo.measure(config, mesh, **kw)
   assert xla["copies"] and xla["bytes"] > got["bytes"], (xla["copies"], xla["bytes"])
+  assert xla["step"] > got["step"], (xla["step"], got["step"])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu")
@@ -195,8 +199,9 @@ def test_tpu_gemma2_decode_at_head_dim_256_reads_the_window_once(monkeypatch,
   """v5p-8, 16 rows × 16,384 slots, Gemma-2 cut to 2 layers (a sliding and a full one, scores
   capped at 50; 8 query heads over 4 kv heads of 256 dims; small hidden and vocabulary, so the
   cache dominates a step): the kernel runs on the cache's slot view, a bitcast, so the chunk
-  has no whole-cache copy and reads within 1.2x a step's minimum (1.09x as compiled); XLA's
-  attention (the switch off) relayouts the keys and reads more (1.16x)."""
+  has no whole-cache copy and reads within 1.2x a step's minimum (1.09x as compiled; counted in
+  the HLO per step, at least the minimum and 1.01x it); XLA's attention (the switch off)
+  relayouts the keys and reads more (1.16x)."""
   from bench import decode_hlo
   from scope_jax import sharding as shd
   from scope_jax.models import config as config_lib
@@ -213,7 +218,9 @@ def test_tpu_gemma2_decode_at_head_dim_256_reads_the_window_once(monkeypatch,
   got = decode_hlo.measure(config, mesh, **kw)
   assert not got["copies"], got["copies"]
   assert got["bytes"] <= 1.2 * got["minimum"], (got["bytes"], got["minimum"])
+  assert got["minimum"] <= got["step"] <= 1.2 * got["minimum"], (got["step"], got["minimum"])
   monkeypatch.setenv(da.ENV, "off")
   jax.clear_caches()  # the switch is read when the program is traced
   xla = decode_hlo.measure(config, mesh, **kw)
   assert xla["copies"] and xla["bytes"] > got["bytes"], (xla["copies"], xla["bytes"])
+  assert xla["step"] > got["step"], (xla["step"], got["step"])
