@@ -157,10 +157,12 @@ def paper_qwen3_moe(c: ml_collections.ConfigDict) -> None:
   # a v5p chip), the headroom GShard and Switch train with; the router/dropped metric reports
   # the pairs past it.
   c.model.moe_capacity_factor = 1.25
-  # A micro-batch's rows split over every batch shard, (data, fsdp, expert): 16 on the planned
-  # (1,2,1,8) mesh, one 20,480-token row a chip. At 4 rows the attention's rows cannot split 16
-  # ways and the compiled step computes about twice the FLOPs (a 2-layer cut: 5.6x against 2.8x).
-  c.learner.micro_batch_rows = 16
+  # A micro-batch's rows split over every batch shard, (data, fsdp, expert): 32 on the planned
+  # v5p-64 (1,4,1,8) mesh, one 20,480-token row a chip. With fewer rows than batch shards the
+  # attention's rows cannot split and the compiled step computes about twice the FLOPs (a 2-layer
+  # cut at 4 rows on 16 shards: 5.6x against 2.8x). A v5p-32 (1,2,1,8) plans 0.2 GiB over its
+  # 95 GiB at 16 rows (launch/README.md).
+  c.learner.micro_batch_rows = 32
 
 
 def learn(c: ml_collections.ConfigDict) -> None:

@@ -4,7 +4,8 @@
 # preset → (slice, mesh.shape): a slice each fits on with room for its KV cache.
 SLICES = {
     "spell:paper": ("v5p-8", "(1,-1,1)"),
-    "spell:paper_qwen3_moe": ("v5p-32", "(1,2,1,8)"),  # 8-way expert parallelism
+    "spell:paper_qwen3_moe": ("v5p-64", "(1,4,1,8)"),  # 8-way expert parallelism; a v5p-32 is
+    # 0.2 GiB short
     "scope:paper": ("v5p-16", "(1,2,4)"),  # tensor 4: three sampler copies split four ways
     "scope:paper_qwen3": ("v5p-16", "(1,2,4)"),
     "scope:paper_olmo3": ("v5p-32", "(1,4,4)"),  # 32 KV heads: the cache needs 16 chips
