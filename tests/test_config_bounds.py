@@ -11,7 +11,7 @@ import re
 import ml_collections
 import pytest
 
-from scope_jax.models import hf_io
+from scope_jax.models import hf_io, load, tiny_config
 from scope_jax.core import bounds, runner, smoke
 from scope_jax.core import method as method_lib
 
@@ -172,6 +172,21 @@ def test_smoke_says_what_it_changed_and_refuses_a_bad_value_it_would_replace():
   config.smoke, config.model.tokenizer, config.warmup.steps = True, "demo", -3
   with pytest.raises(ValueError, match="warmup.steps=-3"):
     runner.validate(config, data=False)
+
+
+def test_smoke_of_the_moe_preset_drops_the_experts_capacity_with_its_experts():
+  """Smoke swaps Qwen3-30B-A3B for the dense real 0.5B model; a capacity factor left behind
+  would refuse the dense model when it loads."""
+  config = _module("spell").get_config("paper_qwen3_moe")
+  assert config.model.moe_capacity_factor > 0
+  config.smoke = True
+  smoke.shrink(config, runner.load_method(config).METHOD.smoke)
+  assert config.model.moe_capacity_factor == 0
+  dense = tiny_config("qwen2")
+  assert load.run_options(dense, config.model) == dense  # the real model loads as it is
+  config.model.moe_capacity_factor = 1.25
+  with pytest.raises(ValueError, match="only with a mixture of experts"):
+    load.run_options(dense, config.model)
 
 
 @pytest.mark.parametrize("method", ["asl", "piplay", "scope"])

@@ -141,6 +141,7 @@ def _model(config: ml_collections.ConfigDict) -> None:
     m.source = m.tokenizer = MODEL
     m.dtype = m.param_dtype = "float32"
     m.tie_embeddings = "yes"  # as the real model is: 494M parameters, not 630M
+    m.moe_capacity_factor = 0  # a dense model: no experts to bound
   config.mesh.shape = (1, -1) + (1,) * (len(tuple(config.mesh.shape)) - 2)
   config.learner.micro_batch_rows = min(config.learner.micro_batch_rows, MICRO_BATCH_ROWS)
 

@@ -33,6 +33,7 @@ def wired_config(method, preset, overrides=None, smoke=True, **extra):
   c.model.source, c.model.tokenizer = "tiny", "demo"
   c.model.dtype = c.model.param_dtype = "float32"
   c.model.remat = "none"  # memory knobs of the real model; the tiny one compiles faster without
+  c.model.moe_capacity_factor = 0  # the tiny model is dense
   c.progress = False
   c.update_from_flattened_dict(extra)
   return c
