@@ -50,7 +50,7 @@ def test_every_preset_loads(preset):
 
 
 def test_unknown_preset_lists_choices():
-  with pytest.raises(ValueError, match="valid presets: demo, learn, paper, small"):
+  with pytest.raises(ValueError, match="valid presets: demo, learn, learn_extractive, paper, small"):
     spell_config.get_config("huge")
 
 
