@@ -174,7 +174,6 @@ def test_tpu_decode_chunk_reads_the_window_once(monkeypatch, _no_persistent_cach
   whole-cache copy, and its bytes counted in the HLO per step (`plan.hbm`) lie between the
   minimum and 1.2x it (1.02x as compiled): a count below the minimum would be an undercount;
   XLA's attention (the switch off) relayouts the keys and reads more."""
-  from bench import decode_hlo
   from scope_jax import sharding as shd
   from scope_jax.models.config import ModelConfig
   from scope_jax.plan import topology
@@ -213,6 +212,7 @@ def test_tpu_gemma2_decode_at_head_dim_256_reads_the_window_once(monkeypatch,
 def _kernel_within_its_minimum_and_ahead_of_xla(config, mesh, kw, monkeypatch):
   """The kernel's decode program copies no whole cache and reads within 1.2x a step's minimum
   bytes (never under it); the XLA attention, switched on for comparison, copies and reads more."""
+  from bench import decode_hlo
   got = decode_hlo.measure(config, mesh, **kw)
   assert not got["copies"], got["copies"]
   assert got["bytes"] <= 1.2 * got["minimum"], (got["bytes"], got["minimum"])
