@@ -66,6 +66,13 @@ def test_a_table_from_synthetic_runs_by_hand(tmp_path):
   assert len(lines) == 2 + 2 * 3
 
 
+def test_a_control_still_running_is_marked_unfinished(tmp_path):
+  _write(tmp_path, "spell", "learn", 3, "run", _curve("attr", [(0, 0.25), (20, 0.55)]))
+  _write(tmp_path, "spell", "learn", 3, "shuffled_rewards", _curve("attr", [(0, 0.25), (10, 0.2)]))
+  lines = learning_table.method_table("spell", learning_table.find_runs(tmp_path)).splitlines()
+  assert "| 20.0, min 20.0 (unfinished: 10 of 20 updates) |" in lines[2], lines[2]
+
+
 def test_the_wide_control_and_the_start_before_warm_up_get_columns(tmp_path):
   _write(tmp_path, "piplay", "learn", 5, "run", _curve("attr_search", [(0, 0.5), (32, 0.6)]))
   _write(tmp_path, "piplay", "learn", 5, "shuffled_rewards_and_teacher",

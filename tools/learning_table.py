@@ -107,7 +107,10 @@ def _control(s: dict | None) -> str:
   if not s or s["start"] is None:
     return "—"
   text = f"{pct(s['end'])}, min {pct(s['low'])}"
-  return text + (" (destructive)" if report.destructive(s["start"], s["low"]) else "")
+  text += " (destructive)" if report.destructive(s["start"], s["low"]) else ""
+  if s.get("total_steps") and s.get("updates", 0) < s["total_steps"]:  # still running, or cut
+    text += f" (unfinished: {s['updates']:g} of {s['total_steps']} updates)"
+  return text
 
 
 def _minutes(s: dict) -> str:
