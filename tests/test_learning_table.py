@@ -101,6 +101,18 @@ def test_the_cli_prints_every_method_and_refuses_a_missing_directory(tmp_path, c
   assert "no such directory" in capsys.readouterr().err
 
 
+def test_each_arm_names_the_commit_it_started_from(tmp_path):
+  old = _write(tmp_path, "spell", "learn", 3, "run", _curve("docs", [(0, 0.2), (20, 0.3)]))
+  new = _write(tmp_path, "opensir", "learn", 3, "run", _curve("arith", [(0, 0.2), (20, 0.3)]))
+  (tmp_path / learning_table.COMMIT_FILE).write_text("bbb\n")  # the last list's, at the root
+  (new / learning_table.COMMIT_FILE).write_text("ccc\n")
+  runs = learning_table.find_runs(tmp_path)
+  assert learning_table.run_commits(tmp_path, runs) == ["ccc", "bbb"]  # opensir sorts first
+  (old / learning_table.COMMIT_FILE).write_text("ccc\n")
+  assert learning_table.run_commits(tmp_path, runs) == ["ccc"]
+  assert learning_table.tables(tmp_path).startswith("Runs from commit ccc; world seeds 3, 4, 5")
+
+
 def test_the_run_list_is_every_preset_seed_and_control_headlines_first(tmp_path):
   commands = learning_runs.plan(tmp_path)
   arms = [tuple(w.relative_to(tmp_path).parts) for w, _ in commands]

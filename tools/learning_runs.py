@@ -9,7 +9,8 @@ as published) and its ablation presets on world seeds 3, 4 and 5, each with its 
 The order puts every headline run and its control first, then the ablations. A finished run
 (its last evaluation is after its last update) is skipped, so the same command resumes a cut
 list; a run cut short resumes from its last checkpoint. Each arm's wall time is written beside
-its metrics (`wall_seconds`), and the commit the runs came from into `<runs>/commit.txt`.
+its metrics (`wall_seconds`), and the commit each arm started from beside it and, for the last
+list, into `<runs>/commit.txt`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import time
 
 from scope_jax import report
-from tools.learning_table import CONTROLS, DEFAULT_CONTROLS, PRESETS, SEEDS, START, WALL_FILE
+from tools.learning_table import COMMIT_FILE, CONTROLS, DEFAULT_CONTROLS, PRESETS, SEEDS, START, WALL_FILE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Minutes per arm on a 2-core CPU, from the seed 0-2 runs of docs/learning.md (a warm-up is
@@ -109,10 +110,14 @@ def main(argv=None) -> int:
   if args.dry_run:
     return 0
   pathlib.Path(args.runs).mkdir(parents=True, exist_ok=True)
-  (pathlib.Path(args.runs) / "commit.txt").write_text(commit() + "\n")
+  head = commit()
+  (pathlib.Path(args.runs) / COMMIT_FILE).write_text(head + "\n")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user runs
   for workdir, command in todo:
     start = time.perf_counter()
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not (workdir / COMMIT_FILE).exists():  # a resumed arm keeps the commit it started from
+      (workdir / COMMIT_FILE).write_text(head + "\n")
     done = subprocess.run(command, cwd=ROOT, env=env).returncode
     if done:
       print(f"Error: {workdir} failed (exit {done}); rerun the same command to resume.",

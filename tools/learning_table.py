@@ -41,6 +41,7 @@ START = ("opensir",)  # their headline is also scored before its warm-up (the `s
 ARMS = ("run", "shuffled_rewards", "shuffled_rewards_and_teacher", "start")
 HALVES = ("trained_half", "heldout_half")
 WALL_FILE = "wall_seconds"  # the driver's measured wall time of the whole command
+COMMIT_FILE = "commit.txt"  # the commit an arm (or, at the root, a whole list) started from
 _SEED_DIR = re.compile(r"^seed(\d+)$")
 
 
@@ -147,13 +148,29 @@ def method_table(method: str, runs: dict, seeds=SEEDS, presets=None) -> str:
   return "\n".join(lines)
 
 
+def run_commits(root, runs) -> list[str]:
+  """The commits the arms started from, in first-seen order: each arm's own record
+  (tools/learning_runs.py writes it when the arm starts), else the list's at the root."""
+  fallback = pathlib.Path(root) / COMMIT_FILE
+  out = []
+  for workdir in runs.values():
+    own = workdir / COMMIT_FILE
+    source = own if own.exists() else fallback
+    commit = source.read_text().strip() if source.exists() else ""
+    if commit and commit not in out:
+      out.append(commit)
+  if not runs and fallback.exists():
+    out.append(fallback.read_text().strip())
+  return out
+
+
 def tables(root, seeds=SEEDS, methods=METHODS) -> str:
   """Every method's table, under a heading each, with the notes that read them."""
   runs = find_runs(root)
-  commit = pathlib.Path(root) / "commit.txt"  # written by tools/learning_runs.py
-  out = [f"Runs from commit {commit.read_text().strip()}; world seeds "
+  commits = run_commits(root, runs)
+  out = [f"Runs from commit {', '.join(commits)}; world seeds "
          f"{', '.join(map(str, seeds))} (the ablation presets were tuned on world seeds "
-         f"{', '.join(map(str, TUNED_SEEDS))}).", ""] if commit.exists() else []
+         f"{', '.join(map(str, TUNED_SEEDS))}).", ""] if commits else []
   for method in methods:
     out += [f"### {method}", "", method_table(method, runs, seeds), ""]
   out.append("Accuracy is greedy held-out pass@1 (%) on 300 gold questions, start → end (gain). "
