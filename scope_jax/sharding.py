@@ -220,6 +220,13 @@ def activation_spec(axes: Sequence[str | None], shape: Sequence[int]) -> NamedSh
   return NamedSharding(act.mesh, logical_to_spec(axes, shape, act.mesh, act.rules_dict))
 
 
+def splits(axis: str, size: int) -> bool:
+  """Whether the active rules split a `size`-long logical `axis` over any mesh axis (False
+  without active rules, or where the axes it maps to do not divide `size`)."""
+  sharding = activation_spec((axis,), (size,))
+  return sharding is not None and sharding.spec[0] is not None
+
+
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
   """`with_sharding_constraint` of `x` to its logical `axes` under the active rules; `x` itself
   when no `activation_sharding` is active (single device, CPU tests, unsharded calls)."""

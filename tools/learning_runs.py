@@ -79,9 +79,12 @@ def estimate_minutes(commands) -> float:
 
 
 def commit() -> str:
+  """HEAD, with `-dirty` when tracked files differ from it (the runs import the working tree)."""
+  git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
+                                  check=True).stdout.strip()
   try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain",
+                                                       "--untracked-files=no") else "")
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
 
@@ -110,14 +113,13 @@ def main(argv=None) -> int:
   if args.dry_run:
     return 0
   pathlib.Path(args.runs).mkdir(parents=True, exist_ok=True)
-  head = commit()
-  (pathlib.Path(args.runs) / COMMIT_FILE).write_text(head + "\n")
+  (pathlib.Path(args.runs) / COMMIT_FILE).write_text(commit() + "\n")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user runs
   for workdir, command in todo:
     start = time.perf_counter()
     workdir.mkdir(parents=True, exist_ok=True)
     if not (workdir / COMMIT_FILE).exists():  # a resumed arm keeps the commit it started from
-      (workdir / COMMIT_FILE).write_text(head + "\n")
+      (workdir / COMMIT_FILE).write_text(commit() + "\n")  # the code it imports now
     done = subprocess.run(command, cwd=ROOT, env=env).returncode
     if done:
       print(f"Error: {workdir} failed (exit {done}); rerun the same command to resume.",

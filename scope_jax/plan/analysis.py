@@ -222,31 +222,43 @@ def _grid_kernels(jaxpr) -> dict:
   return {k: (f, totals[k]) for k, f in found.items()}
 
 
-def hlo_call_flops(flops_once: float, counted: hlo_lib.Flops, jaxpr) -> tuple[float, float]:
-  """(FLOPs, of which Pallas kernels' FLOPs) per chip and call, every loop's trips included:
-  the HLO's matmuls; each kernel call times its runs, at its cost estimate (what the compiler
-  counts) or its grid's FLOPs (`_pallas_flops`, matched by name and result shapes; a kernel
-  the HLO does not show is counted with its scans' trips in the jaxpr); and the rest of the
-  compiler's count `flops_once` (loop bodies once: elementwise work) times the HLO's
-  elementwise ratio of per call to loop bodies once."""
-  grid = _grid_kernels(jaxpr)
+def kernel_cost(grid: dict):
+  """FLOPs of one run of an HLO Pallas call (`hlo.KernelCall`): its cost estimate, else its
+  grid's (`_grid_kernels`, matched by name and result shapes, or by shapes alone where one
+  kernel has them); 0 for a kernel the jaxpr does not show."""
   by_shape: dict = {}
   for (name, shapes), v in grid.items():
     by_shape.setdefault(shapes, []).append(v)
+
+  def cost(k: hlo_lib.KernelCall) -> float:
+    if k.estimate is not None:
+      return k.estimate
+    key = (_kernel_name(k.name), k.results)
+    if key in grid:
+      return grid[key][0]
+    same = by_shape.get(k.results, [])
+    return same[0][0] if len(same) == 1 else 0.0
+  return cost
+
+
+def hlo_call_flops(flops_once: float, counted: hlo_lib.Flops, jaxpr) -> tuple[float, float]:
+  """(FLOPs, of which Pallas kernels' FLOPs) per chip and call, every loop's trips included:
+  the HLO's matmuls; each kernel call times its runs, at its cost estimate (what the compiler
+  counts) or its grid's FLOPs (`kernel_cost`; a kernel the HLO does not show is counted with
+  its scans' trips in the jaxpr); and the rest of the compiler's count `flops_once` (loop
+  bodies once: elementwise work) times the HLO's elementwise ratio of per call to loop bodies
+  once."""
+  grid = _grid_kernels(jaxpr)
+  cost = kernel_cost(grid)
   kernels = estimated_once = 0.0
   seen = set()
   for k in counted.kernels:
+    kernels += k.weight * cost(k)
     if k.estimate is not None:
-      kernels += k.weight * k.estimate
       estimated_once += k.once * k.estimate
-      continue
-    key = (_kernel_name(k.name), k.results)
-    if key in grid:
-      kernels += k.weight * grid[key][0]
-      seen.add(key)
-    elif len(by_shape.get(k.results, [])) == 1:
-      kernels += k.weight * by_shape[k.results][0][0]
-      seen.update(g for g in grid if g[1] == k.results)
+    elif cost(k):
+      seen.update(g for g in grid if g[1] == k.results and (
+          g[0] == _kernel_name(k.name) or (_kernel_name(k.name), k.results) not in grid))
   kernels += sum(total for key, (_, total) in grid.items() if key not in seen)
   rest = max(flops_once - counted.matmul_once - estimated_once, 0.0)
   return counted.matmul_call + kernels + rest * counted.elementwise_factor, kernels
@@ -321,7 +333,7 @@ def compile_program(program: Program, platform: str = "tpu", devices: int = 0) -
   traffic = hbm.traffic(module)
   logical, tiled = parameter_bytes(hlo)
   flops = float(cost.get("flops", 0.0))
-  counted = hlo_lib.flops(module)
+  counted = hlo_lib.flops(module, kernel_cost(_grid_kernels(jaxpr)))
   per_call, kernels = hlo_call_flops(flops, counted, jaxpr)
   return Compiled(program, seconds, argument=mem.argument_size_in_bytes,
                   output=mem.output_size_in_bytes, alias=mem.alias_size_in_bytes,

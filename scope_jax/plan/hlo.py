@@ -317,54 +317,79 @@ class Flops:
     return self.elementwise_call / self.elementwise_once if self.elementwise_once else 1.0
 
 
-def _paths(module: Module) -> dict[str, int]:
-  """Each reachable computation's call sites counted through its callers, every loop once:
-  how often the compiler's cost analysis counts it."""
-  out: dict[str, int] = collections.defaultdict(int)
-
-  def visit(name: str, mult: int, depth: int = 0) -> None:
-    if name not in module.computations or depth > 64:
-      return
-    out[name] += mult
-    for line in module.computations[name]:
-      for m in _CALLS.finditer(line):
-        for callee in (m.group(1) or m.group(2)).split(","):
-          visit(callee.strip().lstrip("%"), mult, depth + 1)
-
-  visit(module.entry, 1)
-  return dict(out)
-
-
-def flops(module: Module) -> Flops:
-  """Matmul and elementwise FLOPs of every reachable computation (fused ones included) times
-  its runs per call, and the module's Pallas custom calls (`tpu_custom_call`)."""
-  paths = _paths(module)
-  out = Flops()
-  for comp, lines in module.computations.items():
-    weight, once = module.weight.get(comp, 0), paths.get(comp, 0)
-    if not weight and not once:
+def _local_flops(lines: list[str]):
+  """One computation's own matmul and elementwise FLOPs and Pallas custom calls (its callees'
+  not included)."""
+  matmul = elementwise = 0.0
+  kernels: list[tuple[str, tuple, float | None]] = []
+  shapes: dict[str, list[int]] = {}
+  for line in lines:
+    m = _OP.match(line)
+    if not m:
       continue
-    shapes: dict[str, list[int]] = {}
-    for line in lines:
-      m = _OP.match(line)
-      if not m:
+    name, type_text, opcode = m.groups()
+    out_dims = _dims(type_text)
+    shapes[name] = out_dims
+    if opcode in ("dot", "convolution"):
+      matmul += _matmul(opcode, line, out_dims, shapes)
+    elif opcode in _ELEMENTWISE or opcode == "reduce":
+      args = _OPERANDS.findall(line.split(opcode + "(", 1)[1].split(")", 1)[0])
+      dims = shapes.get(args[0], out_dims) if opcode == "reduce" and args else out_dims
+      elementwise += math.prod(dims)
+    elif opcode == "custom-call" and 'custom_call_target="tpu_custom_call"' in line:
+      results = tuple(tuple(int(d) for d in dims.split(",") if d)
+                      for _, dims in _ARRAY.findall(type_text))
+      est = _ESTIMATE.search(line)
+      kernels.append((name.split(".")[0], results, float(est.group(1)) if est else None))
+  return matmul, elementwise, kernels
+
+
+def flops(module: Module, kernel_cost=None) -> Flops:
+  """Matmul and elementwise FLOPs of the computations a call runs (fused ones included), with
+  loop bodies once and with their trip counts, and the Pallas custom calls (`tpu_custom_call`)
+  with their runs. A conditional runs one branch: the costliest is counted (matmuls plus its
+  kernels at `kernel_cost(KernelCall)` FLOPs a run, default their cost estimates), as the
+  compiler's cost analysis does, where a flat sum would count a layer's causal and
+  sliding-window attention kernels both."""
+  cost = kernel_cost or (lambda k: k.estimate or 0.0)
+  local = {name: _local_flops(lines) for name, lines in module.computations.items()}
+  memo: dict[str, Flops] = {}
+
+  def scaled(f: Flops, call: int, once: int) -> Flops:
+    return Flops(f.matmul_once * once, f.matmul_call * call, f.elementwise_once * once,
+                 f.elementwise_call * call,
+                 [dataclasses.replace(k, weight=k.weight * call, once=k.once * once)
+                  for k in f.kernels])
+
+  def add(a: Flops, b: Flops) -> None:
+    a.matmul_once += b.matmul_once
+    a.matmul_call += b.matmul_call
+    a.elementwise_once += b.elementwise_once
+    a.elementwise_call += b.elementwise_call
+    a.kernels += b.kernels
+
+  def total(name: str, depth: int = 0) -> Flops:
+    if name in memo:
+      return memo[name]
+    if name not in module.computations or depth > 64:
+      return Flops()
+    matmul, elementwise, kernels = local[name]
+    out = Flops(matmul, matmul, elementwise, elementwise,
+                [KernelCall(n, r, 1, 1, e) for n, r, e in kernels])
+    for line in module.computations[name]:
+      callees = [c.strip().lstrip("%") for m in _CALLS.finditer(line)
+                 for c in (m.group(1) or m.group(2)).split(",")]
+      if not callees:
         continue
-      name, type_text, opcode = m.groups()
-      out_dims = _dims(type_text)
-      shapes[name] = out_dims
-      if opcode in ("dot", "convolution"):
-        f = _matmul(opcode, line, out_dims, shapes)
-        out.matmul_once += once * f
-        out.matmul_call += weight * f
-      elif opcode in _ELEMENTWISE or opcode == "reduce":
-        args = _OPERANDS.findall(line.split(opcode + "(", 1)[1].split(")", 1)[0])
-        dims = shapes.get(args[0], out_dims) if opcode == "reduce" and args else out_dims
-        out.elementwise_once += once * math.prod(dims)
-        out.elementwise_call += weight * math.prod(dims)
-      elif opcode == "custom-call" and 'custom_call_target="tpu_custom_call"' in line:
-        results = tuple(tuple(int(d) for d in dims.split(",") if d)
-                        for _, dims in _ARRAY.findall(type_text))
-        est = _ESTIMATE.search(line)
-        out.kernels.append(KernelCall(name.split(".")[0], results, weight, once,
-                                      float(est.group(1)) if est else None))
-  return out
+      subs = [total(c, depth + 1) for c in callees]
+      if " conditional(" in line:
+        add(out, max(subs, key=lambda f: f.matmul_call + sum(k.weight * cost(k)
+                                                              for k in f.kernels)))
+        continue
+      trips = _trip_count(line, module.computations) if " while(" in line else 1
+      for sub in subs:
+        add(out, scaled(sub, trips, 1))
+    memo[name] = out
+    return out
+
+  return total(module.entry)

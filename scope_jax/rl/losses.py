@@ -301,7 +301,13 @@ def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
   # layout a chunk's logits want (vocab over tensor, embed whole): closed over as is, its fsdp
   # shards would be gathered again in every chunk, forward and backward. `_chunk_map` sums its
   # gradient over the chunks in float32 and rounds once.
-  vocab_VD = ("activation_vocab", "activation_embed")
+  # A vocabulary its axes cannot divide (OLMo-3's 100,278 over tensor 4) would leave every chip
+  # of those axes forming every logit of its rows: the chunk's positions take the axes instead,
+  # against a whole unembedding.
+  vocab_splits = shd.splits("activation_vocab", unembed_VD.shape[0])
+  vocab_VD = ("activation_vocab" if vocab_splits else None, "activation_embed")
+  by_position = lambda x: x if vocab_splits else shd.constrain(
+      x, ("activation_batch", "activation_vocab", "activation_embed"))
   w_VD = shd.constrain(unembed_VD.astype(hidden_BTD.dtype), vocab_VD)
   tw_VD = None
   if with_teacher:
@@ -310,6 +316,7 @@ def token_stats(hidden_BTD, unembed_VD, targets_BT, *, temperature: float = 1.0,
 
   def one_chunk(w_VD, tw_VD, h_BCD, rest):
     y_BC, th_BCD = rest
+    h_BCD, th_BCD = by_position(h_BCD), (by_position(th_BCD) if with_teacher else th_BCD)
     logits = _softcap(jnp.einsum("BCD,VD->BCV", h_BCD, w_VD.astype(h_BCD.dtype),
                                  preferred_element_type=jnp.float32), softcap) / temperature
     logp_BCV = jax.nn.log_softmax(logits, axis=-1)

@@ -123,6 +123,54 @@ ENTRY %main (a: f32[8,32], b: f32[8,16]) -> f32[8,8] {
   assert counted.matmul_once == 2 * 8 * 16 * 32 + 2 * 8 * 8 * 16
 
 
+def test_a_conditional_counts_its_costliest_branch_by_hand():
+  """A conditional in a loop of 5 trips: one branch a dot contracting 32 (2·8·16·32 = 8,192),
+  the other two Pallas calls without estimates at 10,000 FLOPs a run (the kernel costs given),
+  the third nothing. It runs one branch, so it counts the kernels' 20,000 a trip, not both."""
+  text = """\
+HloModule m
+
+%b0 (p: f32[8,32]) -> f32[8,16] {
+  %p = f32[8,32]{1,0} parameter(0)
+  %w = f32[32,16]{1,0} constant({...})
+  ROOT %d = f32[8,16]{1,0} dot(%p, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%b1 (p: f32[8,32]) -> f32[8,16] {
+  %p = f32[8,32]{1,0} parameter(0)
+  %k1 = f32[8,16]{1,0} custom-call(%p), custom_call_target="tpu_custom_call"
+  ROOT %k2 = f32[8,16]{1,0} custom-call(%k1), custom_call_target="tpu_custom_call"
+}
+
+%b2 (p: f32[8,32]) -> f32[8,16] {
+  %p = f32[8,32]{1,0} parameter(0)
+  ROOT %z = f32[8,16]{1,0} constant({...})
+}
+
+%body (p: (s32[], f32[8,32])) -> (s32[], f32[8,32]) {
+  %p = (s32[], f32[8,32]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8,32]{1,0} get-tuple-element(%p), index=1
+  %c = f32[8,16]{1,0} conditional(%i, %x, %x, %x), branch_computations={%b0, %b1, %b2}
+  ROOT %t = (s32[], f32[8,32]) tuple(%i, %x)
+}
+
+ENTRY %main (a: (s32[], f32[8,32])) -> (s32[], f32[8,32]) {
+  %a = (s32[], f32[8,32]) parameter(0)
+  ROOT %w = (s32[], f32[8,32]) while(%a), condition=%c, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+}
+"""
+  module = hlo.parse(text)
+  counted = hlo.flops(module, kernel_cost=lambda k: 10_000.0)
+  assert counted.matmul_call == counted.matmul_once == 0
+  assert [(k.name, k.weight, k.once) for k in counted.kernels] == [("k1", 5, 1), ("k2", 5, 1)]
+  cheap = hlo.flops(module, kernel_cost=lambda k: 1_000.0)  # 2 kernels at 2,000 < the dot's
+  assert cheap.matmul_call == 5 * 2 * 8 * 16 * 32 and cheap.matmul_once == 2 * 8 * 16 * 32
+  assert not cheap.kernels
+  # Without costs, the kernels count their estimates (none here: 0), and the dot wins.
+  assert hlo.flops(module).matmul_call == 5 * 8_192
+
+
 @needs_libtpu
 def test_splash_kernels_in_a_scan_are_counted_once_per_trip():
   """Splash attention (no cost estimate: the compiler counts nothing inside it) in a 3-layer
@@ -151,6 +199,31 @@ def test_splash_kernels_in_a_scan_are_counted_once_per_trip():
   # elementwise products and a sum) lies inside the layer loop: 3 trips of it.
   assert c.matmul_flops == 0 and c.flops > 2 * b * n * t * h
   chex.assert_trees_all_close(c.call_flops - c.kernel_flops, 3 * c.flops, rtol=1e-3)
+
+
+@needs_libtpu
+def test_a_layer_choosing_causal_or_sliding_attention_counts_one_kernel():
+  """The same 3-layer scan with a traced window per layer (0, 256, 0: OLMo-3's and Gemma-2's
+  alternation) picks the causal or the local kernel with `lax.cond`: each layer runs one, so
+  the count equals the all-causal scan's (the local one is counted as causal), not twice it."""
+  from scope_jax.models import ops, splash
+  b, t, n, k, h = 2, 1024, 4, 2, 128
+  kv, valid = jnp.zeros((b, t, k, h), jnp.bfloat16), jnp.ones((b, t), bool)
+  devices = topology.devices(topology.parse("v5e-1"))
+  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16,
+                           sharding=NamedSharding(jax.sharding.Mesh(devices, ("x",)), P()))
+
+  def loss(q_):
+    step = jax.checkpoint(lambda x, w: (splash.attend(x, kv, kv, valid, window=w, sliding=256),
+                                        None), policy=jax.checkpoint_policies.nothing_saveable)
+    return jax.lax.scan(step, q_, jnp.array([0, 256, 0], jnp.int32))[0].astype(
+        jnp.float32).sum()
+
+  program = programs.Program("splash", "train", lambda: jax.jit(jax.grad(loss)).trace(q))
+  with ops.compiling_for("tpu", 1):
+    c = analysis.compile_program(program)
+  block = 2 * 512 * 512 * h
+  assert c.kernel_flops == 3 * b * n * 3 * (2 * 2 + 5) * block, c.kernel_flops
 
 
 @needs_libtpu

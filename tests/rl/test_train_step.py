@@ -44,11 +44,11 @@ def capture_grads():
       lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads))
 
 
-def _grads(lc, micro, batch, params, ref=None, teacher=None, mesh=None):
-  step = make_train_step(CFG, lc, capture_grads(), micro_batches=micro, mesh=mesh)
+def _grads(lc, micro, batch, params, ref=None, teacher=None, mesh=None, cfg=CFG):
+  step = make_train_step(cfg, lc, capture_grads(), micro_batches=micro, mesh=mesh)
   params = jax.tree.map(jnp.copy, params)
   if mesh is not None:
-    params = transformer.shard_params(params, CFG, mesh)
+    params = transformer.shard_params(params, cfg, mesh)
   new, metrics = step(init_train_state(params, capture_grads()), place_batch(batch, mesh), ref,
                       teacher)
   return jax.tree.map(np.asarray, new.opt_state), metrics
@@ -111,6 +111,22 @@ def test_sharded_step_equals_single_device():
   for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
     chex.assert_trees_all_close(a, b, rtol=1e-7, atol=1e-6 * np.abs(a).max())
   chex.assert_trees_all_close(ms["grad_norm"], mm["grad_norm"], rtol=1e-5, atol=0)
+
+
+def test_a_vocabulary_tensor_cannot_divide_splits_positions_and_equals_single_device():
+  """258 tokens over tensor 4: the loss splits each chunk's positions over tensor against a
+  whole unembedding instead (`losses.token_stats`); gradients equal one device's."""
+  cfg = CFG.replace(vocab_size=258)
+  params = init_params(cfg, jax.random.key(0))
+  lc = LossConfig(kl_beta=0.0, chunk=8)
+  single, ms = _grads(lc, 2, _batch(), params, cfg=cfg)
+  mesh = shd.make_mesh((1, 2, 4))
+  sharded, mm = _grads(lc, 2, _batch(), params, mesh=mesh, cfg=cfg)
+  for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
+    chex.assert_trees_all_close(a, b, rtol=1e-7, atol=1e-6 * np.abs(a).max())
+  chex.assert_trees_all_close(ms["loss"], mm["loss"], rtol=1e-6, atol=0)
+  with shd.activation_sharding(mesh):
+    assert not shd.splits("activation_vocab", 258) and shd.splits("activation_vocab", 256)
 
 
 def test_adam_moments_are_sharded_like_their_params():
