@@ -44,6 +44,15 @@ def _normal(std: float) -> Init:
   return lambda key, shape, dtype: (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
 
+def _stacked(spec: str, x, *weights):
+  """`x` times each of `weights` (same shape) as one matmul over them stacked on axis 1 (the S
+  of `spec`), split again: the backward's input gradient is then one sum, reduced once over a
+  tensor axis the weights' outputs split over, where separate matmuls reduce one each (an
+  all-reduce of [B, T, D] per weight)."""
+  out = jnp.einsum(spec, x, jnp.stack(weights, axis=1))
+  return tuple(out[:, :, i] for i in range(len(weights)))
+
+
 def _adapt(y, x, lora, name: str, down: str, up: str):
   """y + scale·(x·a)·b for the LoRA target `name` (`lora` = (this layer's adapter weights
   {name: {"a", "b"}}, scale); see `lora.py`); y itself where the layer has no adapter there."""
@@ -125,9 +134,16 @@ class Attention(nnx.Module):
 
   def project_qkv(self, h_BTD: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array, lora=None):
     dt = h_BTD.dtype
-    q = jnp.einsum("BTD,DNH->BTNH", h_BTD, self.q[...].astype(dt))
-    k = jnp.einsum("BTD,DKH->BTKH", h_BTD, self.k[...].astype(dt))
-    v = jnp.einsum("BTD,DKH->BTKH", h_BTD, self.v[...].astype(dt))
+    w = lambda p: p[...].astype(dt)
+    if h_BTD.shape[1] == 1:  # a decode step: each weight read once, no stacked copy
+      q = jnp.einsum("BTD,DNH->BTNH", h_BTD, w(self.q))
+      k = jnp.einsum("BTD,DKH->BTKH", h_BTD, w(self.k))
+      v = jnp.einsum("BTD,DKH->BTKH", h_BTD, w(self.v))
+    elif self.q.shape == self.k.shape:  # no grouping: one matmul for all three
+      q, k, v = _stacked("BTD,DSNH->BTSNH", h_BTD, w(self.q), w(self.k), w(self.v))
+    else:
+      q = jnp.einsum("BTD,DNH->BTNH", h_BTD, w(self.q))
+      k, v = _stacked("BTD,DSKH->BTSKH", h_BTD, w(self.k), w(self.v))
     q = _adapt(q, h_BTD, lora, "q", "BTD,DR->BTR", "BTR,RNH->BTNH")
     k = _adapt(k, h_BTD, lora, "k", "BTD,DR->BTR", "BTR,RKH->BTKH")
     v = _adapt(v, h_BTD, lora, "v", "BTD,DR->BTR", "BTR,RKH->BTKH")
@@ -203,8 +219,12 @@ class MLP(nnx.Module):
 
   def __call__(self, h_BTD: jax.Array, lora=None) -> jax.Array:
     dt = h_BTD.dtype
-    gate_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, self.gate[...].astype(dt))
-    up_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, self.up[...].astype(dt))
+    gate_DF, up_DF = self.gate[...].astype(dt), self.up[...].astype(dt)
+    if h_BTD.shape[1] == 1:  # a decode step: each weight read once, no stacked copy
+      gate_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, gate_DF)
+      up_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, up_DF)
+    else:
+      gate_BTF, up_BTF = _stacked("BTD,DSF->BTSF", h_BTD, gate_DF, up_DF)
     gate_BTF = _adapt(gate_BTF, h_BTD, lora, "gate", "BTD,DR->BTR", "BTR,RF->BTF")
     up_BTF = _adapt(up_BTF, h_BTD, lora, "up", "BTD,DR->BTR", "BTR,RF->BTF")
     act_BTF = (jax.nn.silu(gate_BTF) if self.hidden_act == "silu" else

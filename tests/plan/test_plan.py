@@ -399,3 +399,27 @@ def test_a_lora_plan_holds_one_base_and_adapter_states():
   batch = 16 * 2048 * 4 * 5 // 4
   assert step.argument_logical == 3 * adapters + counts + params + batch
   assert step.alias >= 3 * adapters and step.alias < params  # only the adapters' state is donated
+
+
+def test_a_tensor_parallel_train_step_meets_its_minimums(monkeypatch):
+  """`scope:paper_olmo3`'s train step on its `(1, 4, 4)` mesh with OLMo-3's model cut to 2
+  layers of width 1,024 (8 heads, 8 KV heads: no grouping) and a vocabulary of 4,099 tokens,
+  which tensor 4 cannot divide, as it cannot OLMo-3's 100,278: FLOPs within 1.35x and interconnect within 1.3x of the minimums.
+  A matmul per projection (an all-reduce of [rows, T, D] per weight in the backward), or a
+  vocabulary formed whole on every tensor chip, fails it."""
+  pytest.importorskip("libtpu")
+  import dataclasses
+  from configs import scope
+  full = programs.model_config
+  cut = lambda m: dataclasses.replace(full(m), hidden_size=1024, intermediate_size=2816,
+                                      num_layers=4, num_heads=8, num_kv_heads=8, vocab_size=4099,
+                                      layer_types=full(m).layer_types[:4])
+  monkeypatch.setattr(programs, "model_config", cut)
+  config = scope.get_config("paper_olmo3")
+  config.mesh.shape = (1, 4, 4)
+  config.rollout.max_context = 4096
+  plan = report.build(config, topology.parse("v5p-32"), programs="train_step/solver")
+  (e,) = plan.estimates()
+  assert e.flops <= 1.35 * e.flops_minimum, (e.flops / e.flops_minimum)
+  assert e.ici_bytes_per_chip <= 1.3 * e.ici_bytes_per_chip_minimum, (
+      e.ici_bytes_per_chip / e.ici_bytes_per_chip_minimum, e.ici_by_kind)
