@@ -99,6 +99,9 @@ class Shapes:
   sampling_weights: int
   kv_cache: int  # one engine's, per chip
   slots: int  # rows that cache holds
+  # The sampling weights at the compute dtype where they are stored wider (a tied embedding kept
+  # in float32 for its lookup is read as the bfloat16 unembedding); 0: `sampling_weights`.
+  sampling_read: int = 0
 
 
 def gathered_weights(model: ModelConfig, expert_shards: int = 1) -> int:
@@ -191,13 +194,15 @@ def decode_minimum(s: Shapes, rows: int, window: int, chips: int) -> tuple[float
 
 
 def _weights_read(s: Shapes, rows: float) -> float:
-  """The sampling weights a forward reads per chip: all, except an untied input embedding,
-  of which only the rows' entries (the table is split over tensor where the vocabulary is)."""
+  """The sampling weights a forward reads per chip, each at most in the compute dtype: all,
+  except an untied input embedding, of which only the rows' entries (the table is split over
+  tensor where the vocabulary is)."""
   m, t = s.model, s.mesh.get("tensor", 1)
+  weights = s.sampling_read or s.sampling_weights
   if m.tie_embeddings:
-    return s.sampling_weights
+    return weights
   table = m.vocab_size * m.hidden_size * _itemsize(s.dtype) / (t if m.vocab_size % t == 0 else 1)
-  return max(s.sampling_weights - table, 0) + rows * m.hidden_size * _itemsize(s.dtype)
+  return max(weights - table, 0) + rows * m.hidden_size * _itemsize(s.dtype)
 
 
 def prefill_minimum(s: Shapes, tokens: int, rows: int, window: int,

@@ -83,13 +83,15 @@ def struct(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
 
 
-def bytes_per_chip(tree) -> int:
+def bytes_per_chip(tree, itemsize: int | None = None) -> int:
   """Bytes one device holds of a tree of sharded abstract arrays (the largest shard), in
-  Python integers (a 72B model's shards exceed 2^31 elements)."""
+  Python integers (a 72B model's shards exceed 2^31 elements); with `itemsize`, each element
+  at most that many bytes."""
   total = 0
   for x in jax.tree.leaves(tree):
     shard = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-    total += jnp.dtype(x.dtype).itemsize * math.prod(int(d) for d in shard)
+    size = jnp.dtype(x.dtype).itemsize
+    total += min(size, itemsize or size) * math.prod(int(d) for d in shard)
   return total
 
 

@@ -220,8 +220,9 @@ def build(config: ml_collections.ConfigDict, s: topology.Slice, programs: str = 
   compiled = [analysis.compile_program(p, "tpu", len(devices)) for p in todo if p.name in chosen]
   weights = prog.bytes_per_chip(shapes.sampling_params())
   decode = next((p for p in sample if p.kind == "decode"), None)
+  read = prog.bytes_per_chip(shapes.sampling_params(), shapes.sampler_dtype.itemsize)
   info = est.Shapes(shapes.model, dict(mesh.shape), str(shapes.dtype), str(shapes.param_dtype),
-                    config.model.remat, weights, cache, decode.rows if decode else 0)
+                    config.model.remat, weights, cache, decode.rows if decode else 0, read)
   return Plan(s, dict(mesh.shape), shapes.model, compiled, resident_memory(shapes, states, cache),
               weights, info, tuple(names))
 

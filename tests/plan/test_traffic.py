@@ -1,6 +1,8 @@
 """Interconnect traffic read from HLO text written by hand (every number below is computed by hand),
 the analytic minimums, and the step times they give on a slice's chips."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -147,6 +149,22 @@ def test_train_minimum_by_hand():
   chex.assert_trees_all_close(ref_flops, rows * cols * (8 * N + 8 * 2 * 4 * 16 * cols) / chips)
   assert ref_ici == micro * 4 * 0.75 * N * 2
   assert ref_hbm == hbm_full + micro * P * 2
+
+
+def test_a_decode_step_reads_each_weight_at_most_in_the_compute_dtype():
+  """A tied table kept in float32 for its lookup (Gemma's, scaled in the weights' dtype) is read
+  by the step as the bfloat16 unembedding: the minimum counts `sampling_read` (every leaf at
+  most 2 bytes an element), not the 4 bytes held; `bytes_per_chip` caps by hand."""
+  tied = dataclasses.replace(TINY, tie_embeddings=True)
+  base = dict(model=tied, mesh={"data": 1, "fsdp": 1, "tensor": 1, "expert": 1},
+              dtype="bfloat16", param_dtype="float32", remat="full", kv_cache=1000, slots=8)
+  held = est.Shapes(**base, sampling_weights=4000)
+  read = est.Shapes(**base, sampling_weights=4000, sampling_read=2000)
+  assert est.decode_minimum(held, 8, 64, 1)[1] == 4000 + 1000
+  assert est.decode_minimum(read, 8, 64, 1)[1] == 2000 + 1000
+  tree = [jax.ShapeDtypeStruct((10, 3), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.bfloat16)]
+  assert programs.bytes_per_chip(tree) == 10 * 3 * 4 + 4 * 2
+  assert programs.bytes_per_chip(tree, 2) == 10 * 3 * 2 + 4 * 2
 
 
 def test_step_times_and_mfu_from_the_three_counts():
