@@ -82,6 +82,13 @@ class Learner:
       raise ValueError(f"micro_batch_rows must be at least 1, got {micro_batch_rows}.")
     self.model_config, self.optimizer, self.mesh = model_config, optimizer, mesh
     self.dtype, self.remat, self.pad_id, self.rules = dtype, remat, pad_id, rules
+    shards = shd.batch_shards(mesh, rules) if mesh is not None else 1
+    if micro_batch_rows % shards:  # fewer rows than shards would be replicated on every shard
+      rounded = -(-micro_batch_rows // shards) * shards
+      logging.info("learner.micro_batch_rows=%d rounded up to %d, a multiple of the mesh's %d "
+                   "batch shards: a micro-batch's rows split over them.", micro_batch_rows,
+                   rounded, shards)
+      micro_batch_rows = rounded
     self.micro_batch_rows, self.recompute_old_logp = micro_batch_rows, recompute_old_logp
     self._steps: dict[tuple[train_step.LossConfig, int], Any] = {}
     self.counters = {"train_tokens": 0, "train_seconds": 0.0, "skipped_updates": 0}
@@ -105,9 +112,9 @@ class Learner:
     return self._steps[key]
 
   def _row_multiple(self) -> int:
-    if self.mesh is None:
-      return self.micro_batch_rows
-    return self.micro_batch_rows * shd.batch_shards(self.mesh, self.rules)
+    """Rows an update pads to a multiple of: whole micro-batches, each split evenly over the
+    batch shards (`micro_batch_rows` is a multiple of them)."""
+    return self.micro_batch_rows
 
   def make_batch(self, trajectories: Sequence[Trajectory], advantages: Sequence,
                  teacher_prompts=None) -> tuple[batch_lib.TrainBatch, int]:
