@@ -44,6 +44,14 @@ def _normal(std: float) -> Init:
   return lambda key, shape, dtype: (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
 
+def _stack(x_BTD, axis: str, size: int) -> bool:
+  """Whether a block's projections run stacked (`_stacked`): where the tensor axis splits
+  their outputs (`axis` of `size`), so each separate matmul would all-reduce its own input
+  gradient. Not for a decode step (each weight read once, no stacked copy), nor under FSDP
+  alone, where the stacked weights' gradient is all-reduced instead of reduce-scattered."""
+  return x_BTD.shape[1] > 1 and shd.splits(axis, size)
+
+
 def _stacked(spec: str, x, *weights):
   """`x` times each of `weights` (same shape) as one matmul over them stacked on axis 1 (the S
   of `spec`), split again: the backward's input gradient is then one sum, reduced once over a
@@ -135,7 +143,7 @@ class Attention(nnx.Module):
   def project_qkv(self, h_BTD: jax.Array, cos_BTH: jax.Array, sin_BTH: jax.Array, lora=None):
     dt = h_BTD.dtype
     w = lambda p: p[...].astype(dt)
-    if h_BTD.shape[1] == 1:  # a decode step: each weight read once, no stacked copy
+    if not _stack(h_BTD, "activation_heads", self.q.shape[1]):
       q = jnp.einsum("BTD,DNH->BTNH", h_BTD, w(self.q))
       k = jnp.einsum("BTD,DKH->BTKH", h_BTD, w(self.k))
       v = jnp.einsum("BTD,DKH->BTKH", h_BTD, w(self.v))
@@ -220,7 +228,7 @@ class MLP(nnx.Module):
   def __call__(self, h_BTD: jax.Array, lora=None) -> jax.Array:
     dt = h_BTD.dtype
     gate_DF, up_DF = self.gate[...].astype(dt), self.up[...].astype(dt)
-    if h_BTD.shape[1] == 1:  # a decode step: each weight read once, no stacked copy
+    if not _stack(h_BTD, "activation_mlp", gate_DF.shape[1]):
       gate_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, gate_DF)
       up_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, up_DF)
     else:

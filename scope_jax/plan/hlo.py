@@ -64,13 +64,14 @@ class Module:
 
 def _trip_count(line: str, computations: dict[str, list[str]]) -> int:
   """A while loop's trip count: the compiler's known count, else the bound its condition
-  compares the counter with (a scan's `i < length`); 1 when neither is there."""
+  compares the counter with (a scan's `i < length`, or the unsigned counter of a loop the
+  compiler wrote itself: a windowed einsum's `u32` steps); 1 when neither is there."""
   known = _TRIP.search(line)
   if known:
     return int(known.group(1))
   cond = re.search(r"condition=%?([\w.\-]+)", line)
   bounds = [int(n) for body in computations.get(cond.group(1) if cond else "", [])
-            for n in re.findall(r"s32\[\][^=]*constant\((\d+)\)", body)]
+            for n in re.findall(r"[su](?:32|64)\[\][^=]*constant\((\d+)\)", body)]
   return max(bounds, default=1)
 
 

@@ -123,6 +123,36 @@ ENTRY %main (a: f32[8,32], b: f32[8,16]) -> f32[8,8] {
   assert counted.matmul_once == 2 * 8 * 16 * 32 + 2 * 8 * 8 * 16
 
 
+def test_a_loop_the_compiler_wrote_with_an_unsigned_counter_counts_its_trips():
+  """A windowed einsum's loop (the TPU compiler's own, no known trip count) compares a `u32`
+  counter with its bound, 4: its dot (2·8·16·32) counts 4 times a call, not once."""
+  text = """\
+HloModule m
+
+%cond (p: (u32[], f32[8,32])) -> pred[] {
+  %c = u32[]{:T(128)} constant(4), metadata={op_name="jit(step)/while/x"}
+  %p = (u32[], f32[8,32]) parameter(0)
+  %i = u32[]{:T(128)} get-tuple-element(%p), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%i, %c), direction=LT
+}
+
+%body (p: (u32[], f32[8,32])) -> (u32[], f32[8,32]) {
+  %p = (u32[], f32[8,32]) parameter(0)
+  %x = f32[8,32]{1,0} get-tuple-element(%p), index=1
+  %w = f32[32,16]{1,0} constant({...})
+  %d = f32[8,16]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = (u32[], f32[8,32]) tuple(%i, %x)
+}
+
+ENTRY %main (a: (u32[], f32[8,32])) -> (u32[], f32[8,32]) {
+  %a = (u32[], f32[8,32]) parameter(0)
+  ROOT %w = (u32[], f32[8,32]) while(%a), condition=%cond, body=%body
+}
+"""
+  counted = hlo.flops(hlo.parse(text))
+  assert counted.matmul_call == 4 * 2 * 8 * 16 * 32 and counted.matmul_once == 2 * 8 * 16 * 32
+
+
 def test_a_conditional_counts_its_costliest_branch_by_hand():
   """A conditional in a loop of 5 trips: one branch a dot contracting 32 (2·8·16·32 = 8,192),
   the other two Pallas calls without estimates at 10,000 FLOPs a run (the kernel costs given),
