@@ -65,14 +65,53 @@ class Module:
 def _trip_count(line: str, computations: dict[str, list[str]]) -> int:
   """A while loop's trip count: the compiler's known count, else the bound its condition
   compares the counter with (a scan's `i < length`, or the unsigned counter of a loop the
-  compiler wrote itself: a windowed einsum's `u32` steps); 1 when neither is there."""
+  compiler wrote itself: a windowed einsum's `u32` steps) over the step the body adds to it
+  (such a loop unrolled by 2 adds 2); 1 when neither is there."""
   known = _TRIP.search(line)
   if known:
     return int(known.group(1))
   cond = re.search(r"condition=%?([\w.\-]+)", line)
-  bounds = [int(n) for body in computations.get(cond.group(1) if cond else "", [])
-            for n in re.findall(r"[su](?:32|64)\[\][^=]*constant\((\d+)\)", body)]
-  return max(bounds, default=1)
+  cond_lines = computations.get(cond.group(1) if cond else "", [])
+  bounds = [int(n) for l in cond_lines for n in _SCALAR_CONSTANT.findall(l)]
+  if not bounds:
+    return 1
+  body = re.search(r"body=%?([\w.\-]+)", line)
+  step = _counter_step(cond_lines, computations.get(body.group(1) if body else "", []))
+  return max(-(-max(bounds) // step), 1)
+
+
+_SCALAR_CONSTANT = re.compile(r"[su](?:32|64)\[\][^=]*constant\((\d+)\)")
+_GTE_INDEX = re.compile(r"%([\w.\-]+) = [su](?:32|64)\[\][^=]*get-tuple-element\([^)]*\), index=(\d+)")
+
+
+def _counter_step(cond_lines: list[str], body_lines: list[str]) -> int:
+  """The constant the loop body adds to the counter its condition compares (1 if not found)."""
+  compared = {}
+  for l in cond_lines:
+    m = _GTE_INDEX.search(l)
+    if m:
+      compared[m.group(1)] = m.group(2)
+  indices = {i for l in cond_lines if " compare(" in l
+             for name, i in compared.items() if f"%{name}" in l}
+  if not indices:
+    return 1
+  counters = {m.group(1) for l in body_lines for m in [_GTE_INDEX.search(l)]
+              if m and m.group(2) in indices}
+  constants = {}
+  for l in body_lines:
+    m = re.match(r"\s*%([\w.\-]+) = [su](?:32|64)\[\][^=]*constant\((\d+)\)", l)
+    if m:
+      constants[m.group(1)] = int(m.group(2))
+  root = next((l for l in body_lines if l.lstrip().startswith("ROOT") and " tuple(" in l), "")
+  fed = _OPERANDS.findall(root.split(" tuple(", 1)[1]) if root else []
+  nexts = {fed[int(i)] for i in indices if int(i) < len(fed)}  # the counter's next value
+  for l in body_lines:
+    m = re.match(r"\s*%([\w.\-]+) = [^=]* add\(%([\w.\-]+), %([\w.\-]+)\)", l)
+    if m and m.group(1) in nexts and {m.group(2), m.group(3)} & counters:
+      other = m.group(3) if m.group(2) in counters else m.group(2)
+      if constants.get(other, 0) > 0:
+        return constants[other]
+  return 1
 
 
 def parse(hlo: str) -> Module:

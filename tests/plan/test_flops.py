@@ -153,6 +153,43 @@ ENTRY %main (a: (u32[], f32[8,32])) -> (u32[], f32[8,32]) {
   assert counted.matmul_call == 4 * 2 * 8 * 16 * 32 and counted.matmul_once == 2 * 8 * 16 * 32
 
 
+def test_a_loop_unrolled_by_two_counts_half_its_bound():
+  """The same loop as the compiler unrolls it by 2: two dots a trip and a counter that goes up
+  by 2 (an add of 1 in the body indexes the second half, not the counter's next value): 2
+  trips of 2 dots, the bound 4's worth of work, not twice it."""
+  text = """\
+HloModule m
+
+%cond (p: (u32[], f32[8,32])) -> pred[] {
+  %c = u32[]{:T(128)} constant(4)
+  %p = (u32[], f32[8,32]) parameter(0)
+  %i = u32[]{:T(128)} get-tuple-element(%p), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%i, %c), direction=LT
+}
+
+%body (p: (u32[], f32[8,32])) -> (u32[], f32[8,32]) {
+  %one = u32[]{:T(128)} constant(1)
+  %two = u32[]{:T(128)} constant(2)
+  %p = (u32[], f32[8,32]) parameter(0)
+  %i = u32[]{:T(128)} get-tuple-element(%p), index=0
+  %x = f32[8,32]{1,0} get-tuple-element(%p), index=1
+  %half = u32[]{:T(128)} add(%i, %one)
+  %w = f32[32,16]{1,0} constant({...})
+  %d0 = f32[8,16]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %d1 = f32[8,16]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %next = u32[]{:T(128)} add(%i, %two)
+  ROOT %t = (u32[], f32[8,32]) tuple(%next, %x)
+}
+
+ENTRY %main (a: (u32[], f32[8,32])) -> (u32[], f32[8,32]) {
+  %a = (u32[], f32[8,32]) parameter(0)
+  ROOT %w = (u32[], f32[8,32]) while(%a), condition=%cond, body=%body
+}
+"""
+  counted = hlo.flops(hlo.parse(text))
+  assert counted.matmul_call == 2 * 2 * (2 * 8 * 16 * 32)
+
+
 def test_a_conditional_counts_its_costliest_branch_by_hand():
   """A conditional in a loop of 5 trips: one branch a dot contracting 32 (2·8·16·32 = 8,192),
   the other two Pallas calls without estimates at 10,000 FLOPs a run (the kernel costs given),
