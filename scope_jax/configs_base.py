@@ -89,7 +89,9 @@ def base_config() -> ml_collections.ConfigDict:
       threshold=2.0))  # C > 1
 
   c.learner = ml_collections.ConfigDict()  # how an update runs (rl/learner.py), not what it computes
-  c.learner.micro_batch_rows = 8  # rows per micro-batch (gradient accumulation; memory only)
+  # Rows per micro-batch (gradient accumulation; memory only), rounded up to a multiple of the
+  # mesh's batch shards.
+  c.learner.micro_batch_rows = 8
   c.learner.recompute_old_logp = False  # π_old from a trainer forward instead of the sampler
 
   c.warmup = ml_collections.ConfigDict()  # format warm-up of the demo model (core/warmup.py)
