@@ -238,33 +238,43 @@ ENTRY %main (a: (s32[], f32[8,32])) -> (s32[], f32[8,32]) {
   assert hlo.flops(module).matmul_call == 5 * 8_192
 
 
+B, T, N, K, H = 2, 1024, 4, 2, 128
+SPLASH_LAYER = B * N * 3 * (2 * 2 + 5) * (2 * 512 * 512 * H)  # forward and backward kernels
+
+
+def _splash_scan(windows=None) -> analysis.Compiled:
+  """The gradient of a 3-layer rematerialised scan of splash attention, compiled for one v5e
+  chip: causal in every layer, or with `windows`, each layer's traced window (0 = causal)."""
+  from scope_jax.models import ops, splash
+  kv, valid = jnp.zeros((B, T, K, H), jnp.bfloat16), jnp.ones((B, T), bool)
+  devices = topology.devices(topology.parse("v5e-1"))
+  q = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16,
+                           sharding=NamedSharding(jax.sharding.Mesh(devices, ("x",)), P()))
+  xs = None if windows is None else jnp.array(windows, jnp.int32)
+  attend = lambda x, w: splash.attend(x, kv, kv, valid, window=w, sliding=256 if xs is not None
+                                      else 0)
+
+  def loss(q_):
+    step = jax.checkpoint(lambda x, w: (attend(x, w), None),
+                          policy=jax.checkpoint_policies.nothing_saveable)
+    return jax.lax.scan(step, q_, xs, length=3)[0].astype(jnp.float32).sum()
+
+  program = programs.Program("splash", "train", lambda: jax.jit(jax.grad(loss)).trace(q))
+  with ops.compiling_for("tpu", 1):
+    return analysis.compile_program(program)
+
+
 @needs_libtpu
 def test_splash_kernels_in_a_scan_are_counted_once_per_trip():
   """Splash attention (no cost estimate: the compiler counts nothing inside it) in a 3-layer
   scan, rematerialised, differentiated: its HLO custom calls are matched to the jaxpr's Pallas
   calls by name and shapes, each counted from its grid (as `test_plan`'s hand count) times the
   trips of the loop around it in the HLO."""
-  from scope_jax.models import ops, splash
-  b, t, n, k, h = 2, 1024, 4, 2, 128
-  kv, valid = jnp.zeros((b, t, k, h), jnp.bfloat16), jnp.ones((b, t), bool)
-  devices = topology.devices(topology.parse("v5e-1"))
-  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16,
-                           sharding=NamedSharding(jax.sharding.Mesh(devices, ("x",)), P()))
-
-  def loss(q_):
-    step = jax.checkpoint(lambda x, _: (splash.attend(x, kv, kv, valid), None),
-                          policy=jax.checkpoint_policies.nothing_saveable)
-    return jax.lax.scan(step, q_, None, length=3)[0].astype(jnp.float32).sum()
-
-  program = programs.Program("splash", "train", lambda: jax.jit(jax.grad(loss)).trace(q))
-  with ops.compiling_for("tpu", 1):
-    c = analysis.compile_program(program)
-  block = 2 * 512 * 512 * h
-  per_layer = b * n * 3 * (2 * 2 + 5) * block
-  assert c.kernel_flops == 3 * per_layer, (c.kernel_flops, 3 * per_layer)
+  c = _splash_scan()
+  assert c.kernel_flops == 3 * SPLASH_LAYER, (c.kernel_flops, 3 * SPLASH_LAYER)
   # The compiler's own count (no matmul: the backward's row sums of o·do are fused as
   # elementwise products and a sum) lies inside the layer loop: 3 trips of it.
-  assert c.matmul_flops == 0 and c.flops > 2 * b * n * t * h
+  assert c.matmul_flops == 0 and c.flops > 2 * B * N * T * H
   chex.assert_trees_all_close(c.call_flops - c.kernel_flops, 3 * c.flops, rtol=1e-3)
 
 
@@ -273,24 +283,8 @@ def test_a_layer_choosing_causal_or_sliding_attention_counts_one_kernel():
   """The same 3-layer scan with a traced window per layer (0, 256, 0: OLMo-3's and Gemma-2's
   alternation) picks the causal or the local kernel with `lax.cond`: each layer runs one, so
   the count equals the all-causal scan's (the local one is counted as causal), not twice it."""
-  from scope_jax.models import ops, splash
-  b, t, n, k, h = 2, 1024, 4, 2, 128
-  kv, valid = jnp.zeros((b, t, k, h), jnp.bfloat16), jnp.ones((b, t), bool)
-  devices = topology.devices(topology.parse("v5e-1"))
-  q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16,
-                           sharding=NamedSharding(jax.sharding.Mesh(devices, ("x",)), P()))
-
-  def loss(q_):
-    step = jax.checkpoint(lambda x, w: (splash.attend(x, kv, kv, valid, window=w, sliding=256),
-                                        None), policy=jax.checkpoint_policies.nothing_saveable)
-    return jax.lax.scan(step, q_, jnp.array([0, 256, 0], jnp.int32))[0].astype(
-        jnp.float32).sum()
-
-  program = programs.Program("splash", "train", lambda: jax.jit(jax.grad(loss)).trace(q))
-  with ops.compiling_for("tpu", 1):
-    c = analysis.compile_program(program)
-  block = 2 * 512 * 512 * h
-  assert c.kernel_flops == 3 * b * n * 3 * (2 * 2 + 5) * block, c.kernel_flops
+  c = _splash_scan(windows=(0, 256, 0))
+  assert c.kernel_flops == 3 * SPLASH_LAYER, c.kernel_flops
 
 
 @needs_libtpu
