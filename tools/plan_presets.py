@@ -6,6 +6,7 @@ that README is this script's output.
     python tools/plan_presets.py --out=/tmp/train --programs=train_step      # partial plans
     python tools/plan_presets.py --out=/tmp/decode --programs=engine/decode
     python tools/plan_presets.py --targets=/tmp/train,/tmp/decode        # the roofline table
+    python tools/plan_presets.py --out=/tmp/lora --lora --jobs=2   # rank-64 adapters, LORA_SLICES
 
 Each preset runs `python -m scope_jax.plan ... --json=<out>/<method>_<preset>.json`; the
 markdown table is printed from those files at the end (and by `--table_only`). A preset whose
@@ -22,20 +23,32 @@ import subprocess
 import sys
 import time
 
-from scope_jax.plan.recommended import SLICES
+from scope_jax.plan.recommended import LORA_RANK, LORA_SLICES, SLICES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GIB = 2 ** 30
 
 
-def plan(spec: str, out: pathlib.Path, extra=()) -> dict:
+def slice_args(spec: str, lora: bool) -> list[str]:
+  """The plan's slice, mesh and overrides for a preset: its full-training slice, or with `lora`
+  its rank-64 adapters on the smallest slice they fit (`LORA_SLICES`)."""
+  if not lora:
+    topo, mesh = SLICES[spec]
+    return [f"--topology={topo}", f"--config.mesh.shape={mesh}"]
+  topo, mesh, overrides = LORA_SLICES[spec]
+  return [f"--topology={topo}", f"--config.mesh.shape={mesh}", f"--config.lora.rank={LORA_RANK}",
+          *(f"--config.{key}={value}" for key, value in overrides.items())]
+
+
+def plan(spec: str, out: pathlib.Path, extra=(), lora: bool = False) -> dict:
   """Plans one preset into `<out>/<method>_<preset>.json`; {} when the plan failed (no file)."""
   method, preset = spec.split(":")
-  topo, mesh = SLICES[spec]
   path = out / f"{method}_{preset}.json"
   path.unlink(missing_ok=True)  # a failed plan must not leave an earlier run's row behind
+  args = slice_args(spec, lora)
+  topo = args[0].split("=", 1)[1]
   cmd = [sys.executable, "-m", "scope_jax.plan", f"--config=configs/{method}.py:{preset}",
-         f"--topology={topo}", f"--config.mesh.shape={mesh}", f"--json={path}", *extra]
+         *args, f"--json={path}", *extra]
   start = time.perf_counter()
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
   if proc.returncode:
@@ -136,6 +149,8 @@ def main() -> None:
   parser.add_argument("--out", type=pathlib.Path)
   parser.add_argument("--presets", default=",".join(SLICES))
   parser.add_argument("--table_only", action="store_true")
+  parser.add_argument("--lora", action="store_true",
+                      help=f"rank-{LORA_RANK} LoRA adapters, on each preset's LORA_SLICES slice")
   parser.add_argument("--jobs", type=int, default=1, help="presets planned at once")
   parser.add_argument("--programs", default="",
                       help="plan only these programs (a partial plan: no verdict), e.g. train_step")
@@ -156,7 +171,7 @@ def main() -> None:
   if not args.table_only:
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
       extra = [f"--programs={args.programs}"] if args.programs else []
-      results = list(pool.map(lambda spec: plan(spec, args.out, extra), specs))
+      results = list(pool.map(lambda spec: plan(spec, args.out, extra, args.lora), specs))
     failed = [spec for spec, r in zip(specs, results) if not r]
   plans = {}
   for spec in specs:

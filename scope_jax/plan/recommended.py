@@ -15,3 +15,21 @@ SLICES = {
     "piplay:paper": ("v5p-8", "(1,2,2)"),
     "piplay:paper_instruct": ("v5p-8", "(1,2,2)"),
 }
+
+# With LoRA adapters (`--config.lora.rank=64`): preset → (slice, mesh.shape, overrides), the
+# smallest slice each was planned to fit on (`tools/plan_presets.py --lora`). Every policy shares one
+# frozen base, so the 7B presets move from v5p slices to a v6e-8; the KV cache, which adapters do
+# not shrink, sets the rest.
+LORA_RANK = 64
+LORA_SLICES = {
+    "spell:paper": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
+    "spell:paper_qwen3_moe": ("v5p-32", "(1,2,1,8)", {}),
+    "scope:paper": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
+    "scope:paper_qwen3": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
+    "scope:paper_olmo3": ("v5p-16", "(1,2,4)", {}),
+    "opensir:paper": ("v5e-8", "(1,8,1)", {}),
+    "opensir:paper_gemma2": ("v5e-8", "(1,8,1)", {}),
+    "asl:paper": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
+    "piplay:paper": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
+    "piplay:paper_instruct": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
+}

@@ -316,6 +316,28 @@ def test_plan_presets_prints_no_stale_row_and_fails_when_a_plan_fails(tmp_path, 
   assert not (tmp_path / "asl_paper.json").exists()
 
 
+def test_plan_presets_lora_plans_adapters_on_their_own_slice(tmp_path, monkeypatch):
+  """--lora plans rank-64 adapters with each preset's LORA_SLICES slice, mesh and overrides."""
+  import importlib.util
+  import subprocess
+  import sys
+  spec = importlib.util.spec_from_file_location(
+      "plan_presets", os.path.join(ROOT, "tools", "plan_presets.py"))
+  tool = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tool)
+  calls = []
+  monkeypatch.setattr(tool.subprocess, "run", lambda cmd, **k: calls.append(cmd) or
+                      subprocess.CompletedProcess(cmd, 1, stdout="", stderr="stop"))
+  monkeypatch.setattr(sys, "argv", ["plan_presets.py", f"--out={tmp_path}", "--lora",
+                                    "--presets=spell:paper"])
+  with pytest.raises(SystemExit):
+    tool.main()
+  (cmd,) = calls
+  assert cmd[3:8] == ["--config=configs/spell.py:paper", "--topology=v6e-8",
+                      "--config.mesh.shape=(1,2,4)", "--config.lora.rank=64",
+                      "--config.learner.micro_batch_rows=2"], cmd
+
+
 def test_plan_presets_targets_table_merges_partial_plans(tmp_path, monkeypatch, capsys):
   """--targets reads a train plan and a decode plan of one preset: the worst train step's
   ratios, its update time over the floor, the train plan's update peak, the decode ratio."""
