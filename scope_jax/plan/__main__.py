@@ -23,7 +23,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from scope_jax import cli_errors  # noqa: E402
 from scope_jax.core import runner  # noqa: E402
-from scope_jax.plan import report, topology  # noqa: E402
+from scope_jax.plan import recommended, report, topology  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Method config file (configs/*.py[:preset]).",
                                           lock_config=True)
@@ -90,6 +90,11 @@ def main(argv):
         print(f"| {r['mesh']} | {fits} | {r['peak'] / topology.GIB:.2f} | {r['update_s']:.1f} |")
       out = rows
     else:
+      note = recommended.mesh_advice(f"{config.method}:{config.get('preset')}", s.name,
+                                     s.chip.generation, s.total_chips, config.mesh.shape,
+                                     config.lora.rank > 0)
+      if note:
+        print(note, flush=True)
       plan = _plan(config, s)
       print(report.render(plan, config))
       out = report.to_json(plan, config)

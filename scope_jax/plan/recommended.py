@@ -33,3 +33,33 @@ LORA_SLICES = {
     "piplay:paper": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
     "piplay:paper_instruct": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
 }
+
+
+def _resolved(shape, chips: int) -> tuple[int, ...]:
+  """A mesh shape with its one -1 filled in for `chips` devices."""
+  shape = tuple(int(x) for x in shape)
+  known = 1
+  for x in shape:
+    known *= x if x > 0 else 1
+  return tuple(x if x > 0 else chips // known for x in shape)
+
+
+def mesh_advice(spec: str, slice_name: str, generation: str, chips: int, shape,
+                lora: bool) -> str | None:
+  """A one-line note when `spec` is planned on the slice launch/README.md names for it but on
+  another mesh than the one it names there (whose figures the README's table shows); None
+  otherwise."""
+  table = LORA_SLICES if lora else SLICES
+  if spec not in table:
+    return None
+  name, mesh = table[spec][:2]
+  gen, _, count = name.partition("-")
+  cores = 2 if gen in ("v4", "v5p") else 1  # v4/v5p names count TensorCores, two per chip
+  if gen != generation or int(count) // cores != chips:
+    return None
+  ours = _resolved(shape, chips)
+  if ours == _resolved(mesh.strip("()").split(","), chips):
+    return None
+  extra = " with LoRA" if lora else ""
+  return (f"Note: launch/README.md plans {spec}{extra} on {slice_name} with "
+          f"--config.mesh.shape='{mesh}'; this plan uses {ours}.")
