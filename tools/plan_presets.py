@@ -105,9 +105,10 @@ def row(spec: str, p: dict) -> str:
 
 
 def _worst(programs: list[dict], kind: str, key: str, minimum: str) -> dict | None:
-  """The program of `kind` farthest above its minimum in `key` (the one a target must hold)."""
+  """The program of `kind` farthest above its minimum in `key` (the one a target must hold); of
+  programs at the same ratio (to 2 decimals, as printed), the largest."""
   done = [q for q in programs if q["kind"] == kind and not q.get("error") and q.get(minimum)]
-  return max(done, key=lambda q: q[key] / q[minimum], default=None)
+  return max(done, key=lambda q: (round(q[key] / q[minimum], 2), q[key]), default=None)
 
 
 def targets(dirs: list[pathlib.Path]) -> None:
@@ -123,6 +124,7 @@ def targets(dirs: list[pathlib.Path]) -> None:
       new["programs"] = [q for q in old.get("programs", []) if q["name"] not in names] + \
           new["programs"]
       new["update_peak"] = max(new["update_peak"], old.get("update_peak", 0))
+      new["rollout_peak"] = max(new.get("rollout_peak", 0), old.get("rollout_peak", 0))
       plans[path.stem] = new
   print("| preset | slice | train FLOPs / minimum | train ICI / minimum | update overlapped "
         "(/ floor) | MFU | update peak | decode HBM bytes / minimum | decode step |")
@@ -142,6 +144,21 @@ def targets(dirs: list[pathlib.Path]) -> None:
              ratio(decode, "hbm_bytes", "hbm_bytes_minimum"),
              _est(decode, "step_seconds_overlapped", 1e3, "{:.1f} ms") if decode else "—"]
     print("| " + " | ".join(cells) + " |")
+  print("\nMemory from the same plans (GiB per chip; a phase's peak counts the programs planned:"
+        " the rollout's, decode only, not prefill):\n")
+  print("| preset | slice, mesh | resident | KV caches | update peak | rollout peak (decode) | HBM | "
+        "verdict (planned programs) |")
+  print("|---|---|---|---|---|---|---|---|")
+  for stem, p in plans.items():
+    if "resident" not in p:
+      continue
+    peak = max(p["update_peak"], p["rollout_peak"], p.get("refresh_peak", 0))
+    verdict = (f"fits, {(p['hbm_bytes'] - peak) / GIB:.1f} to spare" if peak <= p["hbm_bytes"]
+               else f"**does not fit** ({(peak - p['hbm_bytes']) / GIB:.1f} over)")
+    print(f"| {stem.replace('_', ':', 1)} | {p['slice']} `{tuple(p['mesh'].values())}` | "
+          f"{sum(p['resident'].values()) / GIB:.1f} | "
+          f"{p.get('kv_caches', p['kv_cache']) / GIB:.1f} | {p['update_peak'] / GIB:.1f} | "
+          f"{p['rollout_peak'] / GIB:.1f} | {p['hbm_bytes'] / GIB:.0f} | {verdict} |")
 
 
 def main() -> None:

@@ -340,7 +340,8 @@ def test_plan_presets_lora_plans_adapters_on_their_own_slice(tmp_path, monkeypat
 
 def test_plan_presets_targets_table_merges_partial_plans(tmp_path, monkeypatch, capsys):
   """--targets reads a train plan and a decode plan of one preset: the worst train step's
-  ratios, its update time over the floor, the train plan's update peak, the decode ratio."""
+  ratios, its update time over the floor, the train plan's update peak, the decode ratio; and
+  the memory row with each phase's larger peak."""
   import importlib.util
   import json
   import sys
@@ -356,19 +357,24 @@ def test_plan_presets_targets_table_merges_partial_plans(tmp_path, monkeypatch, 
 
   (tmp_path / "t").mkdir()
   (tmp_path / "d").mkdir()
+  memory = {"slice": "v5p-8", "mesh": {"data": 1, "fsdp": 4, "tensor": 1},
+            "resident": {"policy": 25 * GIB, "sampler": 5 * GIB}, "kv_cache": 10 * GIB,
+            "hbm_bytes": 95 * GIB}
   (tmp_path / "t" / "asl_paper.json").write_text(json.dumps(
-      {"slice": "v5p-8", "update_peak": 70 * GIB,
+      {**memory, "update_peak": 70 * GIB, "rollout_peak": 30 * GIB,
        "programs": [train("train_step/a", 120.0, 11.0), train("train_step/b", 130.0, 10.5)]}))
   decode = {"name": "engine/decode", "kind": "decode", "hbm_bytes": 103.0,
             "hbm_bytes_minimum": 100.0, "step_seconds_overlapped": 0.012}
   (tmp_path / "d" / "asl_paper.json").write_text(json.dumps(
-      {"slice": "v5p-8", "update_peak": 30 * GIB, "programs": [decode]}))
+      {**memory, "update_peak": 30 * GIB, "rollout_peak": 41 * GIB, "programs": [decode]}))
   monkeypatch.setattr(sys, "argv", ["plan_presets.py",
                                     f"--targets={tmp_path / 't'},{tmp_path / 'd'}"])
   tool.main()
-  row = capsys.readouterr().out.splitlines()[-1]
+  row, mem = [l for l in capsys.readouterr().out.splitlines() if l.startswith("| asl:paper |")]
   assert row == ("| asl:paper | v5p-8 | 1.30× | 1.10× | 13 s (1.30×) | 50% | 70.0 GiB | 1.03× | "
                  "12.0 ms |"), row
+  assert mem == ("| asl:paper | v5p-8 `(1, 4, 1)` | 30.0 | 10.0 | 70.0 | 41.0 | 95 | "
+                 "fits, 25.0 to spare |"), mem
 
 
 def test_parameter_counts_read_as_people_write_them():
