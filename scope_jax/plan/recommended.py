@@ -17,20 +17,21 @@ SLICES = {
 }
 
 # With LoRA adapters (`--config.lora.rank=64`): preset → (slice, mesh.shape, overrides), the
-# smallest slice each was planned to fit on (`tools/plan_presets.py --lora`). Every policy shares one
-# frozen base, so the 7B presets move from v5p slices to a v6e-8; the KV cache, which adapters do
-# not shrink, sets the rest.
+# smallest slice each was planned to fit on (`tools/plan_presets.py --lora`; docs/models.md).
+# Every policy shares one frozen base, so the 7B presets move from v5p slices to a v6e-8; the KV
+# cache, which adapters do not shrink, sets the rest.
 LORA_RANK = 64
 LORA_SLICES = {
     "spell:paper": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
     "spell:paper_qwen3_moe": ("v5p-32", "(1,2,1,8)", {}),
     "scope:paper": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
-    "scope:paper_qwen3": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
+    "scope:paper_qwen3": ("v5p-8", "(1,2,2)", {}),  # on a v6e-8 its 18 GiB KV cache: 4.6 over
     "scope:paper_olmo3": ("v5p-16", "(1,2,4)", {}),
-    "opensir:paper": ("v5e-8", "(1,8,1)", {}),
-    "opensir:paper_gemma2": ("v5e-8", "(1,8,1)", {}),
+    "opensir:paper": ("v6e-8", "(1,8,1)", {}),  # a v5e-8 is 2.4 GiB short (its 7B embedder)
+    "opensir:paper_gemma2": ("v6e-8", "(1,8,1)", {}),  # a smaller policy than opensir:paper's
     "asl:paper": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
     "piplay:paper": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
+    # piplay:paper's programs (only λ and the prompt variant differ)
     "piplay:paper_instruct": ("v6e-8", "(1,2,4)", {"learner.micro_batch_rows": 2}),
 }
 
