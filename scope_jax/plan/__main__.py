@@ -90,9 +90,8 @@ def main(argv):
         print(f"| {r['mesh']} | {fits} | {r['peak'] / topology.GIB:.2f} | {r['update_s']:.1f} |")
       out = rows
     else:
-      note = recommended.mesh_advice(f"{config.method}:{config.get('preset')}", s.name,
-                                     s.chip.generation, s.total_chips, config.mesh.shape,
-                                     config.lora.rank > 0)
+      note = recommended.mesh_advice(f"{config.method}:{config.get('preset')}", s,
+                                     config.mesh.shape, config.lora.rank > 0)
       if note:
         print(note, flush=True)
       plan = _plan(config, s)

@@ -1,6 +1,8 @@
 """The TPU slice and mesh each paper preset is planned on (launch/README.md's table,
 `tools/plan_presets.py`, and the slow test that every preset fits its slice)."""
 
+from scope_jax.plan import topology
+
 # preset → (slice, mesh.shape): a slice each fits on with room for its KV cache.
 SLICES = {
     "spell:paper": ("v5p-8", "(1,-1,1)"),
@@ -45,22 +47,21 @@ def _resolved(shape, chips: int) -> tuple[int, ...]:
   return tuple(x if x > 0 else chips // known for x in shape)
 
 
-def mesh_advice(spec: str, slice_name: str, generation: str, chips: int, shape,
-                lora: bool) -> str | None:
-  """A one-line note when `spec` is planned on the slice launch/README.md names for it but on
-  another mesh than the one it names there (whose figures the README's table shows); None
-  otherwise."""
+def mesh_advice(spec: str, target, shape, lora: bool) -> str | None:
+  """A one-line note when `spec` is planned on the slice `target` (a `topology.Slice`) that
+  launch/README.md (with LoRA: docs/models.md) names for it, but on another mesh than the one
+  named there, whose figures the table shows; None otherwise."""
   table = LORA_SLICES if lora else SLICES
   if spec not in table:
     return None
   name, mesh = table[spec][:2]
-  gen, _, count = name.partition("-")
-  cores = 2 if gen in ("v4", "v5p") else 1  # v4/v5p names count TensorCores, two per chip
-  if gen != generation or int(count) // cores != chips:
+  named = topology.parse(name)
+  if (named.chip.generation, named.total_chips) != (target.chip.generation, target.total_chips):
     return None
-  ours = _resolved(shape, chips)
-  if ours == _resolved(mesh.strip("()").split(","), chips):
+  ours = _resolved(shape, target.total_chips)
+  if ours == _resolved(mesh.strip("()").split(","), target.total_chips):
     return None
+  where = "docs/models.md plans" if lora else "launch/README.md plans"
   extra = " with LoRA" if lora else ""
-  return (f"Note: launch/README.md plans {spec}{extra} on {slice_name} with "
-          f"--config.mesh.shape='{mesh}'; this plan uses {ours}.")
+  return (f"Note: {where} {spec}{extra} on {name} with --config.mesh.shape='{mesh}'; "
+          f"this plan uses {ours}.")

@@ -457,13 +457,15 @@ def test_plan_names_the_mesh_launch_readme_plans_a_preset_on():
   """On the slice launch/README.md names for a preset, another mesh gets a note naming the
   README's; the README's own mesh, another slice or an unlisted preset get none."""
   from scope_jax.plan import recommended
-  advice = recommended.mesh_advice
-  assert advice("scope:paper_olmo3", "v5p-32", "v5p", 16, (1, -1, 1), False) == (
+  advice = lambda spec, name, shape, lora=False: recommended.mesh_advice(
+      spec, topology.parse(name), shape, lora)
+  assert advice("scope:paper_olmo3", "v5p-32", (1, -1, 1)) == (
       "Note: launch/README.md plans scope:paper_olmo3 on v5p-32 with "
       "--config.mesh.shape='(1,4,4)'; this plan uses (1, 16, 1).")
-  assert advice("scope:paper_olmo3", "v5p-32", "v5p", 16, (1, 4, 4), False) is None
-  assert advice("scope:paper_olmo3", "v5p-32", "v5p", 16, (1, -1, 4), False) is None
-  assert advice("scope:paper_olmo3", "v5p-64", "v5p", 32, (1, -1, 1), False) is None
-  assert advice("spell:paper", "v6e-8", "v6e", 8, (1, -1, 1), True).endswith(
-      "with LoRA on v6e-8 with --config.mesh.shape='(1,2,4)'; this plan uses (1, 8, 1).")
-  assert advice("spell:demo", "v5p-8", "v5p", 4, (1, -1, 1), False) is None
+  assert advice("scope:paper_olmo3", "v5p-32", (1, 4, 4)) is None
+  assert advice("scope:paper_olmo3", "v5p-32", (1, -1, 4)) is None
+  assert advice("scope:paper_olmo3", "v5p-64", (1, -1, 1)) is None
+  assert advice("spell:paper", "v6e-8", (1, -1, 1), True) == (
+      "Note: docs/models.md plans spell:paper with LoRA on v6e-8 with "
+      "--config.mesh.shape='(1,2,4)'; this plan uses (1, 8, 1).")
+  assert advice("spell:demo", "v5p-8", (1, -1, 1)) is None
