@@ -35,7 +35,9 @@ MICRO_BATCH_ROWS = 2
 SLOTS = 4  # a group of 2 for 2 prompts at once: few row buckets, so few programs to compile
 MIN_WINDOW = 1024  # most smoke contexts fit one cache window: one program per shape, not three
 EVAL_QUESTIONS = 4  # held-out questions per benchmark of a smoke run's evaluations
-WARMUP_LR = 3e-5  # a format warm-up of a real 0.5B model: a few dozen small Adam steps
+WARMUP_LR = 1e-4  # a format warm-up of a real 0.5B model: a few dozen Adam steps that move the
+# call tag's own embedding row (`<tool_call>` starts near log p -22; 12 steps at 1e-4 reach -11,
+# at 3e-5 the 24 steps of a smoke run leave it unwritten, at 3e-4 the fit diverges)
 WARMUP_ROWS = 2
 WARMUP_DOCUMENTS = 16
 WARMUP_TOKENS = 1536  # a demonstration's opening shows the call syntax; XLA attention on a CPU

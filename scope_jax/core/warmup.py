@@ -37,6 +37,7 @@ from etils import epath
 from scope_jax import assets, distributed
 from scope_jax import checkpoint as ckpt_lib
 from scope_jax.data import DEMO_MODEL
+from scope_jax.core import vocab_rows
 from scope_jax.models import hf_io
 from scope_jax.rl import sft
 from scope_jax.rollout.types import Trajectory
@@ -84,6 +85,8 @@ def settings_key(config: ml_collections.ConfigDict, model_config) -> str:
     fields.append(["bundled demo model", _bundled_meta()])  # its fit, wherever it is installed
   elif not (source == "tiny" or source.startswith("preset:")):  # these weights, not a random init
     fields.append(source)
+    if not _bundled_source(source):  # a released vocabulary: `vocab_rows` seeds its fill rows
+      fields.append("untrained rows seeded")
   blob = json.dumps(fields, default=str, sort_keys=True)
   return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -122,7 +125,13 @@ def fit(rt, demos: Sequence[Trajectory], params=None):
     raise ValueError(f"warmup.max_tokens={w.max_tokens} leaves no demonstration a trained "
                      "token; raise it (or 0 for whole demonstrations).")
   logging.info("Format warm-up: %d demonstrations, %d steps", len(demos), w.steps)
-  params, losses = sft.fit(rt.model_config, jax.tree.map(jnp.copy, params or rt.base_params),
+  params = jax.tree.map(jnp.copy, params or rt.base_params)
+  params, seeded = vocab_rows.seed_untrained(params, rt.model_config, rt.tokenizer,
+                                             {int(t) for d in demos for t in d.tokens})
+  if seeded:
+    logging.info("Untrained vocabulary rows start from their spellings' rows: %s",
+                 ", ".join(rt.tokenizer.decode([i]) for i in seeded))
+  params, losses = sft.fit(rt.model_config, params,
                            demos, steps=w.steps, lr=w.lr, batch_rows=w.batch_rows,
                            seed=rt.config.seed, mesh=rt.mesh, pad_id=rt.pad_id, dtype=rt.dtype,
                            log_every=max(w.steps // 5, 1), **fit_memory(rt))
@@ -174,6 +183,12 @@ def warm_start(rt, method) -> dict[str, float]:
   rt.rebase(params)
   out["warmup/demonstrations"] = float(len(demos))
   return out
+
+
+def _bundled_source(source: str) -> bool:
+  """A model fitted by this project (`scope_jax/data/bundled`): no untrained fill rows."""
+  data = os.path.realpath(BUNDLED.parent) + os.sep
+  return source.startswith("hf:") and os.path.realpath(source[len("hf:"):]).startswith(data)
 
 
 def _same_path(a, b) -> bool:
