@@ -11,8 +11,9 @@ released when nothing reads them (`Runtime.release_base`). The warm-up is off, u
 `smoke_warmup` asks for that many steps of a format warm-up: the real model fitted on the
 method's own demonstrations in the preset's own prompts and call syntax (formats only: the
 documents they are built from are the corpus's, never held-out gold), so that a preset whose
-search call the untouched model never writes (`<tool_call>`: log-prob about -23) runs its
-search, observation and parsing paths on a real model. Where the preset names no real model
+search call the untouched model never writes (`<tool_call>`: log-prob about -22, its row the
+vocabulary's untrained padding vector, which the warm-up first seeds from the tag's spelling:
+`core/vocab_rows`) runs its search, observation and parsing paths on a real model. Where the preset names no real model
 (a `preset:` random init, or no tokenizer) it runs the real Qwen2.5-Coder-0.5B-Instruct (the GGUF
 asset) in float32, its embeddings tied as in the released model (the GGUF stores the matrix
 twice; the more precise copy serves both); where it names no retrieval encoder or index, the
