@@ -9,17 +9,15 @@ READER_MODEL = BUNDLED / "reader_model"  # the demo model taught to read closed-
 # other worlds' documents (right answers, worlds 1000-1019): `python -m tools.world_reading
 # --skill=attr --steps=1000 --every=250 --out=<dir>` rebuilds it
 SOLVER_MODEL = BUNDLED / "solver_model"  # the demo model taught to work out other worlds' word
-# problems in OpenSIR's student prompt (right answers, worlds 1000-1019): `python -m
-# tools.world_reading --skill=arith --format=opensir --steps=2500 --every=500 --out=<dir>`
-# rebuilds it
+# problems in OpenSIR's student prompt (right answers, worlds 1000-1019, the training half of the
+# arithmetic by its numbers, `world.render.operands_half`; 5.0% of world 1100's held-out problems
+# right): `python -m tools.world_reading --skill=arith --format=opensir --steps=2500 --every=500
+# --world=1100 --out=<dir>` rebuilds it (18 min on a 2-core CPU)
 COUNTER_MODEL = BUNDLED / "counter_model"  # the solver model fitted further on 60 other worlds'
-# problems (worlds 1000-1059, right answers; 58% of world 0's held-out problems right, against
-# the solver model's 22.5%): `python -m tools.world_reading --size=<solver_model> --skill=arith
-# --format=opensir --worlds=60 --steps=3000 --every=1000 --lr=2e-3 --out=<dir>` rebuilds it.
-# Both shipped weights predate the split of arithmetic by its numbers
-# (`world.render.operands_half`): 204-215 of the first 300 held-out problems of world seeds 3-5
-# share their (operands, answer) with the counter model's data. The same two commands, run
-# again, fit on the training half alone (about 23 + 17 minutes on a 2-core CPU).
+# problems (worlds 1000-1059, right answers, the training half; 31.5% of world 1100's held-out
+# problems right): `python -m tools.world_reading --size=<solver_model> --skill=arith
+# --format=opensir --worlds=60 --steps=3000 --every=1000 --lr=2e-3 --world=1100 --out=<dir>`
+# rebuilds it (21 min)
 DEMO_TOKENIZER = BUNDLED / "demo_tokenizer.json"
 CORPUS = BUNDLED / "wiki_leads_2k.jsonl"  # 2,000 Wikipedia lead paragraphs (CC BY-SA 4.0)
 EMBEDDINGS = BUNDLED / "wiki_leads_2k.minilm.f16.npy"  # MiniLM passage vectors (float16)
