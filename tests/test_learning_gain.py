@@ -5,8 +5,8 @@ advantages alone permuted) gains less than 3 there.
 
 LEARNERS holds only rows the tables show: of the tables of world seeds 3, 4 and 5
 (`python -m tools.learning_runs`, then `python -m tools.learning_table`, docs/learning.md), each
-(method, preset, seed) whose run met the bar with its control, and nothing else. Seed 5 has not
-run; SPELL on seed 4 did not meet it (docs/learning.md says why).
+(method, preset, seed) whose run met the bar with its control, and nothing else. SPELL on seed
+4, ASL and SCOPE on seed 3 and OpenSIR on any seed did not meet it (docs/learning.md says why).
 
 Slow: each run is 4-12 minutes on a 2-core CPU (SCOPE's the longest), SPELL's and OpenSIR's first
 one per seed a few more to fit their warm-up."""
