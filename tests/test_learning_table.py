@@ -130,6 +130,9 @@ def test_the_run_list_is_every_preset_seed_and_control_headlines_first(tmp_path)
   only = learning_runs.plan(tmp_path, only=("asl:learn_frozen_grm",))
   assert [w.parts[-2:] for w, _ in only] == [
       (f"seed{s}", a) for s in (3, 4, 5) for a in ("run", "shuffled_rewards")]
+  runs_only = learning_runs.plan(tmp_path, seeds=(5,), only=("piplay",), keep_arms=("run",))
+  assert [w.parts[-3:] for w, _ in runs_only] == [("learn", "seed5", "run"),
+                                                  ("learn_lambda10x", "seed5", "run")]
 
 
 def test_a_finished_run_is_skipped(tmp_path):
@@ -151,6 +154,7 @@ def test_the_tables_cover_every_learn_preset_of_every_method():
 @pytest.mark.parametrize("tool, argv, message", [
     (learning_runs, ["--runs=x", "--only=spell:huge"], "--only: unknown ['spell:huge']"),
     (learning_runs, ["--runs=x", "--seeds=3,x"], "--seeds=3,x: give world seeds as integers"),
+    (learning_runs, ["--runs=x", "--arms=run,ctrl"], "--arms: unknown ['ctrl']"),
     (learning_table, ["--runs=.", "--methods=spell,nope"], "--methods: unknown ['nope']"),
     (learning_table, ["--runs=.", "--seeds=a"], "--seeds=a: give world seeds as integers"),
 ])
@@ -164,7 +168,7 @@ def test_a_dry_run_lists_the_commands_and_their_time(tmp_path, capsys):
   assert learning_runs.main([f"--runs={tmp_path}", "--dry_run", "--only=scope:learn",
                              "--seeds=3"]) == 0
   out = capsys.readouterr().out.splitlines()
-  assert out[0] == "# 2 of 2 runs to go, about 0.4 h on a 2-core CPU, one at a time"
+  assert out[0] == "# 2 of 2 runs to go, about 0.7 h on a 2-core CPU, one at a time"
   assert out[1] == (f"python -m scope_jax.main --config=configs/scope.py:learn "
                     f"--workdir={tmp_path}/scope/learn/seed3/run --config.world.seed=3")
   assert not (tmp_path / "commit.txt").exists()  # nothing ran

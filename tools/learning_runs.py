@@ -5,6 +5,7 @@ as published) and its ablation presets on world seeds 3, 4 and 5, each with its 
     python -m tools.learning_runs --runs=runs/learning --dry_run    # the commands, in order
     python -m tools.learning_runs --runs=runs/learning              # all of them (hours)
     python -m tools.learning_runs --runs=runs/learning --only=spell:learn
+    python -m tools.learning_runs --runs=runs/learning --only=piplay:learn --seeds=5 --arms=run
 
 The order puts every headline run and its control first, then the ablations. A finished run
 (its last evaluation is after its last update) is skipped, so the same command resumes a cut
@@ -23,12 +24,12 @@ import sys
 import time
 
 from scope_jax import report
-from tools.learning_table import COMMIT_FILE, CONTROLS, DEFAULT_CONTROLS, PRESETS, SEEDS, START, WALL_FILE
+from tools.learning_table import ARMS, COMMIT_FILE, CONTROLS, DEFAULT_CONTROLS, PRESETS, SEEDS, START, WALL_FILE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# Minutes per arm on a 2-core CPU, from the seed 0-2 runs of docs/learning.md (a warm-up is
-# fitted once per seed and preset and cached: SPELL's 4.4 of its first 8, OpenSIR's 3 of 8).
-MINUTES = {"spell": 6, "piplay": 6.5, "asl": 6, "scope": 11, "opensir": 6.5}
+# Minutes per arm on a 2-core CPU, from the headline runs on world seed 3 in docs/learning.md
+# (a warm-up is fitted once per seed and preset and cached: SPELL's is about 4 of its first 8).
+MINUTES = {"spell": 8, "piplay": 9.5, "asl": 7.2, "scope": 20.5, "opensir": 11.8}
 START_MINUTES = 1.5
 
 
@@ -43,9 +44,9 @@ def arms(method: str, headline: bool = True) -> list[tuple[str, list[str]]]:
   return out
 
 
-def plan(root, seeds=SEEDS, only=()) -> list[tuple[pathlib.Path, list[str]]]:
+def plan(root, seeds=SEEDS, only=(), keep_arms=()) -> list[tuple[pathlib.Path, list[str]]]:
   """(workdir, command) of every run, headlines first; `only` keeps `method` or
-  `method:preset` items."""
+  `method:preset` items, `keep_arms` those arms (`run`, a control, `start`)."""
   keep = lambda m, p: not only or m in only or f"{m}:{p}" in only
   rounds = [[(m, h) for m, (h, _) in PRESETS.items()],
             [(m, a) for m, (_, ablations) in PRESETS.items() for a in ablations]]
@@ -56,6 +57,8 @@ def plan(root, seeds=SEEDS, only=()) -> list[tuple[pathlib.Path, list[str]]]:
         if not keep(method, preset):
           continue
         for arm, flags in arms(method, preset == PRESETS[method][0]):
+          if keep_arms and arm not in keep_arms:
+            continue
           workdir = pathlib.Path(root) / method / preset / f"seed{seed}" / arm
           out.append((workdir, [sys.executable, "-m", "scope_jax.main",
                                 f"--config=configs/{method}.py:{preset}", f"--workdir={workdir}",
@@ -94,17 +97,22 @@ def main(argv=None) -> int:
   p.add_argument("--runs", required=True, help="where the runs go (one workdir per arm)")
   p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="world seeds, comma-separated")
   p.add_argument("--only", default="", help="method or method:preset items, comma-separated")
+  p.add_argument("--arms", default="", help="only these arms, comma-separated: run, "
+                 f"{', '.join(ARMS[1:])}")
   p.add_argument("--dry_run", action="store_true", help="print the commands and the estimate")
   args = p.parse_args(argv)
   only = tuple(x for x in args.only.split(",") if x)
   valid = set(PRESETS) | {f"{m}:{x}" for m, (h, a) in PRESETS.items() for x in (h, *a)}
   if unknown := sorted(set(only) - valid):
     p.error(f"--only: unknown {unknown}; choose from {', '.join(sorted(valid))}.")
+  keep_arms = tuple(x for x in args.arms.split(",") if x)
+  if bad := sorted(set(keep_arms) - set(ARMS)):
+    p.error(f"--arms: unknown {bad}; choose from {', '.join(ARMS)}.")
   try:
     seeds = tuple(int(s) for s in args.seeds.split(","))
   except ValueError:
     p.error(f"--seeds={args.seeds}: give world seeds as integers, e.g. 3,4,5.")
-  commands = plan(args.runs, seeds, only)
+  commands = plan(args.runs, seeds, only, keep_arms)
   todo = [(w, c) for w, c in commands if not finished(w)]
   print(f"# {len(todo)} of {len(commands)} runs to go, about {estimate_minutes(todo) / 60:.1f} h "
         "on a 2-core CPU, one at a time", flush=True)
