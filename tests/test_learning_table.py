@@ -113,6 +113,23 @@ def test_each_arm_names_the_commit_it_started_from(tmp_path):
   assert learning_table.tables(tmp_path).startswith("Runs from commit ccc; world seeds 3, 4, 5")
 
 
+def test_kept_runs_print_the_same_tables(tmp_path):
+  runs, kept = tmp_path / "runs", tmp_path / "kept"
+  halves = {"trained_half": (0.3, 0.7), "heldout_half": (0.2, 0.4)}
+  rows = _curve("attr", [(0, 0.25), (20, 0.55)], halves)
+  rows.insert(1, {"step": 0, "train/loss": 1.0, "policy/rollout/tokens": 99})  # not read: dropped
+  path = _write(runs, "spell", "learn", 3, "run", rows, wall=480.0)
+  (path / learning_table.COMMIT_FILE).write_text("abc\n")
+  (path / "checkpoints").mkdir()
+  _write(runs, "spell", "learn", 3, "shuffled_rewards", _curve("attr", [(0, 0.25), (20, 0.1)]))
+  assert learning_table.keep(runs, kept) == 2
+  assert learning_table.tables(kept) == learning_table.tables(runs)
+  assert sorted(p.name for p in (kept / "spell/learn/seed3/run").iterdir()) == [
+      "commit.txt", "metrics.jsonl", "run.json", "wall_seconds"]
+  kept_rows = [json.loads(l) for l in (kept / "spell/learn/seed3/run/metrics.jsonl").open()]
+  assert len(kept_rows) == 3 and not any("train/loss" in r for r in kept_rows)
+
+
 def test_the_run_list_is_every_preset_seed_and_control_headlines_first(tmp_path):
   commands = learning_runs.plan(tmp_path)
   arms = [tuple(w.relative_to(tmp_path).parts) for w, _ in commands]

@@ -3,6 +3,11 @@ and 5, from the runs' own metrics, for the headline preset (the method as publis
 ablation preset, each beside its controls.
 
     python -m tools.learning_table --runs=runs/learning            # after tools/learning_runs.py
+    python -m tools.learning_table --runs=runs/learning --keep=docs/learning_runs
+
+`--keep` copies what the tables read (each arm's evaluation and reward rows, run.json, wall
+time and commit: a few kB an arm) to a directory the repository can hold, so the same command
+on `--runs=docs/learning_runs` prints the same tables without the runs' checkpoints.
 
 A run lives at `<runs>/<method>/<preset>/seed<N>/<arm>/` (what `tools/learning_runs.py` writes),
 where the arm is `run`, a control (`shuffled_rewards`, `shuffled_rewards_and_teacher`) or
@@ -15,6 +20,7 @@ its start: updates are destructive at this rate), the trained and held-out entit
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import re
@@ -182,11 +188,33 @@ def tables(root, seeds=SEEDS, methods=METHODS) -> str:
   return "\n".join(out)
 
 
+def keep(root, dest) -> int:
+  """Copies what `tables` reads of every run under `root` into `dest`, in the same layout: the
+  metrics rows that hold an evaluation or a role's reward (those keys alone), run.json, the
+  wall time and commit files. Returns the number of arms kept."""
+  runs = find_runs(root)
+  for workdir in runs.values():
+    out = pathlib.Path(dest) / workdir.relative_to(root)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for r in report.read(workdir):
+      kept = {k: v for k, v in r.items()
+              if k.startswith("eval/") or report.REWARD.match(k) or k in ("step", "time/step")}
+      if any(k.startswith("eval/") or report.REWARD.match(k) for k in kept):
+        rows.append(kept)
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name in ("run.json", WALL_FILE, COMMIT_FILE):
+      if (workdir / name).exists():
+        (out / name).write_text((workdir / name).read_text())
+  return len(runs)
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--runs", required=True, help="the directory tools/learning_runs.py wrote")
   p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="world seeds, comma-separated")
   p.add_argument("--methods", default=",".join(METHODS), help="methods, comma-separated")
+  p.add_argument("--keep", default="", help="also copy what the tables read to this directory")
   args = p.parse_args(argv)
   if not pathlib.Path(args.runs).is_dir():
     p.error(f"--runs={args.runs}: no such directory; give the one tools/learning_runs.py wrote.")
@@ -199,6 +227,8 @@ def main(argv=None) -> int:
     p.error(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}.")
   try:
     print(tables(args.runs, seeds, methods))
+    if args.keep:
+      print(f"Kept {keep(args.runs, args.keep)} arms in {args.keep}.", file=sys.stderr)
   except (OSError, ValueError) as e:
     print(f"Error: {e}", file=sys.stderr)
     return 2
